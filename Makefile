@@ -1,0 +1,50 @@
+# minamp front door. `make demo` and `make test` install missing Debian packages, configure,
+# build and run; nothing relies on what happens to be installed.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+DEPS_STAMP := $(BUILD)/.deps-ok
+
+.PHONY: help deps configure build demo test test-sanitize bench clean format
+
+help:
+	@echo "minamp — a minimal mixed-precision training framework (C++17, CUDA)"
+	@echo ""
+	@echo "  make demo           train the quantized-sine conv net (FP32 vs AMP) and write images"
+	@echo "  make test           build and run the test suite (GPU tests skip without a GPU)"
+	@echo "  make test-sanitize  run the CPU tests under AddressSanitizer + UBSan"
+	@echo "  make bench          run the CPU benchmarks, results under bench/results/"
+	@echo "  make build          configure and build only (BUILD=$(BUILD))"
+	@echo "  make format         clang-format every source file"
+	@echo "  make clean          remove build directories"
+
+$(DEPS_STAMP): scripts/install-deps.sh
+	@bash scripts/install-deps.sh
+	@mkdir -p $(BUILD) && touch $@
+
+deps: $(DEPS_STAMP)
+
+configure: $(DEPS_STAMP)
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	@$(BUILD)/sine --compare --out out/sine
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-sanitize:
+	@$(MAKE) --no-print-directory test BUILD=build-sanitize \
+	  CMAKE_FLAGS="-DMINAMP_CUDA=OFF -DMINAMP_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo"
+
+bench: build
+	@bash bench/run-cpu.sh $(BUILD)
+
+format:
+	@clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu' '*.cuh')
+
+clean:
+	rm -rf build build-*

@@ -1,0 +1,67 @@
+// The byte-counting allocator base and the CPU allocator (64-byte aligned, for vector units).
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+#include "kernels/backend.h"
+
+namespace minamp {
+
+void* Allocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* ptr = raw_allocate(bytes);
+  live_ += bytes;
+  if (live_ > peak_) peak_ = live_;
+  return ptr;
+}
+
+void Allocator::deallocate(void* ptr, size_t bytes) {
+  if (!ptr) return;
+  raw_deallocate(ptr, bytes);
+  live_ -= bytes;
+}
+
+namespace {
+class CpuAllocator final : public Allocator {
+  void* raw_allocate(size_t bytes) override {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* ptr = std::aligned_alloc(64, rounded);
+    if (!ptr) throw Error(cat("cpu allocator: out of memory allocating ", bytes, " bytes"));
+    return ptr;
+  }
+  void raw_deallocate(void* ptr, size_t) override { std::free(ptr); }
+};
+} // namespace
+
+Allocator& allocator_for(Device device) {
+  static CpuAllocator cpu;
+  if (device == Device::cpu) return cpu;
+  return backend::cuda_allocator();
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device == Device::cpu && src_device == Device::cpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  backend::cuda_copy(dst, dst_device, src, src_device, bytes);
+}
+
+bool cuda_available() { return backend::cuda_unavailable_reason() == nullptr; }
+
+const char* cuda_unavailable_reason() {
+  const char* reason = backend::cuda_unavailable_reason();
+  return reason ? reason : "";
+}
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu;
+  if (name == "cuda") return Device::cuda;
+  throw Error(cat("device: expected 'cpu' or 'cuda', got '", name, "'"));
+}
+
+} // namespace minamp

@@ -1,0 +1,42 @@
+// Allocators: every tensor's memory comes from the allocator of its device, which counts live
+// and peak bytes so that examples and benchmarks can report peak memory.
+#pragma once
+
+#include <cstddef>
+
+#include "core/dtype.h"
+
+namespace minamp {
+
+class Allocator {
+public:
+  virtual ~Allocator() = default;
+  void* allocate(size_t bytes);
+  void deallocate(void* ptr, size_t bytes);
+
+  size_t live_bytes() const { return live_; }
+  size_t peak_bytes() const { return peak_; }
+  // Starts a new peak measurement from the bytes live now.
+  void reset_peak() { peak_ = live_; }
+
+protected:
+  virtual void* raw_allocate(size_t bytes) = 0;
+  virtual void raw_deallocate(void* ptr, size_t bytes) = 0;
+
+private:
+  size_t live_ = 0;
+  size_t peak_ = 0;
+};
+
+// The allocator for a device; for Device::cuda this throws Error when CUDA is unavailable.
+Allocator& allocator_for(Device device);
+
+// Copies `bytes` between any two devices (synchronous).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+
+// True when this build has the CUDA backend and a CUDA device is present.
+bool cuda_available();
+// Why cuda_available() is false (empty when it is true).
+const char* cuda_unavailable_reason();
+
+} // namespace minamp

@@ -1,0 +1,18 @@
+// The CUDA backend's device plumbing as seen from host code: allocator, copies, availability.
+// Implemented in cuda/device.cu when the build has CUDA, and in src/kernels/no_cuda.cpp when not.
+#pragma once
+
+#include <cstddef>
+
+#include "core/allocator.h"
+
+namespace minamp::backend {
+
+// nullptr when a CUDA device can be used; otherwise a sentence saying why not.
+const char* cuda_unavailable_reason();
+Allocator& cuda_allocator();
+void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Waits for all queued GPU work (a no-op without CUDA).
+void cuda_synchronize();
+
+} // namespace minamp::backend

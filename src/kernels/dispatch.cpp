@@ -1,0 +1,224 @@
+// The kernels:: dispatcher: checks that an op's tensors share one device, then calls the CPU
+// reference (minamp::cpu) or the CUDA backend (minamp::gpu).
+#include <initializer_list>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+
+namespace minamp::kernels {
+
+namespace {
+
+// The one device of all defined tensors in `tensors`; throws Error naming the op otherwise.
+Device common_device(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (!t || !t->defined()) continue;
+    if (!first) first = t;
+    require(t->device() == first->device(), op, "all tensors must be on one device, got ",
+            describe(*first), " and ", describe(*t));
+  }
+  require(first != nullptr, op, "no defined tensor to run on");
+  return first->device();
+}
+
+Device common_device(const char* op, const std::vector<ParamSlot>& params) {
+  Device device = Device::cpu;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSlot& p = params[i];
+    Device d = common_device(op, {p.master, p.grad, p.half, p.state0, p.state1});
+    require(i == 0 || d == device, op, "all parameters must be on one device");
+    device = d;
+  }
+  return device;
+}
+
+[[noreturn]] void no_cuda(const char* op) {
+  throw Error(cat(op, ": a tensor is on cuda but ", cuda_unavailable_reason()));
+}
+
+} // namespace
+
+// Runs `call` from namespace cpu or gpu. Without CUDA the gpu branch is never compiled.
+#if MINAMP_WITH_CUDA
+#define MINAMP_DISPATCH(op, device, call)                                                          \
+  ((device) == Device::cpu ? cpu::call : gpu::call)
+#else
+#define MINAMP_DISPATCH(op, device, call) ((device) == Device::cpu ? cpu::call : no_cuda(op))
+#endif
+
+void fill(Tensor& dst, float value) {
+  MINAMP_DISPATCH("fill", common_device("fill", {&dst}), fill(dst, value));
+}
+
+void cast(const Tensor& src, Tensor& dst) {
+  require(src.numel() == dst.numel(), "cast", "size mismatch: ", describe(src), " -> ",
+          describe(dst));
+  MINAMP_DISPATCH("cast", common_device("cast", {&src, &dst}), cast(src, dst));
+}
+
+void add_inplace(Tensor& dst, const Tensor& src, float alpha) {
+  require(src.numel() == dst.numel(), "add_inplace", "size mismatch: ", describe(dst),
+          " += ", describe(src));
+  MINAMP_DISPATCH("add_inplace", common_device("add_inplace", {&src, &dst}),
+                  add_inplace(dst, src, alpha));
+}
+
+void mul_scalar(const Tensor& src, const Tensor& scale, Tensor& dst) {
+  require(scale.numel() == 1 && scale.dtype() == DType::f32, "mul_scalar",
+          "scale must be f32 with one element, got ", describe(scale));
+  MINAMP_DISPATCH("mul_scalar", common_device("mul_scalar", {&src, &scale, &dst}),
+                  mul_scalar(src, scale, dst));
+}
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+          const GemmEpilogue& epilogue) {
+  const int64_t m = trans_a ? a.shape().last() : a.shape().rows();
+  const int64_t k = trans_a ? a.shape().rows() : a.shape().last();
+  const int64_t kb = trans_b ? b.shape().last() : b.shape().rows();
+  const int64_t n = trans_b ? b.shape().rows() : b.shape().last();
+  require(k == kb && c.shape().rows() == m && c.shape().last() == n, "gemm",
+          "shapes do not chain: A ", describe(a), (trans_a ? " (transposed)" : ""), ", B ",
+          describe(b), (trans_b ? " (transposed)" : ""), ", C ", describe(c));
+  require(a.dtype() == b.dtype() && is_floating(a.dtype()) && is_floating(c.dtype()), "gemm",
+          "A and B must share a floating dtype, got ", a.dtype(), " and ", b.dtype());
+  if (epilogue.bias)
+    require(epilogue.bias->numel() == n && epilogue.bias->dtype() == DType::f32, "gemm",
+            "bias must be f32 [", n, "], got ", describe(*epilogue.bias));
+  MINAMP_DISPATCH("gemm", common_device("gemm", {&a, &b, &c, epilogue.bias}),
+                  gemm(a, trans_a, b, trans_b, c, epilogue));
+}
+
+void bias_backward(const Tensor& dy, Tensor& db) {
+  require(db.dtype() == DType::f32 && db.numel() == dy.shape().last(), "bias_backward",
+          "db must be f32 [", dy.shape().last(), "], got ", describe(db));
+  MINAMP_DISPATCH("bias_backward", common_device("bias_backward", {&dy, &db}),
+                  bias_backward(dy, db));
+}
+
+void relu_forward(const Tensor& x, Tensor& y) {
+  MINAMP_DISPATCH("relu_forward", common_device("relu_forward", {&x, &y}), relu_forward(x, y));
+}
+
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  MINAMP_DISPATCH("relu_backward", common_device("relu_backward", {&y, &dy, &dx}),
+                  relu_backward(y, dy, dx));
+}
+
+void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParams& conv,
+                    const GemmEpilogue& epilogue) {
+  MINAMP_DISPATCH("conv2d_forward", common_device("conv2d_forward", {&x, &w, &y, epilogue.bias}),
+                  conv2d_forward(x, w, y, conv, epilogue));
+}
+
+void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
+                     const ConvParams& conv) {
+  MINAMP_DISPATCH("conv2d_backward", common_device("conv2d_backward", {&x, &w, &dy, &dx, &dw}),
+                  conv2d_backward(x, w, dy, dx, dw, conv));
+}
+
+void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                       Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,
+                       const BatchNormParams& bn) {
+  MINAMP_DISPATCH("batchnorm_forward",
+                  common_device("batchnorm_forward", {&x, &gamma, &beta, &y, &mean, &invstd,
+                                                      &running_mean, &running_var}),
+                  batchnorm_forward(x, gamma, beta, y, mean, invstd, running_mean, running_var,
+                                    bn));
+}
+
+void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                        const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
+                        Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn) {
+  MINAMP_DISPATCH(
+      "batchnorm_backward",
+      common_device("batchnorm_backward",
+                    {&x, &gamma, &beta, &mean, &invstd, &dy, &dx, &dgamma, &dbeta}),
+      batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta, bn));
+}
+
+void avgpool_forward(const Tensor& x, Tensor& y) {
+  MINAMP_DISPATCH("avgpool_forward", common_device("avgpool_forward", {&x, &y}),
+                  avgpool_forward(x, y));
+}
+
+void avgpool_backward(const Tensor& dy, Tensor& dx) {
+  MINAMP_DISPATCH("avgpool_backward", common_device("avgpool_backward", {&dy, &dx}),
+                  avgpool_backward(dy, dx));
+}
+
+void mse_forward(const Tensor& pred, const Tensor& target, Tensor& loss) {
+  MINAMP_DISPATCH("mse_forward", common_device("mse_forward", {&pred, &target, &loss}),
+                  mse_forward(pred, target, loss));
+}
+
+void mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss, Tensor& dpred) {
+  MINAMP_DISPATCH("mse_backward", common_device("mse_backward", {&pred, &target, &dloss, &dpred}),
+                  mse_backward(pred, target, dloss, dpred));
+}
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, Tensor& loss) {
+  MINAMP_DISPATCH("cross_entropy_forward",
+                  common_device("cross_entropy_forward", {&logits, &labels, &loss}),
+                  cross_entropy_forward(logits, labels, loss));
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss,
+                            Tensor& dlogits) {
+  MINAMP_DISPATCH("cross_entropy_backward",
+                  common_device("cross_entropy_backward", {&logits, &labels, &dloss, &dlogits}),
+                  cross_entropy_backward(logits, labels, dloss, dlogits));
+}
+
+void sum_squares(const Tensor& x, Tensor& sum_sq) {
+  MINAMP_DISPATCH("sum_squares", common_device("sum_squares", {&x, &sum_sq}),
+                  sum_squares(x, sum_sq));
+}
+
+void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef) {
+  MINAMP_DISPATCH("clip_coefficient", common_device("clip_coefficient", {&sum_sq, &coef}),
+                  clip_coefficient(sum_sq, max_norm, coef));
+}
+
+void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf) {
+  Device device = common_device("amp_unscale", {&scale, &found_inf});
+  for (const Tensor* g : grads) {
+    require(g->dtype() == DType::f32, "amp_unscale", "gradients must be f32, got ", describe(*g));
+    require(g->device() == device, "amp_unscale", "gradient ", describe(*g), " is not on ",
+            device, " with the scale");
+  }
+  MINAMP_DISPATCH("amp_unscale", device, amp_unscale(grads, scale, found_inf));
+}
+
+void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found_inf,
+                      const ScalerParams& scaler) {
+  MINAMP_DISPATCH("amp_update_scale",
+                  common_device("amp_update_scale", {&scale, &growth_tracker, &found_inf}),
+                  amp_update_scale(scale, growth_tracker, found_inf, scaler));
+}
+
+void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf) {
+  if (params.empty()) return;
+  const Device device = common_device("sgd_step", params);
+  require(!found_inf.defined() || found_inf.device() == device, "sgd_step",
+          "found_inf is on ", found_inf.device(), ", the parameters on ", device);
+  MINAMP_DISPATCH("sgd_step", device, sgd_step(params, sgd, found_inf));
+}
+
+void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Tensor& step,
+               const Tensor& found_inf) {
+  if (params.empty()) return;
+  const Device device = common_device("adam_step", params);
+  require(step.device() == device && (!found_inf.defined() || found_inf.device() == device),
+          "adam_step", "step and found_inf must be on the parameters' device ", device);
+  MINAMP_DISPATCH("adam_step", device, adam_step(params, adam, step, found_inf));
+}
+
+void fp16_range_counts(const Tensor& x, float scale, Tensor& counts) {
+  require(counts.dtype() == DType::f32 && counts.numel() == 5, "fp16_range_counts",
+          "counts must be f32 [5], got ", describe(counts));
+  MINAMP_DISPATCH("fp16_range_counts", common_device("fp16_range_counts", {&x, &counts}),
+                  fp16_range_counts(x, scale, counts));
+}
+
+} // namespace minamp::kernels

@@ -1,0 +1,101 @@
+// The kernel interface: one declaration per op, included (on purpose without an include guard)
+// into three namespaces by kernels.h — minamp::kernels (the dispatcher), minamp::cpu (the Eigen
+// reference) and minamp::gpu (the CUDA backend) — so the three always agree.
+//
+// Conventions: tensors are contiguous and row-major; a tensor of rank > 2 passed where a matrix
+// is expected is viewed as [rows, last]. Floating inputs may be f32 or f16; math is fp32 and an
+// f16 output is rounded to nearest even. "+=" marks outputs that accumulate (weight gradients);
+// every other output is overwritten. Backward kernels write fresh gradients.
+
+// dst = value everywhere (any dtype).
+void fill(Tensor& dst, float value);
+// dst = src converted to dst's dtype (same shape; f32 <-> f16 rounds to nearest even).
+void cast(const Tensor& src, Tensor& dst);
+// dst += alpha * src (same numel; math in fp32, result rounded to dst's dtype).
+void add_inplace(Tensor& dst, const Tensor& src, float alpha);
+// dst = src * scale[0], scale a one-element f32 tensor read where it lives (no host read);
+// dst may be src.
+void mul_scalar(const Tensor& src, const Tensor& scale, Tensor& dst);
+
+// C[M, N] = alpha * op(A) @ op(B) + beta * C, then + bias[N], then ReLU, per `epilogue`.
+// op(A) is [M, K] (A is [K, M] when trans_a); op(B) is [K, N] (B is [N, K] when trans_b).
+// A and B share a dtype (f32 or f16); C is f32 or f16; bias is f32. Accumulation is fp32.
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+          const GemmEpilogue& epilogue);
+// db[N] += sum over rows of dy[rows, N] (db f32).
+void bias_backward(const Tensor& dy, Tensor& db);
+
+// y = max(x, 0), any floating dtype, y.dtype == x.dtype.
+void relu_forward(const Tensor& x, Tensor& y);
+// dx = dy where y > 0 else 0 (y is the forward output).
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
+
+// y[N, Ho, Wo, Cout] = conv(x[N, H, W, Cin], w[Cout, kh, kw, Cin]) (+ bias, ReLU per epilogue;
+// alpha/beta are not used). Ho = (H + 2 pad - kh) / stride + 1, likewise Wo.
+void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParams& conv,
+                    const GemmEpilogue& epilogue);
+// dx[N, H, W, Cin] = input gradient (when dx is defined); dw[Cout, kh, kw, Cin] += weight
+// gradient in f32 (when dw is defined).
+void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
+                     const ConvParams& conv);
+
+// Batch norm over x[rows, C] (an NHWC activation viewed as [N*H*W, C]); gamma, beta f32 [C].
+// Training: batch mean and biased variance, saved as mean[C] and invstd[C] = 1/sqrt(var + eps),
+// and running_mean/var (f32 [C]) updated with `momentum` and the unbiased variance.
+// Eval: normalise with the running statistics (mean/invstd are still written, from them).
+// y = gamma * (x - mean) * invstd + beta, then ReLU when bn.relu; y.dtype == x.dtype.
+void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                       Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,
+                       const BatchNormParams& bn);
+// dx (x's dtype), dgamma += , dbeta += (f32), from the saved mean/invstd. With bn.relu, the
+// ReLU mask is recomputed from x. In training mode dx includes the terms through the batch
+// statistics; in eval mode the statistics are constants.
+void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                        const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
+                        Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn);
+
+// y[N, C] = mean over H, W of x[N, H, W, C]; y.dtype == x.dtype.
+void avgpool_forward(const Tensor& x, Tensor& y);
+// dx[N, H, W, C] = dy[N, C] / (H * W).
+void avgpool_backward(const Tensor& dy, Tensor& dx);
+
+// loss[1] (f32) = mean((pred - target)^2), math in fp32.
+void mse_forward(const Tensor& pred, const Tensor& target, Tensor& loss);
+// dpred = dloss[0] * 2 (pred - target) / numel, in pred's dtype.
+void mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss, Tensor& dpred);
+
+// loss[1] (f32) = mean over rows of -log softmax(logits[N, K])[label], log-sum-exp in fp32;
+// labels i32 [N] in [0, K).
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, Tensor& loss);
+// dlogits = dloss[0] * (softmax(logits) - onehot(labels)) / N, in logits' dtype.
+void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss,
+                            Tensor& dlogits);
+
+// sum_sq[0] (f32) += sum of x^2 (for gradient norms), fp32 accumulation.
+void sum_squares(const Tensor& x, Tensor& sum_sq);
+// coef[0] = min(1, max_norm / (sqrt(sum_sq[0]) + 1e-6)), as torch.nn.utils.clip_grad_norm_.
+void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef);
+
+// For every gradient: g *= 1 / scale[0]; found_inf[0] = 1 if any result is inf or NaN (it is
+// never reset here). scale and found_inf are f32 [1] on the gradients' device.
+void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf);
+// PyTorch's _amp_update_scale_: on found_inf, scale *= backoff and tracker = 0; otherwise
+// ++tracker, and when it reaches interval, scale *= growth (if still finite) and tracker = 0.
+// scale f32 [1], growth_tracker i32 [1], found_inf f32 [1].
+void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found_inf,
+                      const ScalerParams& scaler);
+
+// One SGD step over every parameter, skipped entirely when found_inf (may be undefined) is
+// nonzero. PyTorch semantics (dampening 0): g' = g + wd * w; with momentum, buf = m * buf + g'
+// (buf starts at zero, so the first step's buf is g' as in PyTorch) and w -= lr * buf; without,
+// w -= lr * g'. Writes the f16 copy when it is defined.
+void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf);
+// One Adam step (PyTorch semantics, bias-corrected) over every parameter; `step` is an f32 [1]
+// tensor incremented by the kernel unless skipped. Skipped entirely when found_inf is nonzero.
+void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Tensor& step,
+               const Tensor& found_inf);
+
+// counts[0..4] (f32 [5], +=) over the finite values v of x, with s = v * scale rounded to f16:
+// [0] v != 0 but s flushes to zero, [1] s is subnormal (0 < |s| < 2^-14), [2] s overflows to
+// inf, [3] v != 0 (the total); and [4] the number of values of x that are inf or NaN.
+void fp16_range_counts(const Tensor& x, float scale, Tensor& counts);

@@ -1,0 +1,69 @@
+// The kernel interface (see kernel_list.h) and the parameter structs its kernels take.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace minamp {
+
+struct GemmEpilogue {
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  const Tensor* bias = nullptr; // f32 [N], or nullptr
+  bool relu = false;
+};
+
+struct ConvParams {
+  int stride = 1;
+  int pad = 0;
+};
+
+struct BatchNormParams {
+  bool training = true;
+  float momentum = 0.1f;
+  float eps = 1e-5f;
+  bool relu = false;
+};
+
+struct ScalerParams {
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  int growth_interval = 2000;
+};
+
+// The tensors of one parameter that an optimizer step touches. `half` and the state tensors may
+// be undefined (no f16 copy; SGD without momentum).
+struct ParamSlot {
+  Tensor* master = nullptr; // f32, updated in place
+  Tensor* grad = nullptr;   // f32
+  Tensor* half = nullptr;   // f16 copy, rewritten from the updated master when defined
+  Tensor* state0 = nullptr; // SGD momentum buffer / Adam exp_avg
+  Tensor* state1 = nullptr; // Adam exp_avg_sq
+};
+
+struct SgdParams {
+  float lr = 1e-3f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+};
+
+struct AdamParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+namespace kernels {
+#include "kernels/kernel_list.h"
+} // namespace kernels
+namespace cpu {
+#include "kernels/kernel_list.h"
+} // namespace cpu
+namespace gpu {
+#include "kernels/kernel_list.h"
+} // namespace gpu
+
+} // namespace minamp

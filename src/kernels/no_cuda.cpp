@@ -1,0 +1,20 @@
+// The device plumbing of a build without CUDA: every entry point says CUDA is not built in.
+#include "core/error.h"
+#include "kernels/backend.h"
+
+namespace minamp::backend {
+
+const char* cuda_unavailable_reason() {
+  return "this build of minamp has no CUDA backend (configured without nvcc or with "
+         "-DMINAMP_CUDA=OFF)";
+}
+
+Allocator& cuda_allocator() { throw Error(cat("cuda allocator: ", cuda_unavailable_reason())); }
+
+void cuda_copy(void*, Device, const void*, Device, size_t) {
+  throw Error(cat("copy to/from cuda: ", cuda_unavailable_reason()));
+}
+
+void cuda_synchronize() {}
+
+} // namespace minamp::backend
