@@ -1,0 +1,81 @@
+// CPU reference of the dynamic loss scaler's kernels: unscale + overflow check, the scale update
+// (PyTorch's _amp_update_scale_), and the f16 range statistics used to show why scaling matters.
+#include <cmath>
+
+#include "kernels/cpu/cpu_util.h"
+
+namespace minamp::cpu {
+
+void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf) {
+  require_f32("amp_unscale", "scale", scale, 1);
+  require_f32("amp_unscale", "found_inf", found_inf, 1);
+  const float inv_scale = 1.0f / scale.data<float>()[0];
+  bool overflow = false;
+  for (Tensor* grad : grads) {
+    require(grad && grad->defined() && grad->dtype() == DType::f32, "amp_unscale",
+            "gradients must be defined f32 tensors, got ",
+            grad ? describe(*grad) : std::string("a null pointer"));
+    float* g = grad->data<float>();
+    for (int64_t i = 0; i < grad->numel(); ++i) {
+      g[i] *= inv_scale;
+      overflow = overflow || !std::isfinite(g[i]);
+    }
+  }
+  if (overflow) found_inf.data<float>()[0] = 1.0f; // set, never reset
+}
+
+void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found_inf,
+                      const ScalerParams& scaler) {
+  require_f32("amp_update_scale", "scale", scale, 1);
+  require_f32("amp_update_scale", "found_inf", found_inf, 1);
+  require(growth_tracker.defined() && growth_tracker.dtype() == DType::i32 &&
+              growth_tracker.numel() == 1,
+          "amp_update_scale", "growth_tracker must be i32 with 1 element, got ",
+          describe(growth_tracker));
+  float& current = scale.data<float>()[0];
+  int32_t& tracker = growth_tracker.data<int32_t>()[0];
+  if (found_inf.data<float>()[0] != 0.0f) { // overflow: back off, start counting again
+    current *= scaler.backoff_factor;
+    tracker = 0;
+    return;
+  }
+  const int32_t successful = tracker + 1;
+  if (successful == scaler.growth_interval) { // grow unless the grown scale is not finite
+    const float grown = current * scaler.growth_factor;
+    if (std::isfinite(grown)) current = grown;
+    tracker = 0;
+  } else {
+    tracker = successful;
+  }
+}
+
+void fp16_range_counts(const Tensor& x, float scale, Tensor& counts) {
+  require_floating("fp16_range_counts", "x", x);
+  require_f32("fp16_range_counts", "counts", counts, 5);
+  const FloatInput values(x);
+  double flushed = 0, subnormal = 0, overflowed = 0, nonzero = 0, nonfinite = 0;
+  for (int64_t i = 0; i < values.size(); ++i) {
+    const float v = values[i];
+    if (!std::isfinite(v)) {
+      ++nonfinite;
+      continue;
+    }
+    if (v == 0.0f) continue;
+    ++nonzero;
+    const float s = round_to_half(v * scale);
+    if (s == 0.0f)
+      ++flushed;
+    else if (std::isinf(s))
+      ++overflowed;
+    else if (std::fabs(s) < kHalfMinNormal)
+      ++subnormal;
+  }
+  float* out = counts.data<float>();
+  out[0] += static_cast<float>(flushed);
+  out[1] += static_cast<float>(subnormal);
+  out[2] += static_cast<float>(overflowed);
+  out[3] += static_cast<float>(nonzero);
+  out[4] += static_cast<float>(nonfinite);
+}
+
+} // namespace minamp::cpu

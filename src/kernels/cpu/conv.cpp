@@ -1,0 +1,163 @@
+// CPU reference of the 2-D convolution over channels-last activations, as GEMMs on im2col
+// matrices: y = cols @ w^T (forward), dcols = dy @ w then col2im (input gradient), dw += dy^T @
+// cols (weight gradient). One image at a time, so the im2col buffer stays [Ho * Wo, kh * kw * Cin].
+// A 1x1, stride-1, unpadded conv needs no im2col: its input already is the cols matrix.
+#include <algorithm>
+
+#include "kernels/cpu/cpu_util.h"
+
+namespace minamp::cpu {
+
+namespace {
+
+// The sizes of one convolution: x [N, H, W, Cin], w [Cout, kh, kw, Cin], y [N, Ho, Wo, Cout].
+struct ConvDims {
+  int64_t n, h, w, cin, cout, kh, kw, ho, wo;
+  int stride, pad;
+
+  int64_t patch() const { return kh * kw * cin; } // K of the GEMM: one im2col row
+  int64_t out_pixels() const { return ho * wo; }
+  bool is_pointwise() const { return kh == 1 && kw == 1 && stride == 1 && pad == 0; }
+};
+
+ConvDims conv_dims(const char* op, const Tensor& x, const Tensor& w, const ConvParams& conv) {
+  require_floating(op, "x", x);
+  require_floating(op, "w", w);
+  require(x.shape().rank() == 4, op, "expects x [N, H, W, Cin], got ", describe(x));
+  require(w.shape().rank() == 4 && w.shape()[3] == x.shape()[3], op,
+          "expects w [Cout, kh, kw, Cin] with the Cin of x ", describe(x), ", got ", describe(w));
+  require(conv.stride >= 1 && conv.pad >= 0, op, "expects stride >= 1 and pad >= 0, got stride ",
+          conv.stride, ", pad ", conv.pad);
+  ConvDims d{};
+  d.n = x.shape()[0], d.h = x.shape()[1], d.w = x.shape()[2], d.cin = x.shape()[3];
+  d.cout = w.shape()[0], d.kh = w.shape()[1], d.kw = w.shape()[2];
+  d.stride = conv.stride, d.pad = conv.pad;
+  require(d.h + 2 * d.pad >= d.kh && d.w + 2 * d.pad >= d.kw, op, "the kernel of ", describe(w),
+          " does not fit the padded input ", describe(x), " (pad ", d.pad, ")");
+  d.ho = (d.h + 2 * d.pad - d.kh) / d.stride + 1;
+  d.wo = (d.w + 2 * d.pad - d.kw) / d.stride + 1;
+  return d;
+}
+
+// Throws Error unless `y` is [N, Ho, Wo, Cout] for these dims.
+void require_output_shape(const char* op, const char* name, const Tensor& y, const ConvDims& d) {
+  require(y.defined() && y.shape() == Shape{d.n, d.ho, d.wo, d.cout}, op, "expects ", name, " [",
+          d.n, ", ", d.ho, ", ", d.wo, ", ", d.cout, "] (stride ", d.stride, ", pad ", d.pad,
+          "), got ", describe(y));
+}
+
+// The input pixel an output pixel's kernel tap reads, or -1 when it falls in the padding.
+int64_t input_offset(const ConvDims& d, int64_t oh, int64_t ow, int64_t i, int64_t j) {
+  const int64_t ih = oh * d.stride - d.pad + i, iw = ow * d.stride - d.pad + j;
+  if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) return -1;
+  return (ih * d.w + iw) * d.cin;
+}
+
+// cols[Ho * Wo, kh * kw * Cin]: row (oh, ow) holds the input patch under the kernel at that
+// output pixel, taps in (i, j, c) order like w's rows; padding reads as zero.
+// image: x of one sample [H, W, Cin].
+void im2col(const float* image, const ConvDims& d, RowMatrix& cols) {
+  for (int64_t oh = 0; oh < d.ho; ++oh)
+    for (int64_t ow = 0; ow < d.wo; ++ow)
+      for (int64_t i = 0; i < d.kh; ++i)
+        for (int64_t j = 0; j < d.kw; ++j) {
+          float* tap = cols.data() + (oh * d.wo + ow) * d.patch() + (i * d.kw + j) * d.cin;
+          const int64_t at = input_offset(d, oh, ow, i, j);
+          for (int64_t c = 0; c < d.cin; ++c) tap[c] = at < 0 ? 0.0f : image[at + c];
+        }
+}
+
+// The adjoint of im2col: image[H, W, Cin] += every tap of cols that reads that pixel.
+void col2im(const RowMatrix& cols, const ConvDims& d, float* image) {
+  for (int64_t oh = 0; oh < d.ho; ++oh)
+    for (int64_t ow = 0; ow < d.wo; ++ow)
+      for (int64_t i = 0; i < d.kh; ++i)
+        for (int64_t j = 0; j < d.kw; ++j) {
+          const int64_t at = input_offset(d, oh, ow, i, j);
+          if (at < 0) continue;
+          const float* tap = cols.data() + (oh * d.wo + ow) * d.patch() + (i * d.kw + j) * d.cin;
+          for (int64_t c = 0; c < d.cin; ++c) image[at + c] += tap[c];
+        }
+}
+
+// dx[N, H, W, Cin] = col2im(dy @ w), image by image; dy [N*Ho*Wo, Cout], w [Cout, K].
+void input_gradient(const FloatInput& dy, const FloatInput& w, const ConvDims& d, Tensor& dx) {
+  const ConstMatrixMap weights = w.matrix(d.cout, d.patch());
+  FloatOutput dx_values(dx, false);
+  if (d.is_pointwise()) {
+    const int64_t rows = d.n * d.h * d.w;
+    dx_values.matrix(rows, d.cin).noalias() = dy.matrix(rows, d.cout) * weights;
+  } else {
+    std::fill_n(dx_values.data(), dx_values.size(), 0.0f);
+    RowMatrix dcols(d.out_pixels(), d.patch());
+    for (int64_t s = 0; s < d.n; ++s) {
+      const ConstMatrixMap dy_image(dy.data() + s * d.out_pixels() * d.cout, d.out_pixels(),
+                                    d.cout); // [Ho*Wo, Cout]
+      dcols.noalias() = dy_image * weights;  // [Ho*Wo, K]
+      col2im(dcols, d, dx_values.data() + s * d.h * d.w * d.cin);
+    }
+  }
+  dx_values.store();
+}
+
+// dw[Cout, K] += dy^T @ im2col(x), image by image; x [N, H, W, Cin], dy [N*Ho*Wo, Cout].
+void weight_gradient(const FloatInput& x, const FloatInput& dy, const ConvDims& d, Tensor& dw) {
+  MatrixMap dw_matrix(dw.data<float>(), d.cout, d.patch());
+  if (d.is_pointwise()) {
+    const int64_t rows = d.n * d.h * d.w;
+    dw_matrix.noalias() += dy.matrix(rows, d.cout).transpose() * x.matrix(rows, d.cin);
+    return;
+  }
+  RowMatrix cols(d.out_pixels(), d.patch());
+  for (int64_t s = 0; s < d.n; ++s) {
+    im2col(x.data() + s * d.h * d.w * d.cin, d, cols);
+    const ConstMatrixMap dy_image(dy.data() + s * d.out_pixels() * d.cout, d.out_pixels(),
+                                  d.cout); // [Ho*Wo, Cout]
+    dw_matrix.noalias() += dy_image.transpose() * cols;
+  }
+}
+
+} // namespace
+
+void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParams& conv,
+                    const GemmEpilogue& epilogue) {
+  const ConvDims d = conv_dims("conv2d_forward", x, w, conv);
+  require_floating("conv2d_forward", "y", y);
+  require_output_shape("conv2d_forward", "y", y, d);
+  if (epilogue.bias) require_f32("conv2d_forward", "bias", *epilogue.bias, d.cout);
+
+  const FloatInput x_values(x), w_values(w);
+  const ConstMatrixMap weights = w_values.matrix(d.cout, d.patch()); // [Cout, K]
+  FloatOutput y_values(y, false);
+  if (d.is_pointwise()) {
+    const ConstMatrixMap pixels = x_values.matrix(d.n * d.h * d.w, d.cin); // [N*H*W, Cin]
+    y_values.matrix(d.n * d.h * d.w, d.cout).noalias() = pixels * weights.transpose();
+  } else {
+    RowMatrix cols(d.out_pixels(), d.patch());
+    for (int64_t s = 0; s < d.n; ++s) {
+      im2col(x_values.data() + s * d.h * d.w * d.cin, d, cols);
+      MatrixMap y_image(y_values.data() + s * d.out_pixels() * d.cout, d.out_pixels(), d.cout);
+      y_image.noalias() = cols * weights.transpose(); // [Ho*Wo, Cout]
+    }
+  }
+  apply_bias_relu(y_values.matrix(d.n * d.out_pixels(), d.cout), epilogue);
+  y_values.store();
+}
+
+void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
+                     const ConvParams& conv) {
+  const ConvDims d = conv_dims("conv2d_backward", x, w, conv);
+  require_floating("conv2d_backward", "dy", dy);
+  require_output_shape("conv2d_backward", "dy", dy, d);
+  if (dx.defined())
+    require(is_floating(dx.dtype()) && dx.shape() == x.shape(), "conv2d_backward",
+            "expects dx shaped like x ", describe(x), ", got ", describe(dx));
+  if (dw.defined())
+    require(dw.dtype() == DType::f32 && dw.shape() == w.shape(), "conv2d_backward",
+            "expects dw f32 shaped like w ", describe(w), ", got ", describe(dw));
+  const FloatInput dy_values(dy);
+  if (dx.defined()) input_gradient(dy_values, FloatInput(w), d, dx);
+  if (dw.defined()) weight_gradient(FloatInput(x), dy_values, d, dw);
+}
+
+} // namespace minamp::cpu

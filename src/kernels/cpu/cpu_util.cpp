@@ -1,0 +1,60 @@
+// Float views of f32 / f16 tensors, the shared GEMM epilogue and the shared checks of the CPU
+// reference kernels (see cpu_util.h).
+#include "kernels/cpu/cpu_util.h"
+
+namespace minamp::cpu {
+
+FloatInput::FloatInput(const Tensor& tensor) : size_(tensor.numel()) {
+  if (tensor.dtype() == DType::f32) {
+    data_ = tensor.data<float>();
+    return;
+  }
+  const half* values = tensor.data<half>();
+  widened_.resize(static_cast<size_t>(size_));
+  for (int64_t i = 0; i < size_; ++i) widened_[i] = static_cast<float>(values[i]);
+  data_ = widened_.data();
+}
+
+FloatOutput::FloatOutput(Tensor& tensor, bool keep_old) : tensor_(tensor), size_(tensor.numel()) {
+  if (tensor.dtype() == DType::f32) {
+    data_ = tensor.data<float>();
+    return;
+  }
+  const half* values = tensor.data<half>();
+  buffer_.resize(static_cast<size_t>(size_));
+  if (keep_old)
+    for (int64_t i = 0; i < size_; ++i) buffer_[i] = static_cast<float>(values[i]);
+  data_ = buffer_.data();
+}
+
+void FloatOutput::store() {
+  if (tensor_.dtype() != DType::f16) return;
+  half* values = tensor_.data<half>();
+  for (int64_t i = 0; i < size_; ++i) values[i] = half(buffer_[i]);
+}
+
+void apply_bias_relu(MatrixMap c, const GemmEpilogue& epilogue) {
+  if (epilogue.bias) {
+    const ConstMatrixMap bias(epilogue.bias->data<float>(), 1, c.cols()); // [1, N]
+    c.rowwise() += bias.row(0);
+  }
+  if (epilogue.relu) c = c.unaryExpr(&relu);
+}
+
+void require_floating(const char* op, const char* name, const Tensor& tensor) {
+  require(tensor.defined() && is_floating(tensor.dtype()), op, name,
+          " must be a defined f32 or f16 tensor, got ", describe(tensor));
+}
+
+void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel) {
+  require(tensor.defined() && tensor.dtype() == DType::f32 && tensor.numel() == numel, op, name,
+          " must be f32 with ", numel, " elements, got ", describe(tensor));
+}
+
+void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
+                        const Tensor& b) {
+  require(a.defined() && b.defined() && a.numel() == b.numel(), op, name_a, " and ", name_b,
+          " must have the same number of elements, got ", describe(a), " and ", describe(b));
+}
+
+} // namespace minamp::cpu

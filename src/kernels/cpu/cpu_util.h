@@ -1,0 +1,77 @@
+// Helpers shared by the CPU reference kernels (namespace minamp::cpu): float views of f32 / f16
+// tensors, Eigen row-major maps, and the checks whose messages every kernel uses.
+//
+// The CPU backend emulates f16 faithfully: an f16 input is widened to float (exact), the math is
+// fp32, and an f16 output is rounded to nearest even. Reductions accumulate in double here, so the
+// reference is at least as accurate as any fp32 accumulation order a GPU kernel may choose.
+#pragma once
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "kernels/kernels.h"
+
+namespace minamp::cpu {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatrixMap = Eigen::Map<RowMatrix>;
+using ConstMatrixMap = Eigen::Map<const RowMatrix>;
+
+// The values of a floating tensor as floats: f32 storage is read in place, f16 storage is widened
+// (exactly) into a private buffer.
+class FloatInput {
+public:
+  explicit FloatInput(const Tensor& tensor);
+
+  const float* data() const { return data_; }
+  int64_t size() const { return size_; }
+  float operator[](int64_t i) const { return data_[i]; }
+  // The values as a row-major [rows, cols] matrix (rows * cols == size()).
+  ConstMatrixMap matrix(int64_t rows, int64_t cols) const { return {data_, rows, cols}; }
+
+private:
+  std::vector<float> widened_;
+  const float* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// A float view of an output tensor. f32 outputs are written in place; f16 outputs are computed in
+// a float buffer that store() rounds to nearest even into the tensor, so a kernel must call
+// store() once it is done. With keep_old the buffer starts from the tensor's values (outputs that
+// accumulate or are read as beta * C); otherwise its contents are unspecified.
+class FloatOutput {
+public:
+  FloatOutput(Tensor& tensor, bool keep_old);
+
+  float* data() { return data_; }
+  int64_t size() const { return size_; }
+  float& operator[](int64_t i) { return data_[i]; }
+  MatrixMap matrix(int64_t rows, int64_t cols) { return {data_, rows, cols}; }
+  // Writes the buffer into an f16 tensor (nothing to do for f32).
+  void store();
+
+private:
+  Tensor tensor_;
+  std::vector<float> buffer_;
+  float* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// max(v, 0), with NaN passed through (as PyTorch's relu), so an overflow is never hidden.
+inline float relu(float v) { return v < 0.0f ? 0.0f : v; }
+
+// C = relu(C + bias[N]) on a [M, N] matrix, each part only when the epilogue asks for it.
+void apply_bias_relu(MatrixMap c, const GemmEpilogue& epilogue);
+
+// Throws Error naming `op` unless `tensor` is defined and has a floating dtype.
+void require_floating(const char* op, const char* name, const Tensor& tensor);
+// Throws Error naming `op` unless `tensor` is defined, f32 and has `numel` elements.
+void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel);
+// Throws Error naming `op` unless both tensors are defined and have the same number of elements.
+void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
+                        const Tensor& b);
+
+} // namespace minamp::cpu

@@ -1,0 +1,111 @@
+// CPU reference of the optimizer kernels, in fp32 on the master weights: SGD (with momentum and
+// L2 weight decay) and Adam (bias-corrected, L2 weight decay), both skipped entirely on
+// overflow; and the two kernels of gradient-norm clipping.
+#include <cmath>
+
+#include "kernels/cpu/cpu_util.h"
+
+namespace minamp::cpu {
+
+namespace {
+
+// True when found_inf is defined and set: the step must change nothing.
+bool step_overflowed(const char* op, const Tensor& found_inf) {
+  if (!found_inf.defined()) return false;
+  require_f32(op, "found_inf", found_inf, 1);
+  return found_inf.data<float>()[0] != 0.0f;
+}
+
+// Checks a slot: master and grad f32 of one size, `states` state tensors f32 of that size,
+// and the f16 copy (if any) of that size.
+void require_slot(const char* op, const ParamSlot& slot, int states) {
+  require(slot.master && slot.master->defined(), op, "every parameter needs a master tensor");
+  const int64_t n = slot.master->numel();
+  require_f32(op, "master", *slot.master, n);
+  require(slot.grad != nullptr, op, "parameter ", describe(*slot.master), " has no gradient");
+  require_f32(op, "grad", *slot.grad, n);
+  if (states > 0) {
+    require(slot.state0 != nullptr, op, "parameter ", describe(*slot.master), " has no state0");
+    require_f32(op, "state0", *slot.state0, n);
+  }
+  if (states > 1) {
+    require(slot.state1 != nullptr, op, "parameter ", describe(*slot.master), " has no state1");
+    require_f32(op, "state1", *slot.state1, n);
+  }
+  if (slot.half && slot.half->defined())
+    require(slot.half->dtype() == DType::f16 && slot.half->numel() == n, op, "the f16 copy of ",
+            describe(*slot.master), " must be f16 of the same size, got ", describe(*slot.half));
+}
+
+// Rewrites the slot's f16 copy (when it has one) from the updated master.
+void refresh_half_copy(const ParamSlot& slot) {
+  if (!slot.half || !slot.half->defined()) return;
+  const float* w = slot.master->data<float>();
+  half* copy = slot.half->data<half>();
+  for (int64_t i = 0; i < slot.master->numel(); ++i) copy[i] = half(w[i]);
+}
+
+} // namespace
+
+void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf) {
+  if (step_overflowed("sgd_step", found_inf)) return;
+  const bool momentum = sgd.momentum != 0.0f;
+  for (const ParamSlot& slot : params) require_slot("sgd_step", slot, momentum ? 1 : 0);
+  for (const ParamSlot& slot : params) {
+    float* w = slot.master->data<float>();
+    const float* g = slot.grad->data<float>();
+    float* buf = momentum ? slot.state0->data<float>() : nullptr;
+    for (int64_t i = 0; i < slot.master->numel(); ++i) {
+      const float d = g[i] + sgd.weight_decay * w[i];
+      if (momentum) {
+        buf[i] = sgd.momentum * buf[i] + d; // dampening 0; buf starts at 0
+        w[i] -= sgd.lr * buf[i];
+      } else {
+        w[i] -= sgd.lr * d;
+      }
+    }
+    refresh_half_copy(slot);
+  }
+}
+
+void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Tensor& step,
+               const Tensor& found_inf) {
+  require_f32("adam_step", "step", step, 1);
+  if (step_overflowed("adam_step", found_inf)) return;
+  for (const ParamSlot& slot : params) require_slot("adam_step", slot, 2);
+  const float t = step.data<float>()[0] += 1.0f;
+  const float bias_correction1 = 1.0f - std::pow(adam.beta1, t);
+  const float bias_correction2 = 1.0f - std::pow(adam.beta2, t);
+  for (const ParamSlot& slot : params) {
+    float* w = slot.master->data<float>();
+    const float* g = slot.grad->data<float>();
+    float* m = slot.state0->data<float>(); // exp_avg
+    float* v = slot.state1->data<float>(); // exp_avg_sq
+    for (int64_t i = 0; i < slot.master->numel(); ++i) {
+      const float d = g[i] + adam.weight_decay * w[i]; // L2 decay (Adam, not AdamW)
+      m[i] = adam.beta1 * m[i] + (1.0f - adam.beta1) * d;
+      v[i] = adam.beta2 * v[i] + (1.0f - adam.beta2) * d * d;
+      w[i] -= adam.lr * (m[i] / bias_correction1) / (std::sqrt(v[i] / bias_correction2) + adam.eps);
+    }
+    refresh_half_copy(slot);
+  }
+}
+
+void sum_squares(const Tensor& x, Tensor& sum_sq) {
+  require_floating("sum_squares", "x", x);
+  require_f32("sum_squares", "sum_sq", sum_sq, 1);
+  const FloatInput values(x);
+  double sum = 0.0;
+  for (int64_t i = 0; i < values.size(); ++i) sum += static_cast<double>(values[i]) * values[i];
+  sum_sq.data<float>()[0] += static_cast<float>(sum);
+}
+
+void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef) {
+  require_f32("clip_coefficient", "sum_sq", sum_sq, 1);
+  require_f32("clip_coefficient", "coef", coef, 1);
+  const float norm = std::sqrt(sum_sq.data<float>()[0]);
+  const float ratio = max_norm / (norm + 1e-6f);
+  coef.data<float>()[0] = ratio > 1.0f ? 1.0f : ratio; // clamp(max=1), NaN passes through
+}
+
+} // namespace minamp::cpu

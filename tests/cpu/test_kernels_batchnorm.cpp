@@ -1,0 +1,232 @@
+// Tests of the CPU batch-norm kernels (minamp::cpu::batchnorm_forward / batchnorm_backward):
+// forward against a double reference in training and eval mode, with and without the fused
+// ReLU; PyTorch's running-statistics update (unbiased variance); dx, dgamma, dbeta by finite
+// differences; the f16 emulation; and the error messages.
+#include "kernels/kernels.h"
+#include "test_kernels_reference.h"
+
+namespace minamp::test {
+namespace {
+
+constexpr double kF32Tolerance = 1e-6;
+constexpr double kGradientTolerance = 1e-4;
+constexpr double kEps = 1e-5;
+
+// The statistics a batch-norm forward normalises with, and its output, in double.
+struct BatchNormReference {
+  Doubles mean, var, y;
+};
+
+// x [rows, C]; training uses the batch mean and biased variance, eval the running ones.
+BatchNormReference batchnorm_reference(const Doubles& x, int64_t channels, const Doubles& gamma,
+                                       const Doubles& beta, const Doubles& running_mean,
+                                       const Doubles& running_var, bool training, bool relu) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / channels;
+  BatchNormReference ref{running_mean, running_var, Doubles(x.size())};
+  if (training) {
+    ref.mean.assign(channels, 0.0);
+    ref.var.assign(channels, 0.0);
+    for (int64_t i = 0; i < rows * channels; ++i) ref.mean[i % channels] += x[i] / rows;
+    for (int64_t i = 0; i < rows * channels; ++i) {
+      const double centred = x[i] - ref.mean[i % channels];
+      ref.var[i % channels] += centred * centred / rows;
+    }
+  }
+  for (int64_t i = 0; i < rows * channels; ++i) {
+    const int64_t c = i % channels;
+    const double y = gamma[c] * (x[i] - ref.mean[c]) / std::sqrt(ref.var[c] + kEps) + beta[c];
+    ref.y[i] = relu && y < 0 ? 0.0 : y;
+  }
+  return ref;
+}
+
+// The tensors of one batch-norm layer over x of `shape` (channels last), randomly filled.
+struct BatchNormLayer {
+  Tensor x, gamma, beta, running_mean, running_var;
+  BatchNormLayer(Rng& rng, const Shape& shape, DType dtype = DType::f32) {
+    const int64_t channels = shape.last();
+    x = random_tensor(rng, shape, dtype, Device::cpu, -2.0f, 3.0f);
+    gamma = random_tensor(rng, {channels}, DType::f32, Device::cpu, 0.5f, 1.5f);
+    beta = random_tensor(rng, {channels});
+    running_mean = random_tensor(rng, {channels});
+    running_var = random_tensor(rng, {channels}, DType::f32, Device::cpu, 0.5f, 2.0f);
+  }
+  int64_t channels() const { return x.shape().last(); }
+  BatchNormReference reference(bool training, bool relu) const {
+    return batchnorm_reference(to_doubles(x), channels(), to_doubles(gamma), to_doubles(beta),
+                               to_doubles(running_mean), to_doubles(running_var), training, relu);
+  }
+};
+
+BatchNormParams params(bool training, bool relu) {
+  BatchNormParams bn;
+  bn.training = training;
+  bn.relu = relu;
+  bn.eps = static_cast<float>(kEps);
+  return bn;
+}
+
+Doubles invstd_of(const Doubles& var) {
+  Doubles invstd(var.size());
+  for (size_t c = 0; c < var.size(); ++c) invstd[c] = 1.0 / std::sqrt(var[c] + kEps);
+  return invstd;
+}
+
+const Shape kShapes[] = {{2, 3, 5, 7}, {4, 3}, {1, 1, 9, 17}};
+
+TEST(CpuBatchNorm, ForwardMatchesReferenceInBothModes) {
+  Rng rng(31);
+  for (const Shape& shape : kShapes)
+    for (bool training : {true, false})
+      for (bool relu : {false, true}) {
+        BatchNormLayer layer(rng, shape);
+        const BatchNormReference ref = layer.reference(training, relu);
+        Tensor y = poisoned(shape);
+        Tensor mean = poisoned({layer.channels()}), invstd = poisoned({layer.channels()});
+        cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd,
+                               layer.running_mean, layer.running_var, params(training, relu));
+        const std::string what = cat(shape, " training=", training, " relu=", relu);
+        EXPECT_LT(relative_error_to(y, ref.y), kF32Tolerance) << what;
+        EXPECT_LT(relative_error_to(mean, ref.mean), kF32Tolerance) << what;
+        EXPECT_LT(relative_error_to(invstd, invstd_of(ref.var)), kF32Tolerance) << what;
+      }
+}
+
+// One training step: running = 0.9 running + 0.1 batch, the variance unbiased (n / (n - 1));
+// eval leaves the running statistics bit-for-bit alone.
+TEST(CpuBatchNorm, RunningStatisticsFollowPyTorch) {
+  Rng rng(32);
+  BatchNormLayer layer(rng, {2, 2, 3, 5}); // n = 12 values per channel
+  const Doubles mean0 = to_doubles(layer.running_mean), var0 = to_doubles(layer.running_var);
+  const BatchNormReference batch = layer.reference(true, false);
+  Tensor y = poisoned(layer.x.shape());
+  Tensor mean = poisoned({5}), invstd = poisoned({5});
+  cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                         layer.running_var, params(true, false));
+  Doubles expected_mean(5), expected_var(5);
+  for (int c = 0; c < 5; ++c) {
+    expected_mean[c] = 0.9 * mean0[c] + 0.1 * batch.mean[c];
+    expected_var[c] = 0.9 * var0[c] + 0.1 * batch.var[c] * 12.0 / 11.0;
+  }
+  EXPECT_LT(relative_error_to(layer.running_mean, expected_mean), kF32Tolerance);
+  EXPECT_LT(relative_error_to(layer.running_var, expected_var), kF32Tolerance);
+
+  const std::vector<float> mean1 = layer.running_mean.to_vector();
+  const std::vector<float> var1 = layer.running_var.to_vector();
+  cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                         layer.running_var, params(false, false));
+  EXPECT_EQ(layer.running_mean.to_vector(), mean1);
+  EXPECT_EQ(layer.running_var.to_vector(), var1);
+}
+
+// dx, dgamma, dbeta of L = sum(r .* batchnorm(x)) by central differences, dgamma / dbeta
+// accumulating onto their starting values.
+TEST(CpuBatchNorm, BackwardMatchesFiniteDifferences) {
+  Rng rng(33);
+  for (const Shape& shape : {Shape{2, 3, 2, 5}, Shape{6, 4}})
+    for (bool training : {true, false})
+      for (bool relu : {false, true}) {
+        const BatchNormLayer layer(rng, shape);
+        const int64_t channels = layer.channels();
+        const Tensor r = random_tensor(rng, shape);
+        Tensor y = poisoned(shape);
+        Tensor mean = poisoned({channels}), invstd = poisoned({channels});
+        Tensor running_mean = layer.running_mean.clone(), running_var = layer.running_var.clone();
+        cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, running_mean,
+                               running_var, params(training, relu));
+        const Tensor dgamma_start = random_tensor(rng, {channels});
+        const Tensor dbeta_start = random_tensor(rng, {channels});
+        Tensor dx = poisoned(shape), dgamma = dgamma_start.clone(), dbeta = dbeta_start.clone();
+        cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, r, dx, dgamma,
+                                dbeta, params(training, relu));
+
+        const Doubles x0 = to_doubles(layer.x), g0 = to_doubles(layer.gamma),
+                      b0 = to_doubles(layer.beta), r0 = to_doubles(r),
+                      rm = to_doubles(layer.running_mean), rv = to_doubles(layer.running_var);
+        auto objective = [&](const Doubles& x, const Doubles& g, const Doubles& b) {
+          return dot(r0, batchnorm_reference(x, channels, g, b, rm, rv, training, relu).y);
+        };
+        const Doubles num_dx =
+            numerical_gradient([&](const Doubles& v) { return objective(v, g0, b0); }, x0);
+        Doubles num_dgamma =
+            numerical_gradient([&](const Doubles& v) { return objective(x0, v, b0); }, g0);
+        Doubles num_dbeta =
+            numerical_gradient([&](const Doubles& v) { return objective(x0, g0, v); }, b0);
+        const Doubles dg_old = to_doubles(dgamma_start), db_old = to_doubles(dbeta_start);
+        for (int64_t c = 0; c < channels; ++c) {
+          num_dgamma[c] += dg_old[c];
+          num_dbeta[c] += db_old[c];
+        }
+        const std::string what = cat(shape, " training=", training, " relu=", relu);
+        EXPECT_LT(relative_error_to(dx, num_dx), kGradientTolerance) << what;
+        EXPECT_LT(relative_error_to(dgamma, num_dgamma), kGradientTolerance) << what;
+        EXPECT_LT(relative_error_to(dbeta, num_dbeta), kGradientTolerance) << what;
+      }
+}
+
+// f16 x: y and dx are the fp32 results on the widened values rounded to f16; the statistics
+// and parameter gradients stay fp32 and equal the fp32 path.
+TEST(CpuBatchNorm, F16ActivationsUseFp32Statistics) {
+  Rng rng(34);
+  BatchNormLayer layer(rng, {2, 4, 4, 6}, DType::f16);
+  const Tensor x32 = layer.x.to(DType::f32);
+  const Tensor dy16 = random_tensor(rng, layer.x.shape(), DType::f16);
+  const Tensor dy32 = dy16.to(DType::f32);
+  auto run = [&](const Tensor& x, const Tensor& dy, DType dtype) {
+    Tensor y = poisoned(x.shape(), dtype), dx = poisoned(x.shape(), dtype);
+    Tensor mean = poisoned({6}), invstd = poisoned({6});
+    Tensor rm = layer.running_mean.clone(), rv = layer.running_var.clone();
+    Tensor dgamma = Tensor::zeros({6}), dbeta = Tensor::zeros({6});
+    cpu::batchnorm_forward(x, layer.gamma, layer.beta, y, mean, invstd, rm, rv, params(true, true));
+    cpu::batchnorm_backward(x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma, dbeta,
+                            params(true, true));
+    return std::vector<Tensor>{y, dx, mean, invstd, rm, rv, dgamma, dbeta};
+  };
+  const std::vector<Tensor> half_run = run(layer.x, dy16, DType::f16);
+  const std::vector<Tensor> float_run = run(x32, dy32, DType::f32);
+  EXPECT_EQ(half_run[0].dtype(), DType::f16);
+  EXPECT_EQ(half_run[0].to_vector(), float_run[0].to(DType::f16).to_vector()); // y
+  EXPECT_EQ(half_run[1].to_vector(), float_run[1].to(DType::f16).to_vector()); // dx
+  for (size_t i = 2; i < half_run.size(); ++i)
+    EXPECT_EQ(half_run[i].to_vector(), float_run[i].to_vector()) << "output " << i;
+}
+
+TEST(CpuBatchNorm, RejectsMismatchedShapes) {
+  Rng rng(35);
+  BatchNormLayer layer(rng, {2, 3, 3, 4});
+  Tensor y = poisoned({2, 3, 3, 4});
+  Tensor mean = poisoned({4}), invstd = poisoned({4});
+  const Tensor gamma_wrong = random_tensor(rng, {5});
+  expect_error(
+      [&] {
+        cpu::batchnorm_forward(layer.x, gamma_wrong, layer.beta, y, mean, invstd,
+                               layer.running_mean, layer.running_var, params(true, false));
+      },
+      "batchnorm_forward", "gamma must be f32 with 4 elements, got f32[5]");
+  Tensor y_f16 = poisoned({2, 3, 3, 4}, DType::f16);
+  expect_error(
+      [&] {
+        cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y_f16, mean, invstd,
+                               layer.running_mean, layer.running_var, params(true, false));
+      },
+      "batchnorm_forward", "expects y shaped and typed like x");
+  const Tensor one_row = random_tensor(rng, {1, 4});
+  Tensor y_row = poisoned({1, 4});
+  expect_error(
+      [&] {
+        cpu::batchnorm_forward(one_row, layer.gamma, layer.beta, y_row, mean, invstd,
+                               layer.running_mean, layer.running_var, params(true, false));
+      },
+      "batchnorm_forward", "more than one value per channel");
+  const Tensor dy_wrong = random_tensor(rng, {2, 3, 4, 4});
+  Tensor dx = poisoned({2, 3, 3, 4}), dgamma = Tensor::zeros({4}), dbeta = Tensor::zeros({4});
+  expect_error(
+      [&] {
+        cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, dy_wrong, dx,
+                                dgamma, dbeta, params(true, false));
+      },
+      "batchnorm_backward", "expects dy and dx shaped like x");
+}
+
+} // namespace
+} // namespace minamp::test

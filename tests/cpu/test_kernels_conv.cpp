@@ -1,0 +1,160 @@
+// Tests of the CPU convolution kernels (minamp::cpu::conv2d_forward / conv2d_backward): forward
+// against the definition in double (1x1 shortcut, stride 2 with padding, odd channel counts,
+// batch 1, bias + ReLU epilogue), dx and dw by finite differences, dw accumulation, the f16
+// emulation, and the error messages.
+#include "kernels/kernels.h"
+#include "test_kernels_reference.h"
+
+namespace minamp::test {
+namespace {
+
+constexpr double kF32Tolerance = 1e-6;
+constexpr double kGradientTolerance = 1e-4;
+
+std::string name(const ConvCase& c) {
+  return cat("x ", c.x_shape(), " w ", c.w_shape(), " stride ", c.stride, " pad ", c.pad);
+}
+
+ConvParams params(const ConvCase& c) {
+  ConvParams p;
+  p.stride = c.stride;
+  p.pad = c.pad;
+  return p;
+}
+
+const ConvCase kCases[] = {
+    {2, 5, 6, 3, 4, 3, 3, 1, 1},  // 3x3 same padding
+    {1, 7, 7, 17, 5, 3, 3, 2, 1}, // batch 1, stride 2 with padding, Cin 17
+    {3, 4, 5, 8, 6, 1, 1, 1, 0},  // 1x1: the plain-GEMM shortcut
+    {2, 6, 5, 2, 3, 1, 1, 2, 0},  // 1x1 with stride: not the shortcut
+    {2, 5, 4, 3, 2, 2, 3, 2, 2},  // non-square kernel, pad larger than needed
+    {1, 1, 1, 5, 7, 1, 1, 1, 0},  // a single pixel
+};
+
+TEST(CpuConv, ForwardMatchesDefinition) {
+  Rng rng(21);
+  for (const ConvCase& c : kCases) {
+    const Tensor x = random_tensor(rng, c.x_shape());
+    const Tensor w = random_tensor(rng, c.w_shape());
+    Tensor y = poisoned(c.y_shape());
+    cpu::conv2d_forward(x, w, y, params(c), {});
+    EXPECT_LT(relative_error_to(y, conv_reference(to_doubles(x), to_doubles(w), c)), kF32Tolerance)
+        << name(c);
+  }
+}
+
+TEST(CpuConv, ForwardAppliesBiasAndRelu) {
+  Rng rng(22);
+  for (const ConvCase& c : {kCases[1], kCases[2]}) {
+    const Tensor x = random_tensor(rng, c.x_shape());
+    const Tensor w = random_tensor(rng, c.w_shape());
+    const Tensor bias = random_tensor(rng, {c.cout});
+    GemmEpilogue epilogue;
+    epilogue.bias = &bias;
+    epilogue.relu = true;
+    Tensor y = poisoned(c.y_shape());
+    cpu::conv2d_forward(x, w, y, params(c), epilogue);
+    Doubles ref = conv_reference(to_doubles(x), to_doubles(w), c);
+    const Doubles b = to_doubles(bias);
+    int clamped = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ref[i] += b[i % c.cout];
+      if (ref[i] < 0) ref[i] = 0, ++clamped;
+    }
+    EXPECT_GT(clamped, 0) << name(c);
+    EXPECT_LT(relative_error_to(y, ref), kF32Tolerance) << name(c);
+  }
+}
+
+// dx and dw of L = sum(r .* conv(x, w)) by central differences; dw accumulates onto its start.
+TEST(CpuConv, BackwardMatchesFiniteDifferences) {
+  Rng rng(23);
+  for (const ConvCase& c : kCases) {
+    const Tensor x = random_tensor(rng, c.x_shape());
+    const Tensor w = random_tensor(rng, c.w_shape());
+    const Tensor r = random_tensor(rng, c.y_shape());
+    const Tensor dw_start = random_tensor(rng, c.w_shape());
+    Tensor dx = poisoned(c.x_shape());
+    Tensor dw = dw_start.clone();
+    cpu::conv2d_backward(x, w, r, dx, dw, params(c));
+
+    const Doubles x0 = to_doubles(x), w0 = to_doubles(w), r0 = to_doubles(r);
+    const Doubles num_dx =
+        numerical_gradient([&](const Doubles& v) { return dot(r0, conv_reference(v, w0, c)); }, x0);
+    Doubles num_dw =
+        numerical_gradient([&](const Doubles& v) { return dot(r0, conv_reference(x0, v, c)); }, w0);
+    const Doubles dw_old = to_doubles(dw_start);
+    for (size_t i = 0; i < num_dw.size(); ++i) num_dw[i] += dw_old[i];
+    EXPECT_LT(relative_error_to(dx, num_dx), kGradientTolerance) << name(c);
+    EXPECT_LT(relative_error_to(dw, num_dw), kGradientTolerance) << name(c);
+  }
+}
+
+TEST(CpuConv, BackwardComputesOnlyTheDefinedGradients) {
+  Rng rng(24);
+  const ConvCase c = kCases[0];
+  const Tensor x = random_tensor(rng, c.x_shape());
+  const Tensor w = random_tensor(rng, c.w_shape());
+  const Tensor dy = random_tensor(rng, c.y_shape());
+  Tensor both_dx = poisoned(c.x_shape()), both_dw = Tensor::zeros(c.w_shape());
+  cpu::conv2d_backward(x, w, dy, both_dx, both_dw, params(c));
+
+  Tensor dx = poisoned(c.x_shape()), no_dw;
+  cpu::conv2d_backward(x, w, dy, dx, no_dw, params(c));
+  EXPECT_EQ(dx.to_vector(), both_dx.to_vector());
+  Tensor no_dx, dw = Tensor::zeros(c.w_shape());
+  cpu::conv2d_backward(x, w, dy, no_dx, dw, params(c));
+  EXPECT_EQ(dw.to_vector(), both_dw.to_vector());
+}
+
+// f16 x and w: the result equals the fp32 conv of the widened values, rounded to f16 (y) or
+// kept in f32 (dw); dx in f16 is the rounded fp32 input gradient.
+TEST(CpuConv, F16EqualsFp32OfRoundedInputs) {
+  Rng rng(25);
+  for (const ConvCase& c : {kCases[1], kCases[2]}) {
+    const Tensor x16 = random_tensor(rng, c.x_shape(), DType::f16);
+    const Tensor w16 = random_tensor(rng, c.w_shape(), DType::f16);
+    const Tensor dy16 = random_tensor(rng, c.y_shape(), DType::f16);
+    const Tensor x32 = x16.to(DType::f32), w32 = w16.to(DType::f32), dy32 = dy16.to(DType::f32);
+
+    Tensor y32 = poisoned(c.y_shape()), y16 = poisoned(c.y_shape(), DType::f16);
+    cpu::conv2d_forward(x32, w32, y32, params(c), {});
+    cpu::conv2d_forward(x16, w16, y16, params(c), {});
+    Tensor dx32 = poisoned(c.x_shape()), dx16 = poisoned(c.x_shape(), DType::f16);
+    Tensor dw32 = Tensor::zeros(c.w_shape()), dw_from16 = Tensor::zeros(c.w_shape());
+    cpu::conv2d_backward(x32, w32, dy32, dx32, dw32, params(c));
+    cpu::conv2d_backward(x16, w16, dy16, dx16, dw_from16, params(c));
+
+    EXPECT_EQ(y16.to_vector(), y32.to(DType::f16).to_vector()) << name(c);
+    EXPECT_EQ(dx16.to_vector(), dx32.to(DType::f16).to_vector()) << name(c);
+    EXPECT_EQ(dw_from16.to_vector(), dw32.to_vector()) << name(c);
+  }
+}
+
+TEST(CpuConv, RejectsWrongRanksAndShapes) {
+  Rng rng(26);
+  const Tensor x2d = random_tensor(rng, {4, 3});
+  const Tensor x = random_tensor(rng, {1, 5, 5, 3});
+  const Tensor w = random_tensor(rng, {2, 3, 3, 3});
+  Tensor y = poisoned({1, 5, 5, 2});
+  ConvParams same;
+  same.pad = 1;
+  expect_error([&] { cpu::conv2d_forward(x2d, w, y, same, {}); }, "conv2d_forward",
+               "expects x [N, H, W, Cin], got f32[4, 3]");
+  const Tensor w_bad_cin = random_tensor(rng, {2, 3, 3, 4});
+  expect_error([&] { cpu::conv2d_forward(x, w_bad_cin, y, same, {}); }, "conv2d_forward",
+               "[Cout, kh, kw, Cin]");
+  Tensor y_wrong = poisoned({1, 3, 3, 2}); // the unpadded size, but pad is 1
+  expect_error([&] { cpu::conv2d_forward(x, w, y_wrong, same, {}); }, "conv2d_forward",
+               "expects y [1, 5, 5, 2]");
+  ConvParams bad_stride;
+  bad_stride.stride = 0;
+  expect_error([&] { cpu::conv2d_forward(x, w, y, bad_stride, {}); }, "conv2d_forward", "stride");
+  Tensor dx = poisoned({1, 5, 5, 3});
+  Tensor dw_f16 = poisoned({2, 3, 3, 3}, DType::f16);
+  expect_error([&] { cpu::conv2d_backward(x, w, y, dx, dw_f16, same); }, "conv2d_backward",
+               "dw f32");
+}
+
+} // namespace
+} // namespace minamp::test

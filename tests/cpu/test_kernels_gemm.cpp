@@ -1,0 +1,189 @@
+// Tests of the CPU GEMM kernels (minamp::cpu::gemm, bias_backward): every transpose combination
+// against a double reference, the epilogue (alpha, beta, bias, ReLU), the f16 emulation, the
+// gradients a Linear layer takes through it (finite differences), and the error messages.
+#include "kernels/kernels.h"
+#include "test_kernels_reference.h"
+
+namespace minamp::test {
+namespace {
+
+constexpr double kF32Tolerance = 1e-6;
+constexpr double kGradientTolerance = 1e-4;
+
+struct GemmCase {
+  int64_t m, k, n;
+  bool trans_a, trans_b;
+  Shape a_shape() const { return trans_a ? Shape{k, m} : Shape{m, k}; }
+  Shape b_shape() const { return trans_b ? Shape{n, k} : Shape{k, n}; }
+};
+
+std::string name(const GemmCase& g) {
+  return cat("M=", g.m, " K=", g.k, " N=", g.n, " trans_a=", g.trans_a, " trans_b=", g.trans_b);
+}
+
+std::vector<GemmCase> all_cases() {
+  const int64_t sizes[][3] = {{1, 1, 1},  {17, 33, 5}, {64, 48, 32},
+                              {5, 1, 17}, {1, 100, 3}, {31, 17, 64}};
+  std::vector<GemmCase> cases;
+  for (const auto& s : sizes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) cases.push_back({s[0], s[1], s[2], ta, tb});
+  return cases;
+}
+
+TEST(CpuGemm, MatchesDoubleReferenceForEveryTransposeAndAwkwardShape) {
+  Rng rng(11);
+  for (const GemmCase& g : all_cases()) {
+    const Tensor a = random_tensor(rng, g.a_shape());
+    const Tensor b = random_tensor(rng, g.b_shape());
+    Tensor c = poisoned({g.m, g.n}); // beta == 0 must not read the NaN
+    cpu::gemm(a, g.trans_a, b, g.trans_b, c, {});
+    const Doubles ref =
+        gemm_reference(to_doubles(a), g.trans_a, to_doubles(b), g.trans_b, g.m, g.k, g.n);
+    EXPECT_LT(relative_error_to(c, ref), kF32Tolerance) << name(g);
+  }
+}
+
+TEST(CpuGemm, EpilogueAppliesAlphaBetaBiasAndReluInFp32) {
+  Rng rng(12);
+  for (const GemmCase& g : {GemmCase{13, 24, 9, false, true}, GemmCase{8, 5, 33, true, false}}) {
+    const Tensor a = random_tensor(rng, g.a_shape());
+    const Tensor b = random_tensor(rng, g.b_shape());
+    const Tensor bias = random_tensor(rng, {g.n});
+    const Tensor c_old = random_tensor(rng, {g.m, g.n});
+    for (bool relu : {false, true}) {
+      Tensor c = c_old.clone();
+      GemmEpilogue epilogue;
+      epilogue.alpha = 0.75f;
+      epilogue.beta = -1.5f;
+      epilogue.bias = &bias;
+      epilogue.relu = relu;
+      cpu::gemm(a, g.trans_a, b, g.trans_b, c, epilogue);
+
+      Doubles ref =
+          gemm_reference(to_doubles(a), g.trans_a, to_doubles(b), g.trans_b, g.m, g.k, g.n);
+      const Doubles old = to_doubles(c_old), bias_values = to_doubles(bias);
+      int clamped = 0;
+      for (int64_t i = 0; i < g.m * g.n; ++i) {
+        ref[i] = 0.75 * ref[i] - 1.5 * old[i] + bias_values[i % g.n];
+        if (relu && ref[i] < 0) ref[i] = 0, ++clamped;
+      }
+      EXPECT_TRUE(!relu || clamped > 0) << "the ReLU case should clamp something";
+      EXPECT_LT(relative_error_to(c, ref), kF32Tolerance) << name(g) << " relu=" << relu;
+    }
+  }
+}
+
+TEST(CpuGemm, ViewsHigherRankTensorsAsRowsByLastDimension) {
+  Rng rng(13);
+  const Tensor a = random_tensor(rng, {2, 3, 4, 7}); // [24, 7]
+  const Tensor b = random_tensor(rng, {5, 7});       // used transposed: [7, 5]
+  Tensor c = poisoned({2, 3, 4, 5});
+  cpu::gemm(a, false, b, true, c, {});
+  EXPECT_LT(
+      relative_error_to(c, gemm_reference(to_doubles(a), false, to_doubles(b), true, 24, 7, 5)),
+      kF32Tolerance);
+}
+
+// f16 emulation: the f16 GEMM must equal the fp32 GEMM of the (exactly widened) f16 inputs,
+// rounded once to nearest even when C is f16, and unrounded when C is f32.
+TEST(CpuGemm, F16InputsEqualFp32ProductOfRoundedInputs) {
+  Rng rng(14);
+  for (const GemmCase& g : {GemmCase{19, 40, 23, false, false}, GemmCase{16, 17, 8, true, true},
+                            GemmCase{7, 64, 33, false, true}}) {
+    const Tensor a16 = random_tensor(rng, g.a_shape(), DType::f16, Device::cpu, -4.0f, 4.0f);
+    const Tensor b16 = random_tensor(rng, g.b_shape(), DType::f16, Device::cpu, -4.0f, 4.0f);
+    const Tensor bias = random_tensor(rng, {g.n});
+    GemmEpilogue epilogue;
+    epilogue.bias = &bias;
+    Tensor c32 = poisoned({g.m, g.n});
+    cpu::gemm(a16.to(DType::f32), g.trans_a, b16.to(DType::f32), g.trans_b, c32, epilogue);
+
+    Tensor c16 = poisoned({g.m, g.n}, DType::f16);
+    cpu::gemm(a16, g.trans_a, b16, g.trans_b, c16, epilogue);
+    ASSERT_EQ(c16.dtype(), DType::f16);
+    const std::vector<float> exact = c32.to_vector(), rounded = c16.to_vector();
+    int changed_by_rounding = 0;
+    for (size_t i = 0; i < exact.size(); ++i) {
+      ASSERT_EQ(rounded[i], round_to_half(exact[i])) << name(g) << " at " << i;
+      changed_by_rounding += rounded[i] != exact[i];
+    }
+    EXPECT_GT(changed_by_rounding, 0) << "the fp32 results were all f16 values: a weak test";
+
+    Tensor mixed = poisoned({g.m, g.n}); // f16 inputs, f32 C: no rounding of the output
+    cpu::gemm(a16, g.trans_a, b16, g.trans_b, mixed, epilogue);
+    EXPECT_EQ(mixed.to_vector(), exact) << name(g);
+  }
+}
+
+// A Linear layer y = x W^T + b and its backward, as the layer drives the kernels:
+// dx = dy W, dW += dy^T x (beta = 1), db += sum_rows(dy); checked by finite differences of
+// L = sum(r .* y).
+TEST(CpuGemm, LinearGradientsMatchFiniteDifferences) {
+  Rng rng(15);
+  const int64_t batch = 7, in = 17, out = 5;
+  const Tensor x = random_tensor(rng, {batch, in});
+  const Tensor w = random_tensor(rng, {out, in});
+  const Tensor b = random_tensor(rng, {out});
+  const Tensor r = random_tensor(rng, {batch, out}); // dL/dy
+  const Doubles x0 = to_doubles(x), w0 = to_doubles(w), b0 = to_doubles(b), r0 = to_doubles(r);
+  auto objective = [&](const Doubles& xs, const Doubles& ws, const Doubles& bs) {
+    Doubles y = gemm_reference(xs, false, ws, true, batch, in, out);
+    for (int64_t i = 0; i < batch * out; ++i) y[i] += bs[i % out];
+    return dot(r0, y);
+  };
+
+  Tensor dx = poisoned({batch, in});
+  cpu::gemm(r, false, w, false, dx, {});
+  const Tensor dw_start = random_tensor(rng, {out, in}); // dW accumulates onto this
+  Tensor dw = dw_start.clone();
+  GemmEpilogue accumulate;
+  accumulate.beta = 1.0f;
+  cpu::gemm(r, true, x, false, dw, accumulate);
+  const Tensor db_start = random_tensor(rng, {out});
+  Tensor db = db_start.clone();
+  cpu::bias_backward(r, db);
+
+  const Doubles num_dx =
+      numerical_gradient([&](const Doubles& v) { return objective(v, w0, b0); }, x0);
+  Doubles num_dw = numerical_gradient([&](const Doubles& v) { return objective(x0, v, b0); }, w0);
+  Doubles num_db = numerical_gradient([&](const Doubles& v) { return objective(x0, w0, v); }, b0);
+  const Doubles dw_old = to_doubles(dw_start), db_old = to_doubles(db_start);
+  for (size_t i = 0; i < num_dw.size(); ++i) num_dw[i] += dw_old[i];
+  for (size_t i = 0; i < num_db.size(); ++i) num_db[i] += db_old[i];
+  EXPECT_LT(relative_error_to(dx, num_dx), kGradientTolerance);
+  EXPECT_LT(relative_error_to(dw, num_dw), kGradientTolerance);
+  EXPECT_LT(relative_error_to(db, num_db), kGradientTolerance);
+}
+
+TEST(CpuBiasBackward, AccumulatesColumnSumsOfF16Gradients) {
+  Rng rng(16);
+  const Tensor dy = random_tensor(rng, {2, 9, 3, 17}, DType::f16); // [54, 17]
+  const Tensor db_start = random_tensor(rng, {17});
+  Tensor db = db_start.clone();
+  cpu::bias_backward(dy, db);
+  Doubles ref = to_doubles(db_start);
+  const Doubles grad = to_doubles(dy);
+  for (size_t i = 0; i < grad.size(); ++i) ref[i % 17] += grad[i];
+  EXPECT_LT(relative_error_to(db, ref), kF32Tolerance);
+}
+
+TEST(CpuGemm, RejectsShapesThatDoNotChain) {
+  Rng rng(17);
+  const Tensor a = random_tensor(rng, {4, 6});
+  const Tensor b = random_tensor(rng, {5, 3});
+  Tensor c = poisoned({4, 3});
+  expect_error([&] { cpu::gemm(a, false, b, false, c, {}); }, "gemm", "f32[5, 3]");
+  const Tensor b_ok = random_tensor(rng, {6, 3});
+  Tensor c_wrong = poisoned({3, 4});
+  expect_error([&] { cpu::gemm(a, false, b_ok, false, c_wrong, {}); }, "gemm", "C f32[3, 4]");
+  const Tensor bias = random_tensor(rng, {4});
+  GemmEpilogue epilogue;
+  epilogue.bias = &bias;
+  expect_error([&] { cpu::gemm(a, false, b_ok, false, c, epilogue); }, "gemm", "bias");
+  Tensor db = poisoned({4});
+  expect_error([&] { cpu::bias_backward(c, db); }, "bias_backward", "db");
+}
+
+} // namespace
+} // namespace minamp::test

@@ -1,0 +1,214 @@
+// Tests of the CPU optimizer and loss-scaler kernels: SGD with momentum and weight decay over
+// three steps and Adam's first bias-corrected steps (both worked out by hand in double), the
+// overflow skip that leaves every tensor untouched, the f16 copies, amp_unscale's inf / NaN
+// detection, and every branch of amp_update_scale.
+#include "kernels/kernels.h"
+#include "test_kernels_reference.h"
+
+namespace minamp::test {
+namespace {
+
+constexpr double kF32Tolerance = 1e-6;
+
+// The tensors of one parameter for an optimizer test, random except the zero optimizer state.
+struct Param {
+  Tensor master, grad, half, state0, state1;
+  Param(Rng& rng, const Shape& shape)
+      : master(random_tensor(rng, shape)), grad(random_tensor(rng, shape)),
+        half(poisoned(shape, DType::f16)), state0(Tensor::zeros(shape)),
+        state1(Tensor::zeros(shape)) {}
+  ParamSlot slot() { return {&master, &grad, &half, &state0, &state1}; }
+  std::vector<std::vector<float>> values() const {
+    return {master.to_vector(), grad.to_vector(), half.to_vector(), state0.to_vector(),
+            state1.to_vector()};
+  }
+};
+
+// The f16 copy must be the master rounded to nearest even.
+void expect_half_copy(const Param& p) {
+  const std::vector<float> master = p.master.to_vector(), copy = p.half.to_vector();
+  for (size_t i = 0; i < master.size(); ++i) ASSERT_EQ(copy[i], round_to_half(master[i]));
+}
+
+Tensor flag(float value) { return Tensor::from_vector({value}, {1}); }
+
+TEST(CpuSgd, MomentumAndWeightDecayOverThreeSteps) {
+  Rng rng(61);
+  Param a(rng, {4, 5}), b(rng, {7});
+  SgdParams sgd;
+  sgd.lr = 0.1f;
+  sgd.momentum = 0.9f;
+  sgd.weight_decay = 0.01f;
+  const double lr = sgd.lr, momentum = sgd.momentum, wd = sgd.weight_decay; // as floats
+  std::vector<Doubles> w = {to_doubles(a.master), to_doubles(b.master)};
+  std::vector<Doubles> buf = {Doubles(20, 0.0), Doubles(7, 0.0)};
+  for (int step = 0; step < 3; ++step) {
+    a.grad = random_tensor(rng, {4, 5});
+    b.grad = random_tensor(rng, {7});
+    const std::vector<Doubles> g = {to_doubles(a.grad), to_doubles(b.grad)};
+    for (size_t p = 0; p < 2; ++p)
+      for (size_t i = 0; i < w[p].size(); ++i) {
+        buf[p][i] = momentum * buf[p][i] + g[p][i] + wd * w[p][i]; // buf starts at 0
+        w[p][i] -= lr * buf[p][i];
+      }
+    const Tensor no_overflow = step == 1 ? flag(0.0f) : Tensor(); // defined but clear
+    cpu::sgd_step({a.slot(), b.slot()}, sgd, no_overflow);
+  }
+  EXPECT_LT(relative_error_to(a.master, w[0]), kF32Tolerance);
+  EXPECT_LT(relative_error_to(b.master, w[1]), kF32Tolerance);
+  EXPECT_LT(relative_error_to(a.state0, buf[0]), kF32Tolerance);
+  EXPECT_LT(relative_error_to(b.state0, buf[1]), kF32Tolerance);
+  expect_half_copy(a);
+  expect_half_copy(b);
+}
+
+TEST(CpuSgd, PlainStepNeedsNoStateOrHalfCopy) {
+  Rng rng(62);
+  Tensor master = random_tensor(rng, {9}), grad = random_tensor(rng, {9});
+  const Doubles w0 = to_doubles(master), g0 = to_doubles(grad);
+  SgdParams sgd;
+  sgd.lr = 0.5f;
+  cpu::sgd_step({ParamSlot{&master, &grad}}, sgd, Tensor());
+  Doubles expected(9);
+  for (int i = 0; i < 9; ++i) expected[i] = w0[i] - 0.5 * g0[i];
+  EXPECT_LT(relative_error_to(master, expected), kF32Tolerance);
+
+  sgd.momentum = 0.9f;
+  expect_error(
+      [&] {
+        cpu::sgd_step({ParamSlot{&master, &grad}}, sgd, Tensor());
+      },
+      "sgd_step", "no state0");
+}
+
+TEST(CpuAdam, FirstStepsAreBiasCorrectedWithL2Decay) {
+  Rng rng(63);
+  Param p(rng, {3, 7});
+  AdamParams adam;
+  adam.lr = 0.01f;
+  adam.weight_decay = 0.1f;
+  Tensor step = Tensor::zeros({1});
+  // The reference uses the float hyper-parameters the kernel sees (0.999f is not 0.999).
+  const double lr = adam.lr, b1 = adam.beta1, b2 = adam.beta2, eps = adam.eps,
+               wd = adam.weight_decay;
+  Doubles w = to_doubles(p.master), m(21, 0.0), v(21, 0.0);
+  for (int t = 1; t <= 3; ++t) {
+    p.grad = random_tensor(rng, {3, 7});
+    const Doubles g = to_doubles(p.grad);
+    const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
+    for (int i = 0; i < 21; ++i) {
+      const double d = g[i] + wd * w[i];
+      m[i] = b1 * m[i] + (1.0 - b1) * d;
+      v[i] = b2 * v[i] + (1.0 - b2) * d * d;
+      w[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + eps);
+    }
+    cpu::adam_step({p.slot()}, adam, step, Tensor());
+    EXPECT_EQ(step.item(), static_cast<float>(t));
+    EXPECT_LT(relative_error_to(p.master, w), kF32Tolerance) << "step " << t;
+  }
+  EXPECT_LT(relative_error_to(p.state0, m), kF32Tolerance);
+  EXPECT_LT(relative_error_to(p.state1, v), kF32Tolerance);
+  expect_half_copy(p);
+}
+
+// found_inf = 1: nothing changes, not the weights, the state, the f16 copy nor Adam's step.
+TEST(CpuOptimizers, SkipEverythingWhenFoundInf) {
+  Rng rng(64);
+  Param p(rng, {5, 3});
+  p.state0 = random_tensor(rng, {5, 3});
+  p.state1 = random_tensor(rng, {5, 3}, DType::f32, Device::cpu, 0.1f, 1.0f);
+  p.half = p.master.to(DType::f16); // no NaN poison: the comparison below must be able to pass
+  const auto before = p.values();
+  SgdParams sgd;
+  sgd.momentum = 0.9f;
+  sgd.weight_decay = 0.1f;
+  cpu::sgd_step({p.slot()}, sgd, flag(1.0f));
+  EXPECT_EQ(p.values(), before);
+
+  Tensor step = Tensor::full({1}, 4.0f);
+  cpu::adam_step({p.slot()}, AdamParams{}, step, flag(1.0f));
+  EXPECT_EQ(p.values(), before);
+  EXPECT_EQ(step.item(), 4.0f);
+
+  cpu::adam_step({p.slot()}, AdamParams{}, step, flag(0.0f)); // and a clear flag does step
+  EXPECT_EQ(step.item(), 5.0f);
+  EXPECT_NE(p.master.to_vector(), before[0]);
+}
+
+TEST(CpuOptimizers, RejectMismatchedState) {
+  Rng rng(65);
+  Param p(rng, {4});
+  p.state1 = Tensor::zeros({5});
+  Tensor step = Tensor::zeros({1});
+  expect_error([&] { cpu::adam_step({p.slot()}, AdamParams{}, step, Tensor()); }, "adam_step",
+               "state1 must be f32 with 4 elements, got f32[5]");
+  EXPECT_EQ(step.item(), 0.0f);
+}
+
+TEST(CpuAmpUnscale, MultipliesByInverseScaleAndFlagsInfAndNaN) {
+  Rng rng(66);
+  const Tensor scale = flag(3.0f); // 1/3 is inexact: the kernel multiplies by 1.0f / 3.0f
+  Tensor a = random_tensor(rng, {4, 4}), b = random_tensor(rng, {9});
+  const std::vector<float> a0 = a.to_vector(), b0 = b.to_vector();
+  Tensor found_inf = flag(0.0f);
+  cpu::amp_unscale({&a, &b}, scale, found_inf);
+  const float inv = 1.0f / 3.0f;
+  for (size_t i = 0; i < a0.size(); ++i) ASSERT_EQ(a.to_vector()[i], a0[i] * inv);
+  for (size_t i = 0; i < b0.size(); ++i) ASSERT_EQ(b.to_vector()[i], b0[i] * inv);
+  EXPECT_EQ(found_inf.item(), 0.0f);
+
+  for (float bad : {INFINITY, -INFINITY, std::nanf("")}) {
+    Tensor grad = random_tensor(rng, {6});
+    grad.data<float>()[4] = bad;
+    Tensor clean = random_tensor(rng, {3});
+    found_inf = flag(0.0f);
+    cpu::amp_unscale({&clean, &grad}, scale, found_inf);
+    EXPECT_EQ(found_inf.item(), 1.0f) << bad;
+  }
+
+  Tensor huge = Tensor::from_vector({3e38f}, {1}); // finite, but overflows once unscaled
+  found_inf = flag(0.0f);
+  cpu::amp_unscale({&huge}, flag(0.5f), found_inf);
+  EXPECT_EQ(found_inf.item(), 1.0f);
+
+  Tensor fine = random_tensor(rng, {3});
+  found_inf = flag(1.0f); // never reset by the kernel
+  cpu::amp_unscale({&fine}, scale, found_inf);
+  EXPECT_EQ(found_inf.item(), 1.0f);
+}
+
+// One amp_update_scale call from (scale, tracker) with the flag; returns the new pair.
+std::pair<float, int> update(float scale, int tracker, float found_inf,
+                             const ScalerParams& params) {
+  Tensor s = flag(scale), t = Tensor::from_vector({static_cast<float>(tracker)}, {1}, DType::i32);
+  cpu::amp_update_scale(s, t, flag(found_inf), params);
+  return {s.item(), static_cast<int>(t.item())};
+}
+
+TEST(CpuAmpUpdateScale, FollowsPyTorchInEveryBranch) {
+  ScalerParams params;
+  params.growth_factor = 4.0f;
+  params.backoff_factor = 0.25f;
+  params.growth_interval = 3;
+  using Result = std::pair<float, int>;
+  // Overflow: back off and restart the count, whatever the count was.
+  EXPECT_EQ(update(65536.0f, 2, 1.0f, params), Result(16384.0f, 0));
+  // Clean steps count up to the interval ...
+  EXPECT_EQ(update(1024.0f, 0, 0.0f, params), Result(1024.0f, 1));
+  EXPECT_EQ(update(1024.0f, 1, 0.0f, params), Result(1024.0f, 2));
+  // ... where the scale grows and the count restarts.
+  EXPECT_EQ(update(1024.0f, 2, 0.0f, params), Result(4096.0f, 0));
+  // Growth to a non-finite scale is refused, but the count restarts all the same.
+  EXPECT_EQ(update(3e38f, 2, 0.0f, params), Result(3e38f, 0));
+  // PyTorch's defaults: interval 2000, factor 2.
+  EXPECT_EQ(update(65536.0f, 1998, 0.0f, ScalerParams{}), Result(65536.0f, 1999));
+  EXPECT_EQ(update(65536.0f, 1999, 0.0f, ScalerParams{}), Result(131072.0f, 0));
+  EXPECT_EQ(update(65536.0f, 1999, 1.0f, ScalerParams{}), Result(32768.0f, 0));
+
+  Tensor s = flag(1.0f), wrong_tracker = flag(0.0f); // f32, not i32
+  expect_error([&] { cpu::amp_update_scale(s, wrong_tracker, flag(0.0f), params); },
+               "amp_update_scale", "growth_tracker must be i32");
+}
+
+} // namespace
+} // namespace minamp::test
