@@ -1,0 +1,90 @@
+// GradScaler: dynamic loss scaling with PyTorch's semantics and defaults (torch.amp.GradScaler).
+//
+//   scaler.scale(loss).backward();   // gradients come out multiplied by S
+//   scaler.unscale_(opt);            // optional, e.g. before clip_grad_norm
+//   scaler.step(opt);                // unscale if needed; skip the step if any grad is inf/NaN
+//   scaler.update();                 // S *= backoff on overflow, S *= growth after
+//                                    // growth_interval clean steps
+//
+// The scale, the growth tracker and every found_inf flag are tensors on the parameters' device:
+// the skip and the update are decided there, so a CUDA step needs no host read. With
+// enabled = false every call is a pass-through, so one loop serves FP32 and AMP.
+#pragma once
+
+#include <map>
+#include <optional>
+
+#include "autograd/var.h"
+#include "kernels/kernels.h"
+#include "optim/optimizer.h"
+
+namespace minamp::amp {
+
+struct GradScalerOptions {
+  float init_scale = 65536.0f; // 2^16
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  int growth_interval = 2000;
+  bool enabled = true;
+};
+
+// PyTorch's GradScaler.state_dict(), key for key.
+struct GradScalerState {
+  float scale = 65536.0f;
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  int growth_interval = 2000;
+  int growth_tracker = 0; // "_growth_tracker"
+};
+
+class GradScaler {
+public:
+  explicit GradScaler(GradScalerOptions options = {}, Device device = Device::cpu);
+
+  // loss * S (a pass-through when disabled).
+  Var scale(const Var& loss);
+  // Divides the optimizer's gradients by S in place and records whether any is inf/NaN.
+  // At most once per optimizer between update() calls; an error after step().
+  void unscale_(optim::Optimizer& opt);
+  // unscale_ (if not done yet), then opt.step(found_inf): the step is skipped on the device
+  // when found_inf is set. At most once per optimizer between update() calls.
+  void step(optim::Optimizer& opt);
+  // Backoff/growth from the found_inf flags of this iteration's optimizers, then a new
+  // iteration starts. An error if no optimizer was unscaled since the last update().
+  void update();
+  // Sets S explicitly (PyTorch's update(new_scale)); the growth tracker is kept.
+  void update(float new_scale);
+
+  // The current S (a host read; 1.0 when disabled).
+  float get_scale() const;
+  bool is_enabled() const { return options_.enabled; }
+  // The device tensor holding S (f32 [1]) and this iteration's found_inf of an optimizer.
+  const Tensor& scale_tensor() const { return scale_; }
+  const Tensor& found_inf(const optim::Optimizer& opt) const;
+  // True when the last step() of `opt` was skipped (a host read, for logging).
+  bool step_was_skipped(const optim::Optimizer& opt) const;
+
+  // Empty when disabled, as PyTorch's {} (host reads of S and the tracker).
+  std::optional<GradScalerState> state_dict() const;
+  // An error when enabled and `state` is empty (saved from a disabled scaler).
+  void load_state_dict(const std::optional<GradScalerState>& state);
+  // Moves S and the tracker to `device` (where the parameters are).
+  void to(Device device);
+
+private:
+  enum class Stage { ready, unscaled, stepped };
+  struct PerOptimizer {
+    Stage stage = Stage::ready;
+    Tensor found_inf; // f32 [1]
+  };
+  PerOptimizer& state_of(const optim::Optimizer& opt);
+
+  GradScalerOptions options_;
+  Tensor scale_;          // f32 [1]
+  Tensor growth_tracker_; // i32 [1]
+  std::map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
+  // found_inf of the last finished iteration, kept for step_was_skipped() after update().
+  std::map<const optim::Optimizer*, Tensor> last_found_inf_;
+};
+
+} // namespace minamp::amp

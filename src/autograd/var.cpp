@@ -1,0 +1,98 @@
+// The autograd graph walk: topological order from the loss, closures run in reverse.
+#include "autograd/var.h"
+
+#include <unordered_set>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+
+namespace minamp {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+thread_local GradObserver g_grad_observer;
+
+// Post-order DFS from `root` over nodes that require grad (iterative: graphs can be deep).
+// The order owns its nodes, so the walk may release each node's inputs as it goes.
+std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>& root) {
+  std::vector<std::shared_ptr<Node>> order;
+  std::unordered_set<Node*> visited;
+  std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack{{root, 0}};
+  visited.insert(root.get());
+  while (!stack.empty()) {
+    auto& [node, next_input] = stack.back();
+    if (next_input < node->inputs.size()) {
+      const std::shared_ptr<Node>& input = node->inputs[next_input++];
+      if (input->requires_grad && visited.insert(input.get()).second) stack.push_back({input, 0});
+    } else {
+      order.push_back(node);
+      stack.pop_back();
+    }
+  }
+  return order;
+}
+} // namespace
+
+Var::Var(Tensor value, bool requires_grad) : node_(std::make_shared<Node>()) {
+  node_->value = std::move(value);
+  node_->requires_grad = requires_grad;
+}
+
+Var Var::from_op(const char* op, Tensor value, const std::vector<Var>& inputs,
+                 bool uses_parameters, std::function<void(Node&)> backward) {
+  Var out(std::move(value));
+  out.node_->op = op;
+  if (!grad_enabled()) return out;
+  bool needs_grad = uses_parameters;
+  for (const Var& v : inputs) needs_grad = needs_grad || v.requires_grad();
+  if (!needs_grad) return out;
+  out.node_->requires_grad = true;
+  for (const Var& v : inputs) out.node_->inputs.push_back(v.node_);
+  out.node_->backward = std::move(backward);
+  return out;
+}
+
+void Var::backward() const {
+  require(defined() && value().numel() == 1, "backward",
+          "backward() without a seed needs a one-element loss, got ",
+          defined() ? describe(value()) : std::string("an undefined Var"));
+  backward(Tensor::full(value().shape(), 1.0f, value().dtype(), value().device()));
+}
+
+void Var::backward(const Tensor& seed) const {
+  require(requires_grad(), "backward", "this Var does not require grad (no parameter or input "
+                                       "with requires_grad contributed to it)");
+  require(seed.shape() == value().shape(), "backward", "seed ", describe(seed),
+          " does not match the value ", describe(value()));
+  accumulate_grad(*node_, seed.clone()); // the walk may add into it: keep the caller's intact
+  std::vector<std::shared_ptr<Node>> order = topological_order(node_);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node& node = **it;
+    if (!node.backward) continue; // a leaf: keeps its gradient
+    if (node.grad.defined()) {
+      if (g_grad_observer) g_grad_observer(node);
+      node.backward(node);
+    }
+    // Free what this op saved and its gradient: activation memory ends with the walk.
+    node.backward = nullptr;
+    node.grad = Tensor();
+    node.inputs.clear();
+  }
+}
+
+void accumulate_grad(Node& node, const Tensor& grad) {
+  require(grad.shape() == node.value.shape(), "accumulate_grad", "gradient ", describe(grad),
+          " does not match the value ", describe(node.value), " of op ", node.op);
+  if (!node.grad.defined()) {
+    node.grad = grad.dtype() == node.value.dtype() ? grad : grad.to(node.value.dtype());
+  } else {
+    kernels::add_inplace(node.grad, grad, 1.0f);
+  }
+}
+
+NoGrad::NoGrad() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGrad::~NoGrad() { g_grad_enabled = previous_; }
+bool grad_enabled() { return g_grad_enabled; }
+void set_grad_observer(GradObserver observer) { g_grad_observer = std::move(observer); }
+
+} // namespace minamp

@@ -1,0 +1,77 @@
+// Var: a tensor in the autograd graph. Each op result records its inputs and a backward
+// closure; backward() visits the graph from the loss in reverse topological order (the graph
+// *is* the tape), accumulating gradients with +=. Parameters are not Vars: ops that use them
+// write their gradients straight into Parameter::grad (see nn/parameter.h).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace minamp {
+
+struct Node {
+  const char* op = "input";
+  Tensor value;
+  Tensor grad; // same shape and dtype as value; undefined until a gradient arrives
+  bool requires_grad = false;
+  std::vector<std::shared_ptr<Node>> inputs;
+  // Reads this node's grad and accumulates into its inputs' grads (and parameters' grads).
+  std::function<void(Node& self)> backward;
+};
+
+class Var {
+public:
+  Var() = default;
+  // A leaf; gradients accumulate into grad() when requires_grad.
+  explicit Var(Tensor value, bool requires_grad = false);
+
+  // The result of an op. It requires grad when any input does or when `uses_parameters`
+  // (an op that writes parameter gradients needs its backward to run).
+  static Var from_op(const char* op, Tensor value, const std::vector<Var>& inputs,
+                     bool uses_parameters, std::function<void(Node&)> backward);
+
+  bool defined() const { return node_ != nullptr; }
+  const Tensor& value() const { return node_->value; }
+  const Tensor& grad() const { return node_->grad; }
+  bool requires_grad() const { return node_ && node_->requires_grad; }
+  const Shape& shape() const { return node_->value.shape(); }
+  DType dtype() const { return node_->value.dtype(); }
+  Device device() const { return node_->value.device(); }
+  Node& node() const { return *node_; }
+
+  // Backpropagates from this one-element Var with a seed gradient of 1.
+  void backward() const;
+  // Backpropagates with an explicit seed of this Var's shape.
+  void backward(const Tensor& seed) const;
+
+private:
+  std::shared_ptr<Node> node_;
+};
+
+// Adds `grad` into node.grad, converting it to the node's dtype when they differ. When node.grad
+// is still undefined it takes `grad` over without a copy, so pass a tensor nobody else writes.
+void accumulate_grad(Node& node, const Tensor& grad);
+
+// A function shown every op node whose gradient is complete, just before its backward runs
+// (used by the fp16 range diagnostics). Empty by default; set per thread.
+using GradObserver = std::function<void(const Node& node)>;
+void set_grad_observer(GradObserver observer);
+
+// While a NoGrad is alive on this thread, ops record no graph (inference: saved activations are
+// freed as soon as they are used).
+class NoGrad {
+public:
+  NoGrad();
+  ~NoGrad();
+  NoGrad(const NoGrad&) = delete;
+  NoGrad& operator=(const NoGrad&) = delete;
+
+private:
+  bool previous_;
+};
+bool grad_enabled();
+
+} // namespace minamp

@@ -1,0 +1,171 @@
+// Module bookkeeping (names, train/eval, devices) and the layers' forward passes.
+#include "nn/module.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace minamp::nn {
+
+template <class T>
+void Module::collect(const std::string& prefix,
+                     std::vector<std::pair<std::string, T*>> Module::*own,
+                     std::vector<std::pair<std::string, T*>>& out) {
+  for (auto& [name, item] : this->*own) out.emplace_back(prefix + name, item);
+  for (auto& [name, child] : children_) child->collect(prefix + name + ".", own, out);
+}
+
+std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
+  std::vector<std::pair<std::string, Parameter*>> out;
+  collect("", &Module::params_, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor*>> Module::named_buffers() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  collect("", &Module::buffers_, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, int64_t*>> Module::named_counters() {
+  std::vector<std::pair<std::string, int64_t*>> out;
+  collect("", &Module::counters_, out);
+  return out;
+}
+
+std::vector<Parameter*> Module::parameters() {
+  std::vector<Parameter*> out;
+  for (auto& [name, p] : named_parameters()) out.push_back(p);
+  return out;
+}
+
+void Module::train(bool training) {
+  training_ = training;
+  for (auto& [name, child] : children_) child->train(training);
+}
+
+void Module::zero_grad() {
+  for (Parameter* p : parameters()) p->zero_grad();
+}
+
+void Module::to(Device device) {
+  for (Parameter* p : parameters()) p->to(device);
+  for (auto& [name, t] : named_buffers()) *t = t->to(device);
+}
+
+namespace {
+// U(-bound, bound) as a tensor, drawn from `rng` in row-major order.
+Tensor uniform_tensor(const Shape& shape, float bound, Rng& rng) {
+  std::vector<float> values(static_cast<size_t>(shape.numel()));
+  for (float& v : values) v = rng.uniform(-bound, bound);
+  return Tensor::from_vector(values, shape);
+}
+} // namespace
+
+Linear::Linear(int64_t in_features, int64_t out_features, Rng& rng, bool bias)
+    : has_bias_(bias) {
+  require(in_features > 0 && out_features > 0, "Linear", "features must be positive, got ",
+          in_features, " -> ", out_features);
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_features));
+  weight = Parameter(uniform_tensor({out_features, in_features}, bound, rng));
+  register_parameter("weight", &weight);
+  if (has_bias_) {
+    this->bias = Parameter(uniform_tensor({out_features}, bound, rng));
+    register_parameter("bias", &this->bias);
+  }
+}
+
+Var Linear::forward(const Var& x) {
+  return ops::linear(x, weight, has_bias_ ? &bias : nullptr, relu_);
+}
+
+std::string Linear::describe() const {
+  const Shape& s = weight.master().shape();
+  return cat("Linear(", s[1], ", ", s[0], relu_ ? ") + ReLU (fused)" : ")");
+}
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int kernel_size, Rng& rng, int stride,
+               int padding, bool bias)
+    : conv_{stride, padding}, has_bias_(bias) {
+  require(in_channels > 0 && out_channels > 0 && kernel_size > 0 && stride > 0 && padding >= 0,
+          "Conv2d", "invalid configuration: ", in_channels, " -> ", out_channels, ", kernel ",
+          kernel_size, ", stride ", stride, ", padding ", padding);
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_channels * kernel_size * kernel_size));
+  weight = Parameter(
+      uniform_tensor({out_channels, kernel_size, kernel_size, in_channels}, bound, rng));
+  register_parameter("weight", &weight);
+  if (has_bias_) {
+    this->bias = Parameter(uniform_tensor({out_channels}, bound, rng));
+    register_parameter("bias", &this->bias);
+  }
+}
+
+Var Conv2d::forward(const Var& x) {
+  return ops::conv2d(x, weight, has_bias_ ? &bias : nullptr, conv_, relu_);
+}
+
+std::string Conv2d::describe() const {
+  const Shape& s = weight.master().shape();
+  return cat("Conv2d(", s[3], ", ", s[0], ", kernel ", s[1], ", stride ", conv_.stride,
+             ", padding ", conv_.pad, relu_ ? ") + ReLU (fused)" : ")");
+}
+
+BatchNorm::BatchNorm(int64_t channels, float eps, float momentum)
+    : channels_(channels), eps_(eps), momentum_(momentum) {
+  require(channels > 0, "BatchNorm", "channels must be positive, got ", channels);
+  weight = Parameter(Tensor::full({channels}, 1.0f));
+  bias = Parameter(Tensor::zeros({channels}));
+  running_mean = Tensor::zeros({channels});
+  running_var = Tensor::full({channels}, 1.0f);
+  register_parameter("weight", &weight);
+  register_parameter("bias", &bias);
+  register_buffer("running_mean", &running_mean);
+  register_buffer("running_var", &running_var);
+  register_counter("num_batches_tracked", &num_batches_tracked);
+}
+
+Var BatchNorm::forward(const Var& x) {
+  BatchNormParams bn;
+  bn.training = training();
+  bn.momentum = momentum_;
+  bn.eps = eps_;
+  bn.relu = relu_;
+  if (bn.training) ++num_batches_tracked;
+  return ops::batch_norm(x, weight, bias, running_mean, running_var, bn);
+}
+
+std::string BatchNorm::describe() const {
+  return cat("BatchNorm(", channels_, relu_ ? ") + ReLU (fused)" : ")");
+}
+
+Var ReLU::forward(const Var& x) { return ops::relu(x); }
+
+Var GlobalAvgPool::forward(const Var& x) { return ops::global_avgpool(x); }
+
+Sequential& Sequential::add(std::unique_ptr<Module> layer) {
+  const bool is_relu = dynamic_cast<ReLU*>(layer.get()) != nullptr;
+  const bool fused = is_relu && !layers_.empty() && layers_.back()->absorb_relu();
+  register_child(std::to_string(layers_.size()), layer.get());
+  layers_.push_back(std::move(layer));
+  fused_into_previous_.push_back(fused);
+  return *this;
+}
+
+Var Sequential::forward(const Var& x) {
+  Var h = x;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (!fused_into_previous_[i]) h = layers_[i]->forward(h);
+  return h;
+}
+
+std::string Sequential::describe() const {
+  std::string out = "Sequential(\n";
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (fused_into_previous_[i]) continue;
+    out += cat("  (", i, ") ", layers_[i]->describe(), "\n");
+  }
+  return out + ")";
+}
+
+} // namespace minamp::nn

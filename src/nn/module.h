@@ -1,0 +1,147 @@
+// Module: a layer or a container of layers, with PyTorch-style names for its parameters and
+// buffers ("0.weight", "1.running_mean") so checkpoints map one-to-one onto a PyTorch
+// nn.Sequential. Layers: Linear, Conv2d, BatchNorm, ReLU, GlobalAvgPool, Flatten; Sequential.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/var.h"
+#include "core/rng.h"
+#include "kernels/kernels.h"
+#include "nn/parameter.h"
+
+namespace minamp::nn {
+
+class Module {
+public:
+  virtual ~Module() = default;
+  virtual Var forward(const Var& x) = 0;
+  Var operator()(const Var& x) { return forward(x); }
+  // A one-line description, e.g. "Linear(8, 16)".
+  virtual std::string describe() const = 0;
+
+  // Parameters and buffers with dotted names, in registration order.
+  std::vector<std::pair<std::string, Parameter*>> named_parameters();
+  std::vector<std::pair<std::string, Tensor*>> named_buffers();
+  std::vector<Parameter*> parameters();
+
+  void train(bool training = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
+  void zero_grad();
+  // Moves every parameter and buffer to `device`.
+  void to(Device device);
+
+  // Integer buffers (BatchNorm's num_batches_tracked), kept on the host.
+  std::vector<std::pair<std::string, int64_t*>> named_counters();
+
+  // Asks the layer to apply a following ReLU in its own epilogue; false when it cannot.
+  // Sequential uses this to fuse Linear/Conv2d/BatchNorm + ReLU into one kernel.
+  virtual bool absorb_relu() { return false; }
+
+protected:
+  void register_parameter(std::string name, Parameter* p) { params_.emplace_back(name, p); }
+  void register_buffer(std::string name, Tensor* t) { buffers_.emplace_back(name, t); }
+  void register_counter(std::string name, int64_t* c) { counters_.emplace_back(name, c); }
+  void register_child(std::string name, Module* m) { children_.emplace_back(name, m); }
+
+private:
+  template <class T>
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, T*>> Module::*own,
+               std::vector<std::pair<std::string, T*>>& out);
+  std::vector<std::pair<std::string, Parameter*>> params_;
+  std::vector<std::pair<std::string, Tensor*>> buffers_;
+  std::vector<std::pair<std::string, int64_t*>> counters_;
+  std::vector<std::pair<std::string, Module*>> children_;
+  bool training_ = true;
+};
+
+// y[rows, out] = x[rows, in] W^T + b. Init as PyTorch: W, b ~ U(-1/sqrt(in), 1/sqrt(in)).
+class Linear : public Module {
+public:
+  Linear(int64_t in_features, int64_t out_features, Rng& rng, bool bias = true);
+  Var forward(const Var& x) override;
+  std::string describe() const override;
+  bool absorb_relu() override { return relu_ = true; }
+  Parameter weight; // [out, in]
+  Parameter bias;   // [out] (undefined master when bias = false)
+
+private:
+  bool has_bias_;
+  bool relu_ = false;
+};
+
+// y[N, Ho, Wo, Cout] = conv(x[N, H, W, Cin]) with weight [Cout, k, k, Cin]. Init as PyTorch:
+// U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = Cin k k.
+class Conv2d : public Module {
+public:
+  Conv2d(int64_t in_channels, int64_t out_channels, int kernel_size, Rng& rng, int stride = 1,
+         int padding = 0, bool bias = true);
+  Var forward(const Var& x) override;
+  std::string describe() const override;
+  bool absorb_relu() override { return relu_ = true; }
+  Parameter weight; // [Cout, k, k, Cin]
+  Parameter bias;   // [Cout]
+
+private:
+  ConvParams conv_;
+  bool has_bias_;
+  bool relu_ = false;
+};
+
+// Batch normalisation over the last (channel) dimension, PyTorch defaults: eps 1e-5, momentum
+// 0.1, gamma 1, beta 0, running mean 0 and variance 1.
+class BatchNorm : public Module {
+public:
+  explicit BatchNorm(int64_t channels, float eps = 1e-5f, float momentum = 0.1f);
+  Var forward(const Var& x) override;
+  std::string describe() const override;
+  bool absorb_relu() override { return relu_ = true; }
+  Parameter weight; // gamma [C]
+  Parameter bias;   // beta [C]
+  Tensor running_mean, running_var; // f32 [C]
+  int64_t num_batches_tracked = 0;  // training forwards so far (PyTorch's int64 buffer)
+
+private:
+  int64_t channels_;
+  float eps_, momentum_;
+  bool relu_ = false;
+};
+
+class ReLU : public Module {
+public:
+  Var forward(const Var& x) override;
+  std::string describe() const override { return "ReLU()"; }
+};
+
+// [N, H, W, C] -> [N, C] (PyTorch: AdaptiveAvgPool2d(1) followed by Flatten()).
+class GlobalAvgPool : public Module {
+public:
+  Var forward(const Var& x) override;
+  std::string describe() const override { return "GlobalAvgPool()"; }
+};
+
+// Runs its layers in order. Fuses a ReLU into the layer before it when that layer can apply it
+// in its epilogue (Linear, Conv2d, BatchNorm); the ReLU keeps its index, so names still match
+// PyTorch's nn.Sequential.
+class Sequential : public Module {
+public:
+  Sequential() = default;
+  Sequential& add(std::unique_ptr<Module> layer);
+  template <class Layer, class... Args> Sequential& emplace(Args&&... args) {
+    return add(std::make_unique<Layer>(std::forward<Args>(args)...));
+  }
+  Var forward(const Var& x) override;
+  std::string describe() const override;
+  size_t size() const { return layers_.size(); }
+  Module& operator[](size_t i) { return *layers_[i]; }
+
+private:
+  std::vector<std::unique_ptr<Module>> layers_;
+  std::vector<bool> fused_into_previous_;
+};
+
+} // namespace minamp::nn

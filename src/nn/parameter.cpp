@@ -1,0 +1,36 @@
+// Parameter: master, gradient and f16 working copy.
+#include "nn/parameter.h"
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+
+namespace minamp {
+
+Parameter::Parameter(Tensor master) : master_(std::move(master)) {
+  require(master_.dtype() == DType::f32, "Parameter", "the master copy must be f32, got ",
+          describe(master_));
+  grad_ = Tensor::zeros(master_.shape(), DType::f32, master_.device());
+}
+
+const Tensor& Parameter::working_copy(DType dtype) {
+  if (dtype == DType::f32) return master_;
+  require(dtype == DType::f16, "Parameter::working_copy", "expected f32 or f16, got ", dtype);
+  if (!half_.defined()) sync_half_copy();
+  return half_;
+}
+
+void Parameter::sync_half_copy() {
+  if (!half_.defined()) half_ = Tensor::empty(master_.shape(), DType::f16, master_.device());
+  kernels::cast(master_, half_);
+}
+
+void Parameter::zero_grad() { kernels::fill(grad_, 0.0f); }
+
+void Parameter::to(Device device) {
+  if (master_.device() == device) return;
+  master_ = master_.to(device);
+  grad_ = grad_.to(device);
+  if (half_.defined()) half_ = half_.to(device);
+}
+
+} // namespace minamp

@@ -1,0 +1,110 @@
+// Linear, Conv2d and BatchNorm as differentiable ops on fp32 masters / f16 working copies.
+#include "amp/autocast.h"
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace minamp::ops {
+
+namespace {
+
+// dy masked by the fused ReLU's output y (y > 0), or dy itself when no ReLU was fused.
+Tensor unfused_relu_grad(const Tensor& y, const Tensor& dy, bool relu) {
+  if (!relu) return dy;
+  Tensor masked = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+  kernels::relu_backward(y, dy, masked);
+  return masked;
+}
+
+void require_parameter_device(const char* op, const Var& x, Parameter& p) {
+  require(p.master().device() == x.device(), op, "input ", describe(x.value()),
+          " and parameter ", describe(p.master()), " are on different devices");
+}
+
+} // namespace
+
+Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu) {
+  const Shape& ws = weight.master().shape();
+  require(x.shape().rank() == 2 && x.shape()[1] == ws[1], "Linear", "expected input [rows, ",
+          ws[1], "] for weight [", ws[0], ", ", ws[1], "], got ", describe(x.value()));
+  require_parameter_device("Linear", x, weight);
+  const DType dtype = amp::autocast_dtype(amp::OpClass::matmul, x.dtype());
+  Var xc = cast(x, dtype);
+  const Tensor w = weight.working_copy(dtype); // [out, in]
+  Tensor y = Tensor::empty({x.shape()[0], ws[0]}, dtype, x.device()); // [rows, out]
+  GemmEpilogue epilogue;
+  epilogue.bias = bias ? &bias->master() : nullptr;
+  epilogue.relu = relu;
+  kernels::gemm(xc.value(), false, w, true, y, epilogue);
+
+  const Tensor saved_x = xc.value();
+  return Var::from_op("linear", y, {xc}, true, [=, &weight](Node& self) {
+    const Tensor dy = unfused_relu_grad(self.value, self.grad, relu); // [rows, out]
+    GemmEpilogue accumulate;
+    accumulate.beta = 1.0f;
+    kernels::gemm(dy, true, saved_x, false, weight.grad(), accumulate); // dW[out, in] += dy^T x
+    if (bias) kernels::bias_backward(dy, bias->grad());                // db[out] += sum_rows dy
+    Node& input = *self.inputs[0];
+    if (!input.requires_grad) return;
+    Tensor dx = Tensor::empty(saved_x.shape(), dtype, saved_x.device()); // [rows, in] = dy W
+    kernels::gemm(dy, false, w, false, dx, GemmEpilogue{});
+    accumulate_grad(input, dx);
+  });
+}
+
+Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& conv, bool relu) {
+  const Shape& ws = weight.master().shape(); // [Cout, kh, kw, Cin]
+  const Shape& xs = x.shape();
+  require(xs.rank() == 4 && xs[3] == ws[3], "Conv2d", "expected input [N, H, W, ", ws[3],
+          "] (channels last) for weight ", ws, ", got ", describe(x.value()));
+  require_parameter_device("Conv2d", x, weight);
+  const int64_t ho = (xs[1] + 2 * conv.pad - ws[1]) / conv.stride + 1;
+  const int64_t wo = (xs[2] + 2 * conv.pad - ws[2]) / conv.stride + 1;
+  require(ho > 0 && wo > 0, "Conv2d", "input ", describe(x.value()), " is smaller than the ",
+          ws[1], "x", ws[2], " kernel with padding ", conv.pad);
+  const DType dtype = amp::autocast_dtype(amp::OpClass::matmul, x.dtype());
+  Var xc = cast(x, dtype);
+  const Tensor w = weight.working_copy(dtype);
+  Tensor y = Tensor::empty({xs[0], ho, wo, ws[0]}, dtype, x.device()); // [N, Ho, Wo, Cout]
+  GemmEpilogue epilogue;
+  epilogue.bias = bias ? &bias->master() : nullptr;
+  epilogue.relu = relu;
+  kernels::conv2d_forward(xc.value(), w, y, conv, epilogue);
+
+  const Tensor saved_x = xc.value();
+  return Var::from_op("conv2d", y, {xc}, true, [=, &weight](Node& self) {
+    const Tensor dy = unfused_relu_grad(self.value, self.grad, relu);
+    if (bias) kernels::bias_backward(dy, bias->grad());
+    Node& input = *self.inputs[0];
+    Tensor dx;
+    if (input.requires_grad) dx = Tensor::empty(saved_x.shape(), dtype, saved_x.device());
+    kernels::conv2d_backward(saved_x, w, dy, dx, weight.grad(), conv);
+    if (dx.defined()) accumulate_grad(input, dx);
+  });
+}
+
+Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_mean,
+               Tensor& running_var, const BatchNormParams& bn) {
+  const int64_t channels = gamma.master().numel();
+  require(x.shape().rank() >= 2 && x.shape().last() == channels, "BatchNorm",
+          "expected input [rows, ", channels, "] or [N, H, W, ", channels, "], got ",
+          describe(x.value()));
+  require(!bn.training || x.shape().rows() > 1, "BatchNorm",
+          "training needs more than one value per channel, got ", describe(x.value()));
+  require_parameter_device("BatchNorm", x, gamma);
+  Var xc = cast(x, amp::autocast_dtype(amp::OpClass::normalize, x.dtype()));
+  Tensor y = Tensor::empty(x.shape(), xc.dtype(), x.device());
+  Tensor mean = Tensor::empty({channels}, DType::f32, x.device());
+  Tensor invstd = Tensor::empty({channels}, DType::f32, x.device());
+  kernels::batchnorm_forward(xc.value(), gamma.master(), beta.master(), y, mean, invstd,
+                             running_mean, running_var, bn);
+
+  const Tensor saved_x = xc.value();
+  return Var::from_op("batch_norm", y, {xc}, true, [=, &gamma, &beta](Node& self) {
+    Tensor dx = Tensor::empty(saved_x.shape(), saved_x.dtype(), saved_x.device());
+    kernels::batchnorm_backward(saved_x, gamma.master(), beta.master(), mean, invstd, self.grad,
+                                dx, gamma.grad(), beta.grad(), bn);
+    if (self.inputs[0]->requires_grad) accumulate_grad(*self.inputs[0], dx);
+  });
+}
+
+} // namespace minamp::ops

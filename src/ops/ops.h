@@ -1,0 +1,40 @@
+// Differentiable ops: each runs its forward kernel, records a backward closure on the tape, and
+// consults the autocast policy (amp/autocast.h) for the dtype it computes in. Ops that use a
+// Parameter write its gradient (fp32, +=) straight into Parameter::grad during backward; the
+// Parameter must outlive the backward pass.
+#pragma once
+
+#include "autograd/var.h"
+#include "kernels/kernels.h"
+#include "nn/parameter.h"
+
+namespace minamp::ops {
+
+// x converted to `dtype` (f32 <-> f16, rounding to nearest even); the gradient is cast back.
+Var cast(const Var& x, DType dtype);
+// The same values viewed with another shape.
+Var reshape(const Var& x, const Shape& shape);
+
+// y[rows, out] = x[rows, in] @ weight[out, in]^T + bias[out], then ReLU when `relu`.
+// Autocast: matmul class (f16 operands and result, fp32 accumulation).
+Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu = false);
+// y[N, Ho, Wo, Cout] = conv2d(x[N, H, W, Cin], weight[Cout, kh, kw, Cin]) + bias, ReLU if `relu`.
+Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& conv,
+           bool relu = false);
+// Batch norm over the channels (last dimension) of x[rows, C] or x[N, H, W, C]; in training it
+// updates running_mean/var (f32 [C]). ReLU fused when bn.relu.
+Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_mean,
+               Tensor& running_var, const BatchNormParams& bn);
+Var relu(const Var& x);
+// y[N, C] = mean over H, W of x[N, H, W, C].
+Var global_avgpool(const Var& x);
+
+// y = x * scale[0], where scale is an f32 [1] tensor (the loss scale); not differentiated in scale.
+Var mul_scalar(const Var& x, const Tensor& scale);
+
+// Mean squared error, fp32: loss[1] = mean((pred - target)^2); target has pred's shape.
+Var mse_loss(const Var& pred, const Tensor& target);
+// Softmax cross-entropy on logits[N, K] with labels i32 [N], mean over N, fp32.
+Var cross_entropy(const Var& logits, const Tensor& labels);
+
+} // namespace minamp::ops

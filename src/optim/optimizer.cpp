@@ -1,0 +1,108 @@
+// SGD and Adam: state allocation and the fused step kernels' arguments.
+#include "optim/optimizer.h"
+
+#include "core/error.h"
+
+namespace minamp::optim {
+
+Optimizer::Optimizer(std::vector<Parameter*> params) : params_(std::move(params)) {
+  require(!params_.empty(), "Optimizer", "got an empty parameter list");
+}
+
+void Optimizer::zero_grad() {
+  for (Parameter* p : params_) p->zero_grad();
+}
+
+std::vector<ParamSlot> Optimizer::slots() {
+  std::vector<ParamSlot> out(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out[i].master = &params_[i]->master();
+    out[i].grad = &params_[i]->grad();
+    out[i].half = &params_[i]->half_copy();
+    if (i < state0_.size()) out[i].state0 = &state0_[i];
+    if (i < state1_.size()) out[i].state1 = &state1_[i];
+  }
+  return out;
+}
+
+void Optimizer::to(Device device) {
+  for (Tensor& t : state0_) t = t.to(device);
+  for (Tensor& t : state1_) t = t.to(device);
+}
+
+namespace {
+std::vector<Tensor> zeros_like_masters(const std::vector<Parameter*>& params) {
+  std::vector<Tensor> out;
+  for (Parameter* p : params)
+    out.push_back(Tensor::zeros(p->master().shape(), DType::f32, p->master().device()));
+  return out;
+}
+} // namespace
+
+SGD::SGD(std::vector<Parameter*> params, float lr, float momentum, float weight_decay)
+    : Optimizer(std::move(params)), momentum_(momentum), weight_decay_(weight_decay) {
+  lr_ = lr;
+  if (momentum_ != 0.0f) state0_ = zeros_like_masters(params_);
+}
+
+void SGD::step(const Tensor& found_inf) {
+  SgdParams sgd;
+  sgd.lr = lr_;
+  sgd.momentum = momentum_;
+  sgd.weight_decay = weight_decay_;
+  kernels::sgd_step(slots(), sgd, found_inf);
+}
+
+std::vector<std::pair<std::string, Tensor*>> SGD::named_state() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for (size_t i = 0; i < state0_.size(); ++i)
+    out.emplace_back(cat("momentum_buffer.", i), &state0_[i]);
+  return out;
+}
+
+Adam::Adam(std::vector<Parameter*> params, float lr, float beta1, float beta2, float eps,
+           float weight_decay)
+    : Optimizer(std::move(params)) {
+  lr_ = lr;
+  params_cfg_.beta1 = beta1;
+  params_cfg_.beta2 = beta2;
+  params_cfg_.eps = eps;
+  params_cfg_.weight_decay = weight_decay;
+  state0_ = zeros_like_masters(params_);
+  state1_ = zeros_like_masters(params_);
+  step_ = Tensor::zeros({1}, DType::f32, params_[0]->master().device());
+}
+
+void Adam::step(const Tensor& found_inf) {
+  AdamParams adam = params_cfg_;
+  adam.lr = lr_;
+  kernels::adam_step(slots(), adam, step_, found_inf);
+}
+
+std::vector<std::pair<std::string, Tensor*>> Adam::named_state() {
+  std::vector<std::pair<std::string, Tensor*>> out{{"step", &step_}};
+  for (size_t i = 0; i < state0_.size(); ++i) {
+    out.emplace_back(cat("exp_avg.", i), &state0_[i]);
+    out.emplace_back(cat("exp_avg_sq.", i), &state1_[i]);
+  }
+  return out;
+}
+
+void Adam::to(Device device) {
+  Optimizer::to(device);
+  step_ = step_.to(device);
+}
+
+Tensor clip_grad_norm_(const std::vector<Parameter*>& params, float max_norm) {
+  require(!params.empty(), "clip_grad_norm_", "got an empty parameter list");
+  require(max_norm > 0.0f, "clip_grad_norm_", "max_norm must be positive, got ", max_norm);
+  const Device device = params[0]->grad().device();
+  Tensor sum_sq = Tensor::zeros({1}, DType::f32, device);
+  for (Parameter* p : params) kernels::sum_squares(p->grad(), sum_sq);
+  Tensor coef = Tensor::empty({1}, DType::f32, device);
+  kernels::clip_coefficient(sum_sq, max_norm, coef);
+  for (Parameter* p : params) kernels::mul_scalar(p->grad(), coef, p->grad());
+  return sum_sq;
+}
+
+} // namespace minamp::optim

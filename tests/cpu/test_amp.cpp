@@ -1,0 +1,547 @@
+// Mixed precision mechanisms on the CPU: the autocast policy, f16 activations, master weights,
+// every branch of GradScaler (PyTorch semantics), skipped steps, and the two failure modes that
+// loss scaling and master weights exist to prevent.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "amp/autocast.h"
+#include "amp/grad_scaler.h"
+#include "nn/module.h"
+#include "ops/ops.h"
+#include "optim/optimizer.h"
+#include "sine_data.h"
+#include "test_util.h"
+
+namespace minamp {
+namespace {
+
+template <class Body> void expect_error(Body body, const std::string& part) {
+  try {
+    body();
+    FAIL() << "expected minamp::Error containing '" << part << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+// A small regression problem: Linear(4 -> 3) -> ReLU -> Linear(3 -> 1), MSE on random data.
+struct Problem {
+  Rng rng{21};
+  nn::Sequential model;
+  Tensor x, y;
+  Problem() {
+    model.emplace<nn::Linear>(4, 3, rng).emplace<nn::ReLU>().emplace<nn::Linear>(3, 1, rng);
+    Rng data(5);
+    x = test::random_tensor(data, {16, 4});
+    y = test::random_tensor(data, {16, 1});
+  }
+  Var loss(bool amp) {
+    amp::Autocast autocast(amp);
+    return ops::mse_loss(model(Var(x)), y);
+  }
+  std::vector<float> flat_parameters() {
+    std::vector<float> out;
+    for (Parameter* p : model.parameters())
+      for (float v : p->master().to_vector()) out.push_back(v);
+    return out;
+  }
+};
+
+// --- autocast policy -----------------------------------------------------------------------
+
+TEST(Autocast, OutputDtypesFollowThePolicyTable) {
+  Rng rng(1);
+  nn::Linear linear(4, 3, rng);
+  nn::Conv2d conv(2, 3, 3, rng, 1, 1);
+  nn::BatchNorm bn(3);
+  Rng data(2);
+  const Var x(test::random_tensor(data, {5, 4}));
+  const Var image(test::random_tensor(data, {1, 4, 4, 2}));
+  {
+    amp::Autocast autocast;
+    EXPECT_EQ(linear(x).dtype(), DType::f16);
+    EXPECT_EQ(conv(image).dtype(), DType::f16);
+    EXPECT_EQ(bn(conv(image)).dtype(), DType::f16);
+    EXPECT_EQ(bn(Var(test::random_tensor(data, {6, 3}))).dtype(), DType::f16); // f32 in -> f16
+    EXPECT_EQ(ops::relu(linear(x)).dtype(), DType::f16);
+    EXPECT_EQ(ops::relu(x).dtype(), DType::f32); // keeps its input dtype
+    EXPECT_EQ(ops::mse_loss(linear(x), Tensor::zeros({5, 3})).dtype(), DType::f32);
+    EXPECT_EQ(ops::cross_entropy(linear(x), Tensor::from_vector({0, 1, 2, 0, 1}, {5}, DType::i32))
+                  .dtype(),
+              DType::f32);
+  }
+  EXPECT_EQ(linear(x).dtype(), DType::f32);
+  EXPECT_EQ(linear(ops::cast(x, DType::f16)).dtype(), DType::f32); // outside autocast: fp32
+  EXPECT_FALSE(amp::autocast_enabled());
+}
+
+TEST(Autocast, ScopesNestAndRestore) {
+  amp::Autocast outer(true);
+  {
+    amp::Autocast inner(false);
+    EXPECT_FALSE(amp::autocast_enabled());
+  }
+  EXPECT_TRUE(amp::autocast_enabled());
+}
+
+TEST(Autocast, LinearIsTheF16ProductOfTheF16CopyWithFp32Accumulation) {
+  Rng rng(3);
+  nn::Linear layer(40, 5, rng, /*bias=*/false);
+  Rng data(4);
+  const Tensor x = test::random_tensor(data, {3, 40});
+  amp::Autocast autocast;
+  const std::vector<float> y = layer(Var(x)).value().to_vector();
+  const std::vector<float> w = layer.weight.master().to_vector(), xv = x.to_vector();
+  for (int r = 0; r < 3; ++r) {
+    for (int o = 0; o < 5; ++o) {
+      double sum = 0;
+      for (int k = 0; k < 40; ++k) sum += double(round_to_half(xv[r * 40 + k])) * round_to_half(w[o * 40 + k]);
+      // fp32 accumulation may differ from the double sum in the last float bits before rounding.
+      EXPECT_NEAR(y[r * 5 + o], round_to_half(float(sum)), std::abs(sum) * 1e-3 + 1e-6);
+      EXPECT_EQ(y[r * 5 + o], round_to_half(y[r * 5 + o])); // an f16 value
+    }
+  }
+}
+
+TEST(Autocast, SavedActivationsAreHalfTheMemory) {
+  Rng rng(5);
+  nn::Sequential net;
+  for (int i = 0; i < 8; ++i) net.emplace<nn::Linear>(256, 256, rng).emplace<nn::ReLU>();
+  Rng data(6);
+  const Tensor x = test::random_tensor(data, {512, 256});
+  auto activation_bytes = [&](bool amp) {
+    for (Parameter* p : net.parameters()) p->working_copy(amp ? DType::f16 : DType::f32);
+    Allocator& cpu = allocator_for(Device::cpu);
+    const size_t before = cpu.live_bytes();
+    amp::Autocast autocast(amp);
+    Var y = net(Var(x, true)); // the graph holds every saved activation
+    return cpu.live_bytes() - before;
+  };
+  // 8 f16 outputs plus the f16 copy of the input, against 8 f32 outputs: 9 / 16.
+  const double ratio = double(activation_bytes(true)) / double(activation_bytes(false));
+  EXPECT_LT(ratio, 0.6) << "AMP activations / FP32 activations";
+  EXPECT_GT(ratio, 0.4);
+}
+
+// --- master weights ------------------------------------------------------------------------
+
+TEST(MasterWeights, OptimizerRewritesTheF16CopyInTheSamePass) {
+  Problem p;
+  for (Parameter* param : p.model.parameters()) param->working_copy(DType::f16);
+  optim::Adam adam(p.model.parameters(), 0.01f);
+  p.model.zero_grad();
+  p.loss(true).backward();
+  adam.step();
+  for (Parameter* param : p.model.parameters()) {
+    const std::vector<float> master = param->master().to_vector();
+    const std::vector<float> copy = param->half_copy().to_vector();
+    for (size_t i = 0; i < master.size(); ++i) EXPECT_EQ(copy[i], round_to_half(master[i]));
+  }
+}
+
+TEST(MasterWeights, F16WeightsStallWhereFp32MastersKeepLearning) {
+  // |w| / |lr g| >= 2048: each update is below half an f16 ulp of w, so an f16 weight rounds back
+  // to itself every step, while the fp32 master accumulates the updates.
+  const float lr = 1.0f, gradient = 1.0f / 4096.0f; // w = 1: ratio 4096
+  Parameter with_master(Tensor::full({1}, 1.0f));
+  Parameter f16_only(Tensor::full({1}, 1.0f));
+  optim::SGD sgd_master({&with_master}, lr), sgd_f16({&f16_only}, lr);
+  for (int step = 0; step < 64; ++step) {
+    kernels::fill(with_master.grad(), gradient);
+    kernels::fill(f16_only.grad(), gradient);
+    sgd_master.step();
+    sgd_f16.step();
+    // Without a master copy, the weight lives in f16: store it back rounded.
+    kernels::fill(f16_only.master(), round_to_half(f16_only.master().item()));
+  }
+  EXPECT_EQ(f16_only.master().item(), 1.0f) << "the f16 weight never moved";
+  EXPECT_NEAR(with_master.master().item(), 1.0f - 64.0f / 4096.0f, 1e-6);
+  EXPECT_LT(with_master.working_copy(DType::f16).item(), 1.0f) << "and the f16 copy follows it";
+}
+
+// --- GradScaler ----------------------------------------------------------------------------
+
+TEST(GradScaler, ScaleMultipliesTheLossByTheInitialScale) {
+  amp::GradScaler scaler;
+  EXPECT_EQ(scaler.get_scale(), 65536.0f);
+  const Var loss(Tensor::full({1}, 0.25f));
+  EXPECT_EQ(scaler.scale(loss).value().item(), 0.25f * 65536.0f);
+}
+
+TEST(GradScaler, UnscaledGradientsEqualTheFp32Gradients) {
+  Problem a, b;
+  optim::SGD opt_a(a.model.parameters(), 0.1f), opt_b(b.model.parameters(), 0.1f);
+  amp::GradScaler scaler;
+  a.model.zero_grad();
+  b.model.zero_grad();
+  a.loss(false).backward();
+  scaler.scale(b.loss(false)).backward();
+  scaler.unscale_(opt_b);
+  for (size_t i = 0; i < a.model.parameters().size(); ++i)
+    EXPECT_LT(test::relative_error(b.model.parameters()[i]->grad(), a.model.parameters()[i]->grad()),
+              1e-6);
+}
+
+TEST(GradScaler, OverflowSkipsTheStepAndBacksOff) {
+  Problem p;
+  optim::Adam adam(p.model.parameters(), 0.01f);
+  amp::GradScaler scaler;
+  p.model.zero_grad();
+  scaler.scale(p.loss(true)).backward();
+  kernels::fill(p.model.parameters()[0]->grad(), INFINITY); // an overflowed gradient
+  std::vector<Tensor*> state;
+  for (auto& [name, t] : adam.named_state()) state.push_back(t);
+  std::vector<std::vector<float>> state_before;
+  for (Tensor* t : state) state_before.push_back(t->to_vector());
+  const std::vector<float> params_before = p.flat_parameters();
+  std::vector<std::vector<float>> copies_before; // weights have f16 copies; biases stay fp32
+  for (Parameter* param : p.model.parameters())
+    if (param->half_copy().defined()) copies_before.push_back(param->half_copy().to_vector());
+  ASSERT_EQ(copies_before.size(), 2u);
+
+  scaler.step(adam);
+  scaler.update();
+  EXPECT_TRUE(scaler.step_was_skipped(adam));
+  EXPECT_EQ(p.flat_parameters(), params_before);
+  for (size_t i = 0; i < state.size(); ++i) EXPECT_EQ(state[i]->to_vector(), state_before[i]);
+  EXPECT_EQ(p.model.parameters()[0]->half_copy().to_vector(), copies_before[0]);
+  EXPECT_EQ(p.model.parameters()[2]->half_copy().to_vector(), copies_before[1]);
+  EXPECT_EQ(adam.step_count(), 0);
+  EXPECT_EQ(scaler.get_scale(), 32768.0f);
+  EXPECT_EQ(scaler.state_dict()->growth_tracker, 0);
+}
+
+TEST(GradScaler, NanAlsoCountsAsOverflow) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.1f);
+  amp::GradScaler scaler;
+  p.model.zero_grad();
+  scaler.scale(p.loss(true)).backward();
+  kernels::fill(p.model.parameters()[1]->grad(), NAN);
+  scaler.step(sgd);
+  scaler.update();
+  EXPECT_TRUE(scaler.step_was_skipped(sgd));
+  EXPECT_EQ(scaler.get_scale(), 32768.0f);
+}
+
+// Runs `n` clean steps of `p` with `scaler`.
+void clean_steps(Problem& p, optim::Optimizer& opt, amp::GradScaler& scaler, int n) {
+  for (int i = 0; i < n; ++i) {
+    opt.zero_grad();
+    scaler.scale(p.loss(true)).backward();
+    scaler.step(opt);
+    scaler.update();
+    ASSERT_FALSE(scaler.step_was_skipped(opt));
+  }
+}
+
+TEST(GradScaler, GrowsExactlyAfterGrowthIntervalCleanSteps) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.01f);
+  amp::GradScalerOptions options;
+  options.init_scale = 1024.0f;
+  options.growth_interval = 3;
+  amp::GradScaler scaler(options);
+  clean_steps(p, sgd, scaler, 2);
+  EXPECT_EQ(scaler.get_scale(), 1024.0f);
+  EXPECT_EQ(scaler.state_dict()->growth_tracker, 2);
+  clean_steps(p, sgd, scaler, 1);
+  EXPECT_EQ(scaler.get_scale(), 2048.0f);
+  EXPECT_EQ(scaler.state_dict()->growth_tracker, 0);
+  clean_steps(p, sgd, scaler, 3);
+  EXPECT_EQ(scaler.get_scale(), 4096.0f);
+}
+
+TEST(GradScaler, OverflowResetsTheGrowthCount) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.01f);
+  amp::GradScalerOptions options;
+  options.init_scale = 1024.0f;
+  options.growth_interval = 3;
+  amp::GradScaler scaler(options);
+  clean_steps(p, sgd, scaler, 2);
+  sgd.zero_grad();
+  scaler.scale(p.loss(true)).backward();
+  kernels::fill(p.model.parameters()[0]->grad(), -INFINITY);
+  scaler.step(sgd);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 512.0f);
+  clean_steps(p, sgd, scaler, 2);
+  EXPECT_EQ(scaler.get_scale(), 512.0f) << "two clean steps after a reset are not three";
+  clean_steps(p, sgd, scaler, 1);
+  EXPECT_EQ(scaler.get_scale(), 1024.0f);
+}
+
+TEST(GradScaler, GrowthIsRefusedWhenTheGrownScaleWouldBeInfinite) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.0f);
+  amp::GradScalerOptions options;
+  options.init_scale = 3e38f; // finite; 6e38 is not
+  options.growth_interval = 1;
+  amp::GradScaler scaler(options);
+  // Gradients must stay finite at this scale: use a zero loss (exact zero gradients).
+  sgd.zero_grad();
+  scaler.scale(ops::mul_scalar(p.loss(false), Tensor::zeros({1}))).backward();
+  scaler.step(sgd);
+  scaler.update();
+  EXPECT_FALSE(scaler.step_was_skipped(sgd));
+  EXPECT_EQ(scaler.get_scale(), 3e38f);
+  EXPECT_EQ(scaler.state_dict()->growth_tracker, 0);
+}
+
+TEST(GradScaler, ExplicitNewScale) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.01f);
+  amp::GradScaler scaler;
+  clean_steps(p, sgd, scaler, 1);
+  sgd.zero_grad();
+  scaler.scale(p.loss(true)).backward();
+  scaler.step(sgd);
+  scaler.update(100.0f);
+  EXPECT_EQ(scaler.get_scale(), 100.0f);
+  EXPECT_EQ(scaler.state_dict()->growth_tracker, 1) << "update(new_scale) keeps the tracker";
+}
+
+TEST(GradScaler, StageErrorsMatchPyTorch) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.01f);
+  amp::GradScaler scaler;
+  expect_error([&] { scaler.update(); }, "no inf checks were recorded");
+  scaler.scale(p.loss(true)).backward();
+  scaler.unscale_(sgd);
+  expect_error([&] { scaler.unscale_(sgd); }, "already been called");
+  scaler.step(sgd);
+  expect_error([&] { scaler.step(sgd); }, "step() has already been called");
+  expect_error([&] { scaler.unscale_(sgd); }, "after step()");
+  scaler.update();
+  sgd.zero_grad();
+  scaler.scale(p.loss(true)).backward();
+  scaler.step(sgd); // a fresh iteration is allowed again
+  scaler.update();
+}
+
+TEST(GradScaler, UnscaleThenClipUsesUnscaledNorms) {
+  Problem a, b;
+  optim::SGD opt_b(b.model.parameters(), 0.1f);
+  amp::GradScaler scaler;
+  a.model.zero_grad();
+  b.model.zero_grad();
+  a.loss(false).backward();
+  scaler.scale(b.loss(false)).backward();
+  scaler.unscale_(opt_b);
+  const float max_norm = 0.01f;
+  const float sq_a = optim::clip_grad_norm_(a.model.parameters(), max_norm).item();
+  const float sq_b = optim::clip_grad_norm_(b.model.parameters(), max_norm).item();
+  EXPECT_NEAR(sq_b, sq_a, 1e-5 * sq_a);
+  double clipped = 0;
+  for (Parameter* param : b.model.parameters())
+    for (float g : param->grad().to_vector()) clipped += double(g) * g;
+  EXPECT_NEAR(std::sqrt(clipped), max_norm, 1e-4);
+  scaler.step(opt_b); // does not unscale a second time
+  scaler.update();
+}
+
+TEST(GradScaler, EachOptimizerSkipsOnItsOwnOverflowAndUpdateCombinesThem) {
+  Problem p;
+  auto params = p.model.parameters();
+  optim::SGD first({params[0], params[1]}, 0.1f), second({params[2], params[3]}, 0.1f);
+  amp::GradScaler scaler;
+  p.model.zero_grad();
+  scaler.scale(p.loss(true)).backward();
+  kernels::fill(params[0]->grad(), INFINITY);
+  const std::vector<float> w0 = params[0]->master().to_vector();
+  const std::vector<float> w2 = params[2]->master().to_vector();
+  scaler.step(first);
+  scaler.step(second);
+  scaler.update();
+  EXPECT_TRUE(scaler.step_was_skipped(first));
+  EXPECT_FALSE(scaler.step_was_skipped(second));
+  EXPECT_EQ(params[0]->master().to_vector(), w0);
+  EXPECT_NE(params[2]->master().to_vector(), w2);
+  EXPECT_EQ(scaler.get_scale(), 32768.0f);
+}
+
+TEST(GradScaler, StateDictRoundTripsWithPyTorchsFields) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.01f);
+  amp::GradScalerOptions options;
+  options.init_scale = 256.0f;
+  options.growth_interval = 10;
+  options.growth_factor = 4.0f;
+  options.backoff_factor = 0.25f;
+  amp::GradScaler scaler(options);
+  clean_steps(p, sgd, scaler, 3);
+  const amp::GradScalerState saved = *scaler.state_dict();
+  EXPECT_EQ(saved.scale, 256.0f);
+  EXPECT_EQ(saved.growth_tracker, 3);
+  EXPECT_EQ(saved.growth_factor, 4.0f);
+  EXPECT_EQ(saved.backoff_factor, 0.25f);
+  EXPECT_EQ(saved.growth_interval, 10);
+
+  amp::GradScaler restored;
+  restored.load_state_dict(saved);
+  const amp::GradScalerState again = *restored.state_dict();
+  EXPECT_EQ(again.scale, saved.scale);
+  EXPECT_EQ(again.growth_tracker, saved.growth_tracker);
+  EXPECT_EQ(again.growth_interval, saved.growth_interval);
+  EXPECT_EQ(again.growth_factor, saved.growth_factor);
+  EXPECT_EQ(again.backoff_factor, saved.backoff_factor);
+
+  amp::GradScalerOptions off;
+  off.enabled = false;
+  amp::GradScaler disabled(off);
+  EXPECT_FALSE(disabled.state_dict().has_value());
+  expect_error([&] { restored.load_state_dict(std::nullopt); }, "disabled GradScaler");
+}
+
+TEST(GradScaler, DisabledIsExactlyFp32Training) {
+  Problem a, b;
+  optim::Adam opt_a(a.model.parameters(), 0.01f), opt_b(b.model.parameters(), 0.01f);
+  amp::GradScalerOptions off;
+  off.enabled = false;
+  amp::GradScaler scaler(off);
+  for (int step = 0; step < 5; ++step) {
+    opt_a.zero_grad();
+    a.loss(false).backward();
+    opt_a.step();
+
+    opt_b.zero_grad();
+    scaler.scale(b.loss(false)).backward();
+    scaler.step(opt_b);
+    scaler.update();
+  }
+  EXPECT_EQ(a.flat_parameters(), b.flat_parameters()) << "bit for bit";
+  EXPECT_EQ(scaler.get_scale(), 1.0f);
+}
+
+TEST(GradScaler, RejectsInvalidOptions) {
+  amp::GradScalerOptions bad;
+  bad.growth_factor = 1.0f;
+  expect_error([&] { amp::GradScaler s(bad); }, "growth_factor");
+  bad = {};
+  bad.backoff_factor = 1.5f;
+  expect_error([&] { amp::GradScaler s(bad); }, "backoff_factor");
+  bad = {};
+  bad.growth_interval = 0;
+  expect_error([&] { amp::GradScaler s(bad); }, "growth_interval");
+}
+
+// --- why loss scaling ----------------------------------------------------------------------
+
+TEST(LossScaling, TinyGradientsFlushToZeroWithoutScalingAndSurviveWithIt) {
+  // Targets 1e-7 below the f16 predictions: dL/dy = 2 (y - t) / 16 ~ 1.25e-8, below half the
+  // smallest f16 subnormal (2^-25 ~ 3e-8), so the f16 activation gradient is exactly zero unless
+  // the loss is scaled first. The last bias's gradient is then sum 2 (y - t) / 16, known exactly.
+  auto run = [](bool loss_scaling, Problem& p, double* expected_bias_grad) {
+    std::vector<float> y;
+    {
+      amp::Autocast autocast;
+      NoGrad no_grad;
+      y = p.model(Var(p.x)).value().to_vector();
+    }
+    std::vector<float> t(y.size());
+    *expected_bias_grad = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      t[i] = y[i] - 1e-7f;
+      *expected_bias_grad += 2.0 * (double(y[i]) - t[i]) / y.size();
+    }
+    optim::SGD sgd(p.model.parameters(), 1.0f);
+    amp::GradScalerOptions options;
+    options.enabled = loss_scaling;
+    amp::GradScaler scaler(options);
+    sgd.zero_grad();
+    {
+      amp::Autocast autocast;
+      scaler.scale(ops::mse_loss(p.model(Var(p.x)), Tensor::from_vector(t, {16, 1}))).backward();
+    }
+    scaler.step(sgd);
+    scaler.update();
+    double norm = 0;
+    for (Parameter* param : p.model.parameters())
+      for (float g : param->grad().to_vector()) norm += double(g) * g;
+    EXPECT_TRUE(std::isfinite(norm));
+    return std::sqrt(norm);
+  };
+  Problem unscaled, scaled;
+  const std::vector<float> before = unscaled.flat_parameters();
+  double expected = 0;
+  EXPECT_EQ(run(false, unscaled, &expected), 0.0) << "every gradient flushed to zero in f16";
+  EXPECT_EQ(unscaled.flat_parameters(), before) << "so the update was lost";
+  EXPECT_GT(run(true, scaled, &expected), 0.0);
+  const float last_bias_grad = scaled.model.parameters()[3]->grad().item();
+  EXPECT_NEAR(last_bias_grad, expected, 0.05 * expected) << "the scaled gradient is right";
+  EXPECT_NE(scaled.flat_parameters(), before) << "and updates the weights";
+}
+
+TEST(LossScaling, AbsurdInitialScaleBacksOffSkipsAndConverges) {
+  Problem p;
+  optim::Adam adam(p.model.parameters(), 0.01f);
+  amp::GradScalerOptions options;
+  options.init_scale = 1e30f;
+  amp::GradScaler scaler(options);
+  float first_loss = 0, last_loss = 0;
+  int skipped = 0;
+  for (int step = 0; step < 150; ++step) {
+    adam.zero_grad();
+    Var loss = p.loss(true);
+    if (step == 0) first_loss = loss.value().item();
+    last_loss = loss.value().item();
+    scaler.scale(loss).backward();
+    scaler.step(adam);
+    scaler.update();
+    skipped += scaler.step_was_skipped(adam);
+  }
+  // Every skipped step halved the scale and nothing else changed it (growth needs 2000 steps);
+  // from 1e30, tens of halvings are needed before scaled gradients fit in f16.
+  EXPECT_GE(skipped, 60);
+  EXPECT_EQ(scaler.get_scale(), static_cast<float>(std::ldexp(1e30, -skipped)));
+  EXPECT_LT(last_loss, 0.9f * first_loss) << "training converges once the scale is sane";
+}
+
+} // namespace
+} // namespace minamp
+
+namespace minamp {
+namespace {
+
+// The sine problem at a small size, trained FP32 and AMP from the same init: the final losses
+// agree within 10%.
+double train_sine(bool amp) {
+  const int64_t size = 16;
+  const std::vector<float> grid = examples::coordinate_grid(size);
+  const Tensor x = Tensor::from_vector(grid, {1, size, size, 2});
+  const Tensor y = Tensor::from_vector(examples::quantized_sine(grid), {1, size, size, 1});
+  Rng rng(0);
+  nn::Sequential net;
+  net.emplace<nn::Conv2d>(2, 32, 1, rng).emplace<nn::BatchNorm>(32).emplace<nn::ReLU>();
+  net.emplace<nn::Conv2d>(32, 32, 1, rng).emplace<nn::BatchNorm>(32).emplace<nn::ReLU>();
+  net.emplace<nn::Conv2d>(32, 1, 1, rng);
+  optim::Adam adam(net.parameters(), 1e-2f);
+  amp::GradScalerOptions options;
+  options.enabled = amp;
+  amp::GradScaler scaler(options);
+  double loss_value = 0;
+  for (int step = 0; step < 200; ++step) {
+    adam.zero_grad();
+    Var loss;
+    {
+      amp::Autocast autocast(amp);
+      loss = ops::mse_loss(net(Var(x)), y);
+    }
+    loss_value = loss.value().item();
+    scaler.scale(loss).backward();
+    scaler.step(adam);
+    scaler.update();
+  }
+  return loss_value;
+}
+
+TEST(AmpTraining, SineAmpEndsWithinTenPercentOfFp32) {
+  const double fp32 = train_sine(false), amp = train_sine(true);
+  EXPECT_LT(fp32, 0.05) << "the small sine problem trains";
+  EXPECT_NEAR(amp, fp32, 0.1 * fp32);
+}
+
+} // namespace
+} // namespace minamp

@@ -1,0 +1,218 @@
+// Gradient checks of the differentiable ops and layers (autograd + CPU kernels together), by
+// central finite differences with the objective accumulated in double precision.
+//
+// Error budget: the library computes in fp32, so each forward value carries a relative error of
+// ~1e-7; the objective L = sum(r * y) is summed in double, and a central difference with step
+// h = 1e-3 turns that into ~1e-7 |L| / h ~ 1e-4 relative error, plus O(h^2) truncation. A
+// norm-wise tolerance of 5e-3 therefore separates a correct backward from a wrong one (a wrong
+// term shows up as an O(1) error).
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "nn/module.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace minamp {
+namespace {
+
+using Forward = std::function<Var(const Var& x)>;
+
+// sum(r * y) in double.
+double weighted_sum(const Tensor& y, const std::vector<float>& r) {
+  const std::vector<float> values = y.to_vector();
+  double sum = 0.0;
+  for (size_t i = 0; i < values.size(); ++i) sum += double(r[i]) * values[i];
+  return sum;
+}
+
+// d sum(r * f(x)) / d t[i] by central differences, t being x's values or a parameter's master.
+std::vector<double> numeric_gradient(const Forward& f, const Var& x, Tensor& t,
+                                     const std::vector<float>& r, Parameter* param) {
+  const double h = 1e-3;
+  std::vector<double> grad(static_cast<size_t>(t.numel()));
+  float* values = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float saved = values[i];
+    values[i] = static_cast<float>(saved + h);
+    if (param) param->sync_half_copy();
+    const double plus = weighted_sum(f(x).value(), r);
+    values[i] = static_cast<float>(saved - h);
+    if (param) param->sync_half_copy();
+    const double minus = weighted_sum(f(x).value(), r);
+    values[i] = saved;
+    if (param) param->sync_half_copy();
+    grad[i] = (plus - minus) / (2 * h);
+  }
+  return grad;
+}
+
+double relative_error(const Tensor& analytic, const std::vector<double>& numeric) {
+  const std::vector<float> a = analytic.to_vector();
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < numeric.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    diff += (a[i] - numeric[i]) * (a[i] - numeric[i]);
+    norm += numeric[i] * numeric[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+// Checks the gradient of sum(r * f(x)) with respect to x and to every parameter in `params`.
+void check_gradients(const Forward& f, const Shape& x_shape, std::vector<Parameter*> params,
+                     uint64_t seed = 1) {
+  Rng rng(seed);
+  Tensor x_values = test::random_tensor(rng, x_shape);
+  Var x(x_values, true);
+  for (Parameter* p : params) p->zero_grad();
+  Var y;
+  {
+    // Forward passes that update state (BatchNorm running statistics) do not change the
+    // training-mode output, so repeated evaluations below see the same function.
+    y = f(x);
+  }
+  const Tensor r_tensor = test::random_tensor(rng, y.shape());
+  const std::vector<float> r = r_tensor.to_vector();
+  y.backward(r_tensor);
+
+  NoGrad no_grad;
+  EXPECT_LT(relative_error(x.grad(), numeric_gradient(f, x, x_values, r, nullptr)), 5e-3)
+      << "input gradient";
+  for (size_t k = 0; k < params.size(); ++k) {
+    EXPECT_LT(relative_error(params[k]->grad(),
+                             numeric_gradient(f, x, params[k]->master(), r, params[k])),
+              5e-3)
+        << "gradient of parameter " << k;
+  }
+}
+
+TEST(Autograd, LinearWithBias) {
+  Rng rng(7);
+  nn::Linear layer(5, 3, rng);
+  check_gradients([&](const Var& x) { return layer(x); }, {4, 5}, {&layer.weight, &layer.bias});
+}
+
+TEST(Autograd, LinearWithFusedReluMatchesSeparateRelu) {
+  Rng rng(8);
+  nn::Sequential fused;
+  fused.emplace<nn::Linear>(6, 7, rng).emplace<nn::ReLU>();
+  auto& linear = static_cast<nn::Linear&>(fused[0]);
+  check_gradients([&](const Var& x) { return fused(x); }, {5, 6}, {&linear.weight, &linear.bias});
+
+  Rng same(8);
+  nn::Linear plain(6, 7, same);
+  Rng data(3);
+  Var x(test::random_tensor(data, {5, 6}));
+  EXPECT_EQ(fused(x).value().to_vector(), ops::relu(plain(x)).value().to_vector());
+}
+
+TEST(Autograd, Conv2dStridedPadded) {
+  Rng rng(9);
+  nn::Conv2d conv(3, 4, 3, rng, /*stride=*/2, /*padding=*/1);
+  check_gradients([&](const Var& x) { return conv(x); }, {2, 5, 6, 3}, {&conv.weight, &conv.bias});
+}
+
+TEST(Autograd, Conv2dOneByOne) {
+  Rng rng(10);
+  nn::Conv2d conv(2, 5, 1, rng);
+  check_gradients([&](const Var& x) { return conv(x); }, {1, 3, 4, 2}, {&conv.weight, &conv.bias});
+}
+
+TEST(Autograd, BatchNormTrainingRows) {
+  nn::BatchNorm bn(4);
+  Rng rng(11);
+  bn.weight.master() = test::random_tensor(rng, {4}, DType::f32, Device::cpu, 0.5f, 1.5f);
+  bn.bias.master() = test::random_tensor(rng, {4});
+  check_gradients([&](const Var& x) { return bn(x); }, {6, 4}, {&bn.weight, &bn.bias});
+}
+
+TEST(Autograd, BatchNormTrainingNhwcWithFusedRelu) {
+  nn::Sequential net;
+  net.emplace<nn::BatchNorm>(3).emplace<nn::ReLU>();
+  auto& bn = static_cast<nn::BatchNorm&>(net[0]);
+  Rng rng(12);
+  bn.bias.master() = test::random_tensor(rng, {3}, DType::f32, Device::cpu, -0.3f, 0.3f);
+  check_gradients([&](const Var& x) { return net(x); }, {2, 3, 3, 3}, {&bn.weight, &bn.bias});
+}
+
+TEST(Autograd, BatchNormEval) {
+  nn::BatchNorm bn(3);
+  Rng rng(13);
+  bn.running_mean = test::random_tensor(rng, {3});
+  bn.running_var = test::random_tensor(rng, {3}, DType::f32, Device::cpu, 0.5f, 2.0f);
+  bn.eval();
+  check_gradients([&](const Var& x) { return bn(x); }, {5, 3}, {&bn.weight, &bn.bias});
+}
+
+TEST(Autograd, GlobalAvgPoolAndReshape) {
+  check_gradients(
+      [](const Var& x) { return ops::reshape(ops::global_avgpool(x), {6}); }, {2, 3, 2, 3}, {});
+}
+
+TEST(Autograd, MseLoss) {
+  Rng rng(14);
+  const Tensor target = test::random_tensor(rng, {4, 3});
+  check_gradients([&](const Var& x) { return ops::mse_loss(x, target); }, {4, 3}, {});
+}
+
+TEST(Autograd, CrossEntropy) {
+  const Tensor labels = Tensor::from_vector({2, 0, 4}, {3}, DType::i32);
+  check_gradients([&](const Var& x) { return ops::cross_entropy(x, labels); }, {3, 5}, {});
+}
+
+TEST(Autograd, MulScalar) {
+  const Tensor scale = Tensor::full({1}, 3.5f);
+  check_gradients([&](const Var& x) { return ops::mul_scalar(x, scale); }, {7}, {});
+}
+
+TEST(Autograd, WholeConvNetThroughLoss) {
+  Rng rng(15);
+  nn::Sequential net;
+  // No bias before BatchNorm: its true gradient is exactly zero (BN subtracts the mean), which
+  // makes a relative error meaningless.
+  net.emplace<nn::Conv2d>(2, 4, 1, rng, 1, 0, /*bias=*/false).emplace<nn::BatchNorm>(4);
+  net.emplace<nn::ReLU>().emplace<nn::Conv2d>(4, 3, 3, rng, 1, 1).emplace<nn::GlobalAvgPool>();
+  const Tensor labels = Tensor::from_vector({1, 2}, {2}, DType::i32);
+  check_gradients([&](const Var& x) { return ops::cross_entropy(net(x), labels); }, {2, 4, 4, 2},
+                  net.parameters());
+}
+
+TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
+  Rng rng(16);
+  nn::Linear layer(3, 2, rng);
+  Rng data(2);
+  const Tensor x = test::random_tensor(data, {4, 3});
+  layer.zero_grad();
+  ops::mse_loss(layer(Var(x)), Tensor::zeros({4, 2})).backward();
+  const std::vector<float> once = layer.weight.grad().to_vector();
+  ops::mse_loss(layer(Var(x)), Tensor::zeros({4, 2})).backward();
+  const std::vector<float> twice = layer.weight.grad().to_vector();
+  for (size_t i = 0; i < once.size(); ++i) EXPECT_FLOAT_EQ(twice[i], 2 * once[i]);
+}
+
+TEST(Autograd, CastPassesTheGradientThroughInTheInputsDtype) {
+  // Rounding is a step function, so finite differences do not apply: the cast's gradient is
+  // the identity, converted back to the input's dtype.
+  Rng rng(17);
+  Var x(test::random_tensor(rng, {9}), true);
+  Var y = ops::cast(x, DType::f16);
+  EXPECT_EQ(y.dtype(), DType::f16);
+  const Tensor seed = test::random_tensor(rng, {9}, DType::f16);
+  y.backward(seed);
+  EXPECT_EQ(x.grad().dtype(), DType::f32);
+  EXPECT_EQ(x.grad().to_vector(), seed.to_vector());
+}
+
+TEST(Autograd, BackwardWithoutGradIsAnError) {
+  Var x(Tensor::full({1}, 2.0f));
+  try {
+    ops::mul_scalar(x, Tensor::full({1}, 2.0f)).backward();
+    FAIL() << "expected minamp::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backward"), std::string::npos) << e.what();
+  }
+}
+
+} // namespace
+} // namespace minamp

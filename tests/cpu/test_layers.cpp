@@ -1,0 +1,105 @@
+// Layer semantics: PyTorch-style initialisation, names, fusion, train/eval, and error messages.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "nn/module.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace minamp {
+namespace {
+
+// Runs `body`, expecting a minamp::Error whose message contains every one of `parts`.
+template <class Body> void expect_error(Body body, std::vector<std::string> parts) {
+  try {
+    body();
+    FAIL() << "expected minamp::Error";
+  } catch (const Error& e) {
+    for (const std::string& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << part << "'";
+  }
+}
+
+TEST(Layers, LinearInitIsPyTorchsUniformBound) {
+  Rng rng(1);
+  nn::Linear layer(100, 30, rng);
+  const float bound = 1.0f / std::sqrt(100.0f);
+  float largest = 0;
+  for (float w : layer.weight.master().to_vector()) largest = std::max(largest, std::abs(w));
+  for (float b : layer.bias.master().to_vector()) largest = std::max(largest, std::abs(b));
+  EXPECT_LE(largest, bound);
+  EXPECT_GT(largest, 0.9f * bound); // 3030 draws reach near the edge
+}
+
+TEST(Layers, InitIsDeterministicInTheSeed) {
+  Rng a(5), b(5), c(6);
+  nn::Conv2d x(3, 4, 3, a), y(3, 4, 3, b), z(3, 4, 3, c);
+  EXPECT_EQ(x.weight.master().to_vector(), y.weight.master().to_vector());
+  EXPECT_NE(x.weight.master().to_vector(), z.weight.master().to_vector());
+}
+
+TEST(Layers, SequentialNamesMatchPyTorch) {
+  Rng rng(2);
+  nn::Sequential net;
+  net.emplace<nn::Conv2d>(2, 4, 1, rng).emplace<nn::BatchNorm>(4).emplace<nn::ReLU>();
+  net.emplace<nn::Conv2d>(4, 1, 1, rng);
+  std::vector<std::string> names;
+  for (auto& [name, p] : net.named_parameters()) names.push_back(name);
+  for (auto& [name, t] : net.named_buffers()) names.push_back(name);
+  for (auto& [name, c] : net.named_counters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "3.weight",
+                                             "3.bias", "1.running_mean", "1.running_var",
+                                             "1.num_batches_tracked"}));
+}
+
+TEST(Layers, BatchNormTrainUpdatesRunningStatsEvalUsesThem) {
+  nn::BatchNorm bn(2);
+  Rng rng(3);
+  const Tensor x = test::random_tensor(rng, {8, 2});
+  bn(Var(x));
+  EXPECT_EQ(bn.num_batches_tracked, 1);
+  const std::vector<float> values = x.to_vector();
+  for (int c = 0; c < 2; ++c) {
+    double mean = 0, sq = 0;
+    for (int r = 0; r < 8; ++r) mean += values[r * 2 + c] / 8.0;
+    for (int r = 0; r < 8; ++r) sq += std::pow(values[r * 2 + c] - mean, 2);
+    EXPECT_NEAR(bn.running_mean.to_vector()[c], 0.1 * mean, 1e-6);
+    EXPECT_NEAR(bn.running_var.to_vector()[c], 0.9 + 0.1 * sq / 7.0, 1e-6); // unbiased
+  }
+  bn.eval();
+  const std::vector<float> y = bn(Var(x)).value().to_vector();
+  EXPECT_EQ(bn.num_batches_tracked, 1);
+  const std::vector<float> rm = bn.running_mean.to_vector(), rv = bn.running_var.to_vector();
+  for (int i = 0; i < 16; ++i)
+    EXPECT_NEAR(y[i], (values[i] - rm[i % 2]) / std::sqrt(rv[i % 2] + 1e-5f), 1e-5);
+}
+
+TEST(Layers, LinearShapeMismatchNamesTheExpectation) {
+  Rng rng(4);
+  nn::Linear layer(8, 16, rng);
+  expect_error([&] { layer(Var(Tensor::zeros({4, 7}))); }, {"Linear", "[rows, 8]", "[4, 7]"});
+}
+
+TEST(Layers, Conv2dWrongRankNamesTheExpectation) {
+  Rng rng(4);
+  nn::Conv2d conv(3, 8, 3, rng);
+  expect_error([&] { conv(Var(Tensor::zeros({4, 3}))); }, {"Conv2d", "[N, H, W, 3]", "[4, 3]"});
+}
+
+TEST(Layers, BatchNormChannelMismatch) {
+  nn::BatchNorm bn(5);
+  expect_error([&] { bn(Var(Tensor::zeros({4, 3}))); }, {"BatchNorm", "5", "[4, 3]"});
+}
+
+TEST(Layers, DescribeShowsFusion) {
+  Rng rng(1);
+  nn::Sequential net;
+  net.emplace<nn::Linear>(2, 3, rng).emplace<nn::ReLU>().emplace<nn::Linear>(3, 1, rng);
+  EXPECT_NE(net.describe().find("Linear(2, 3) + ReLU (fused)"), std::string::npos)
+      << net.describe();
+}
+
+} // namespace
+} // namespace minamp
