@@ -1,0 +1,89 @@
+// The quantized 2-D sine of the AMD ROCm AMP blog: the input is a [1, S, S, 2] grid of (x, y)
+// in [0, 1], the target cos(2 pi 4 x) + cos(2 pi 2 y) digitized into 4 levels and rescaled to
+// [0, 1]. Model: 1x1 Conv(2->H)+BN+ReLU, L x [1x1 Conv(H->H)+BN+ReLU], 1x1 Conv(H->1); MSE; Adam.
+// PyTorch equivalent (NCHW there): nn.Sequential(nn.Conv2d(2,H,1), nn.BatchNorm2d(H), nn.ReLU(),
+// [nn.Conv2d(H,H,1), nn.BatchNorm2d(H), nn.ReLU()] * L, nn.Conv2d(H,1,1)).
+#include <algorithm>
+
+#include "autograd/var.h"
+#include "amp/autocast.h"
+#include "common.h"
+#include "io/image.h"
+#include "sine_data.h"
+
+using namespace minamp;
+
+namespace {
+
+// Writes [S, 2S + gap] grey: the target on the left, the model's prediction on the right.
+void write_side_by_side(const std::string& path, const std::vector<float>& target,
+                        const std::vector<float>& prediction, int64_t size) {
+  const int64_t gap = std::max<int64_t>(2, size / 32), width = 2 * size + gap;
+  std::vector<float> pixels(static_cast<size_t>(size * width), 1.0f);
+  for (int64_t row = 0; row < size; ++row) {
+    for (int64_t col = 0; col < size; ++col) {
+      pixels[row * width + col] = target[row * size + col];
+      pixels[row * width + size + gap + col] = prediction[row * size + col];
+    }
+  }
+  io::save_png(path, Tensor::from_vector(pixels, {size, width, 1}));
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  return examples::guarded_main([&] {
+    CLI::App app{"minamp sine: a conv net learns the quantized 2-D sine of the ROCm AMP blog"};
+    examples::Options options;
+    examples::add_common_options(app, options, 1e-3f);
+    int64_t steps = 512, size = 0, hidden = 256, layers = 2;
+    app.add_option("--steps", steps, "training steps on the one example")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--size", size, "grid size S (default 512 on a GPU, 64 on the CPU)")
+        ->check(CLI::Range(2, 8192));
+    app.add_option("--hidden", hidden, "channels of the hidden layers")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--layers", layers, "hidden Conv+BN+ReLU blocks after the first")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    CLI11_PARSE(app, argc, argv);
+    if (size == 0) size = examples::resolve_device(options.device) == Device::cuda ? 512 : 64;
+
+    const std::vector<float> grid = examples::coordinate_grid(size);
+    const std::vector<float> target = examples::quantized_sine(grid);
+
+    examples::TrainSpec spec;
+    spec.example = "sine";
+    spec.steps = steps;
+    spec.loss = examples::LossKind::mse;
+    spec.optimizer = examples::OptimizerKind::adam;
+    spec.build_model = [&](Rng& rng) {
+      auto model = std::make_unique<nn::Sequential>();
+      int64_t in = 2;
+      for (int64_t i = 0; i <= layers; ++i) {
+        model->emplace<nn::Conv2d>(in, hidden, 1, rng)
+            .emplace<nn::BatchNorm>(hidden)
+            .emplace<nn::ReLU>();
+        in = hidden;
+      }
+      model->emplace<nn::Conv2d>(hidden, 1, 1, rng);
+      return model;
+    };
+    spec.batch = [&](int64_t, Device device) {
+      return examples::Batch{Tensor::from_vector(grid, {1, size, size, 2}, DType::f32, device),
+                             Tensor::from_vector(target, {1, size, size, 1}, DType::f32, device)};
+    };
+    spec.finish = [&](nn::Sequential& model, Device device, bool amp, const std::string& out_dir) {
+      model.eval();
+      NoGrad no_grad;
+      amp::Autocast autocast(amp);
+      const Var prediction =
+          model(Var(Tensor::from_vector(grid, {1, size, size, 2}, DType::f32, device)));
+      write_side_by_side(out_dir + "/sine.png", target, prediction.value().to_vector(), size);
+      model.train();
+    };
+    return examples::run_example(spec, options);
+  });
+}
