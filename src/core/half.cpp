@@ -59,3 +59,35 @@ float half_bits_to_float(uint16_t bits) {
 }
 
 } // namespace minamp
+
+namespace minamp {
+
+#if defined(__FLT16_MAX__)
+// _Float16 is IEEE binary16 with round-to-nearest-even conversions; half has the same layout.
+static_assert(sizeof(_Float16) == sizeof(half));
+
+void half_to_float(const half* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    _Float16 h;
+    std::memcpy(&h, &src[i].bits, sizeof h);
+    dst[i] = static_cast<float>(h);
+  }
+}
+
+void float_to_half(const float* src, half* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const _Float16 h = static_cast<_Float16>(src[i]);
+    std::memcpy(&dst[i].bits, &h, sizeof h);
+  }
+}
+#else
+void half_to_float(const half* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = half_bits_to_float(src[i].bits);
+}
+
+void float_to_half(const float* src, half* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i].bits = float_to_half_bits(src[i]);
+}
+#endif
+
+} // namespace minamp

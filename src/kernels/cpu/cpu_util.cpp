@@ -9,9 +9,8 @@ FloatInput::FloatInput(const Tensor& tensor) : size_(tensor.numel()) {
     data_ = tensor.data<float>();
     return;
   }
-  const half* values = tensor.data<half>();
   widened_.resize(static_cast<size_t>(size_));
-  for (int64_t i = 0; i < size_; ++i) widened_[i] = static_cast<float>(values[i]);
+  half_to_float(tensor.data<half>(), widened_.data(), size_);
   data_ = widened_.data();
 }
 
@@ -20,17 +19,14 @@ FloatOutput::FloatOutput(Tensor& tensor, bool keep_old) : tensor_(tensor), size_
     data_ = tensor.data<float>();
     return;
   }
-  const half* values = tensor.data<half>();
   buffer_.resize(static_cast<size_t>(size_));
-  if (keep_old)
-    for (int64_t i = 0; i < size_; ++i) buffer_[i] = static_cast<float>(values[i]);
+  if (keep_old) half_to_float(tensor.data<half>(), buffer_.data(), size_);
   data_ = buffer_.data();
 }
 
 void FloatOutput::store() {
   if (tensor_.dtype() != DType::f16) return;
-  half* values = tensor_.data<half>();
-  for (int64_t i = 0; i < size_; ++i) values[i] = half(buffer_[i]);
+  float_to_half(buffer_.data(), tensor_.data<half>(), size_);
 }
 
 void apply_bias_relu(MatrixMap c, const GemmEpilogue& epilogue) {
