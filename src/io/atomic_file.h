@@ -1,0 +1,18 @@
+// Whole-file I/O shared by the loaders and writers of io/: reading a file into memory, and
+// writing one atomically (a temp file in the same directory, then rename), so that a crash
+// mid-write leaves the previous file intact.
+#pragma once
+
+#include <string>
+
+namespace minamp::io {
+
+// The bytes of the file at `path`; throws Error naming the file when it cannot be read.
+std::string read_file(const std::string& path);
+
+// Replaces the file at `path` with `bytes`: writes "<path>.tmp.XXXXXX" next to it, flushes it
+// to disk and renames it over `path`. Throws Error naming the file on any failure, after
+// removing the temp file; the previous file at `path`, if any, is then untouched.
+void write_file_atomically(const std::string& path, const std::string& bytes);
+
+} // namespace minamp::io

@@ -1,0 +1,237 @@
+// Image loading, resizing and PNG writing on stb_image / stb_image_write (whose implementations
+// are compiled here, and only here), and the image-folder dataset.
+#include "io/image.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+// Only the formats minamp reads, and no image larger than 2^14 on a side.
+#define STBI_ONLY_PNG
+#define STBI_ONLY_JPEG
+#define STBI_MAX_DIMENSIONS (1 << 14)
+#define STB_IMAGE_IMPLEMENTATION
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#include <stb_image.h>
+#include <stb_image_write.h>
+#pragma GCC diagnostic pop
+
+namespace minamp::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Decoded images are refused past this many pixels, before stb allocates anything for them.
+constexpr int64_t kMaxPixels = int64_t(1) << 25;
+
+void require_channels(int channels, const char* op) {
+  require(channels == 1 || channels == 3, op, "channels must be 1 or 3, got ", channels);
+}
+
+// The source pixels and weights that make one output pixel along one axis.
+struct Taps {
+  int64_t first = 0;
+  std::vector<float> weights;
+};
+
+// Triangle-filter taps for resampling `in_size` pixels to `out_size`. Pixel centres sit at
+// i + 0.5; the filter radius is one source pixel when enlarging and the scale when shrinking.
+std::vector<Taps> resize_taps(int64_t in_size, int64_t out_size) {
+  const double scale = double(in_size) / double(out_size);
+  const double radius = std::max(1.0, scale);
+  std::vector<Taps> taps(static_cast<size_t>(out_size));
+  for (int64_t o = 0; o < out_size; ++o) {
+    const double centre = (o + 0.5) * scale - 0.5;
+    const int64_t first = std::max<int64_t>(0, int64_t(std::ceil(centre - radius)));
+    const int64_t last = std::min<int64_t>(in_size - 1, int64_t(std::floor(centre + radius)));
+    Taps& t = taps[o];
+    t.first = first;
+    double total = 0;
+    for (int64_t s = first; s <= last; ++s) {
+      const double w = std::max(0.0, 1.0 - std::fabs(s - centre) / radius);
+      t.weights.push_back(float(w));
+      total += w;
+    }
+    for (float& w : t.weights) w = float(w / total);
+  }
+  return taps;
+}
+
+// Resamples axis 1 of a row-major [outer, in_size, inner] array to [outer, out_size, inner].
+std::vector<float> resize_axis(const std::vector<float>& in, int64_t outer, int64_t in_size,
+                               int64_t inner, int64_t out_size) {
+  const std::vector<Taps> taps = resize_taps(in_size, out_size);
+  std::vector<float> out(static_cast<size_t>(outer * out_size * inner), 0.0f);
+  for (int64_t a = 0; a < outer; ++a)
+    for (int64_t o = 0; o < out_size; ++o) {
+      float* dst = &out[(a * out_size + o) * inner];
+      const Taps& t = taps[o];
+      for (size_t k = 0; k < t.weights.size(); ++k) {
+        const float* src = &in[(a * in_size + t.first + int64_t(k)) * inner];
+        for (int64_t c = 0; c < inner; ++c) dst[c] += t.weights[k] * src[c];
+      }
+    }
+  return out;
+}
+
+bool is_image_file(const fs::path& path) {
+  std::string ext = path.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
+}
+
+// Entries of `dir` that pass `keep`, sorted by name.
+template <class Keep> std::vector<fs::path> sorted_entries(const fs::path& dir, Keep keep) {
+  std::vector<fs::path> entries;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir))
+    if (keep(entry)) entries.push_back(entry.path());
+  std::sort(entries.begin(), entries.end());
+  return entries;
+}
+
+// stb_image 2.27 (Debian's libstb-dev) writes past its Huffman tables when a JPEG's DHT segment
+// declares more than 256 codes (stb issue #1289, fixed upstream in 2.28). This walks the JPEG's
+// marker segments as a decoder does and says whether every Huffman table fits; files that are
+// not JPEG pass, for stb to judge.
+bool jpeg_huffman_tables_fit(const std::string& bytes) {
+  auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  if (bytes.size() < 2 || byte(0) != 0xff || byte(1) != 0xd8) return true;
+  size_t pos = 2;
+  while (pos + 4 <= bytes.size()) {
+    const unsigned char marker = byte(pos + 1);
+    if (byte(pos) != 0xff || marker == 0xff) { // entropy-coded data or fill bytes
+      ++pos;
+      continue;
+    }
+    const bool standalone = marker == 0x00 || marker == 0x01 || (marker >= 0xd0 && marker <= 0xd8);
+    if (standalone) {
+      pos += 2;
+      continue;
+    }
+    if (marker == 0xd9) break; // end of image
+    const size_t end =
+        std::min(bytes.size(), pos + 2 + (size_t(byte(pos + 2)) << 8) + byte(pos + 3));
+    if (marker == 0xc4) // DHT: tables of [class/id, 16 code counts, the codes' values]
+      for (size_t table = pos + 4; table + 17 <= end;) {
+        size_t codes = 0;
+        for (size_t i = 1; i <= 16; ++i) codes += byte(table + i);
+        if (codes > 256) return false;
+        table += 17 + codes;
+      }
+    pos = std::max(end, pos + 4);
+  }
+  return true;
+}
+
+void append_png_bytes(void* context, void* data, int size) {
+  static_cast<std::string*>(context)->append(static_cast<const char*>(data), size_t(size));
+}
+
+} // namespace
+
+Tensor load_image(const std::string& path, int channels) {
+  require_channels(channels, "load_image");
+  const std::string bytes = read_file(path);
+  require(bytes.size() <= size_t(INT_MAX), "load_image", path, ": file too large");
+  const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
+  const int length = int(bytes.size());
+  int width = 0, height = 0, file_channels = 0;
+  require(stbi_info_from_memory(data, length, &width, &height, &file_channels) == 1, "load_image",
+          path, ": not a readable PNG or JPEG (", stbi_failure_reason(), ")");
+  require(jpeg_huffman_tables_fit(bytes), "load_image", path,
+          ": corrupt JPEG (a Huffman table has more than 256 codes)");
+  require(int64_t(width) * height <= kMaxPixels, "load_image", path, ": ", width, "x", height,
+          " pixels is more than ", kMaxPixels);
+  stbi_uc* pixels = stbi_load_from_memory(data, length, &width, &height, &file_channels, channels);
+  require(pixels != nullptr, "load_image", path, ": cannot decode (", stbi_failure_reason(), ")");
+  Tensor image = Tensor::empty({height, width, channels});
+  float* out = image.data<float>();
+  for (int64_t i = 0; i < image.numel(); ++i) out[i] = pixels[i] / 255.0f;
+  stbi_image_free(pixels);
+  return image;
+}
+
+Tensor resize_image(const Tensor& image, int64_t height, int64_t width) {
+  require(image.dtype() == DType::f32 && image.device() == Device::cpu && image.shape().rank() == 3,
+          "resize_image", "expected a host f32 [H, W, C] image, got ", describe(image));
+  require(height > 0 && width > 0, "resize_image", "target size must be positive, got ", height,
+          "x", width);
+  const int64_t in_h = image.shape()[0], in_w = image.shape()[1], c = image.shape()[2];
+  require(in_h > 0 && in_w > 0, "resize_image", "cannot resize an empty image ", describe(image));
+  const float* src = image.data<float>();
+  const std::vector<float> pixels(src, src + image.numel());
+  const std::vector<float> rows_done = resize_axis(pixels, in_h, in_w, c, width);
+  const std::vector<float> resized = resize_axis(rows_done, 1, in_h, width * c, height);
+  Tensor out = Tensor::empty({height, width, c});
+  std::copy(resized.begin(), resized.end(), out.data<float>());
+  return out;
+}
+
+std::string encode_png(const uint8_t* pixels, int width, int height, int channels) {
+  std::string png;
+  const int ok = stbi_write_png_to_func(append_png_bytes, &png, width, height, channels, pixels,
+                                        width * channels);
+  require(ok != 0, "encode_png", "cannot encode a ", width, "x", height, "x", channels, " image");
+  return png;
+}
+
+void save_png(const std::string& path, const Tensor& image) {
+  require(image.dtype() == DType::f32 && image.device() == Device::cpu &&
+              image.shape().rank() == 3 && (image.shape()[2] == 1 || image.shape()[2] == 3),
+          "save_png", path, ": expected a host f32 [H, W, 1 or 3] image, got ", describe(image));
+  std::vector<uint8_t> bytes(static_cast<size_t>(image.numel()));
+  const float* src = image.data<float>();
+  for (size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = uint8_t(std::lround(std::clamp(src[i], 0.0f, 1.0f) * 255.0f));
+  const std::string png =
+      encode_png(bytes.data(), int(image.shape()[1]), int(image.shape()[0]), int(image.shape()[2]));
+  write_file_atomically(path, png);
+}
+
+ImageFolder load_image_folder(const std::string& root, int64_t size, int channels) {
+  require_channels(channels, "load_image_folder");
+  require(size > 0, "load_image_folder", root, ": image size must be positive, got ", size);
+  require(fs::is_directory(root), "load_image_folder", root, ": not a directory");
+  const std::vector<fs::path> class_dirs =
+      sorted_entries(root, [](const fs::directory_entry& e) { return e.is_directory(); });
+  require(!class_dirs.empty(), "load_image_folder", root, ": no class subdirectories");
+
+  ImageFolder folder;
+  std::vector<int32_t> labels;
+  std::vector<Tensor> images;
+  for (const fs::path& dir : class_dirs) {
+    const std::vector<fs::path> files = sorted_entries(dir, [](const fs::directory_entry& e) {
+      return e.is_regular_file() && is_image_file(e.path());
+    });
+    require(!files.empty(), "load_image_folder", dir.string(), ": class has no .png/.jpg images");
+    for (const fs::path& file : files) {
+      images.push_back(resize_image(load_image(file.string(), channels), size, size));
+      labels.push_back(int32_t(folder.classes.size()));
+      folder.files.push_back(file.string());
+    }
+    folder.classes.push_back(dir.filename().string());
+  }
+
+  const int64_t n = int64_t(images.size());
+  folder.images = Tensor::empty({n, size, size, channels});
+  folder.labels = Tensor::empty({n}, DType::i32);
+  const int64_t per_image = size * size * channels;
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(images[i].data<float>(), per_image, folder.images.data<float>() + i * per_image);
+    folder.labels.data<int32_t>()[i] = labels[i];
+  }
+  return folder;
+}
+
+} // namespace minamp::io

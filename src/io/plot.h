@@ -1,0 +1,33 @@
+// A tiny line-plot writer with no plotting library: white canvas, framed axes with tick labels
+// and grid, several named series in distinct colours with a legend, an optional log-scale y axis
+// (for the loss-scale trajectory), a title and axis labels, written as a PNG file.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace minamp::io {
+
+// One line. With `x` empty the points sit at x = 0, 1, 2, ...; otherwise x and y pair up.
+// Points that are not finite (or not positive on a log axis) break the line there.
+struct PlotSeries {
+  std::string name;
+  std::vector<double> x;
+  std::vector<double> y;
+};
+
+struct PlotOptions {
+  std::string title;
+  std::string x_label;
+  std::string y_label;
+  bool log_y = false;
+  int width = 960;
+  int height = 600;
+};
+
+// Draws `series` and writes the PNG to `path` atomically. Throws Error naming the file for a
+// series whose x and y lengths differ, or a canvas too small to hold the axes.
+void save_line_plot(const std::string& path, const std::vector<PlotSeries>& series,
+                    const PlotOptions& options = {});
+
+} // namespace minamp::io

@@ -1,0 +1,236 @@
+// Tests for io/image, io/plot and io/atomic_file: PNG round trips, channel conversion,
+// resizing, the image-folder fixture (data/tiny-images) and its errors, corrupt PNGs, a line
+// plot's pixels, and atomic writes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "core/rng.h"
+#include "io/atomic_file.h"
+#include "io/image.h"
+#include "io/plot.h"
+#include "test_io_util.h"
+
+namespace minamp {
+namespace {
+
+// A random image whose values are multiples of 1/255, so that 8-bit PNG holds them exactly.
+Tensor random_8bit_image(Rng& rng, int64_t h, int64_t w, int64_t c) {
+  Tensor image = Tensor::empty({h, w, c});
+  for (int64_t i = 0; i < image.numel(); ++i) image.data<float>()[i] = rng.below(256) / 255.0f;
+  return image;
+}
+
+Tensor constant_image(int64_t h, int64_t w, const std::vector<float>& pixel) {
+  Tensor image = Tensor::empty({h, w, int64_t(pixel.size())});
+  for (int64_t i = 0; i < image.numel(); ++i) image.data<float>()[i] = pixel[i % pixel.size()];
+  return image;
+}
+
+double mean_of(const Tensor& t) {
+  double sum = 0;
+  for (float v : t.to_vector()) sum += v;
+  return sum / double(t.numel());
+}
+
+template <class Call> void expect_error_naming(const std::string& name, Call call) {
+  try {
+    call();
+    ADD_FAILURE() << "expected an error naming " << name;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+  }
+}
+
+TEST(Image, PngRoundTripsRgbAndGrey) {
+  test::TempDir dir;
+  Rng rng(1);
+  for (int64_t channels : {1, 3}) {
+    const Tensor image = random_8bit_image(rng, 7, 11, channels);
+    const std::string path = dir.path("image" + std::to_string(channels) + ".png");
+    io::save_png(path, image);
+    const Tensor back = io::load_image(path, int(channels));
+    EXPECT_EQ(back.shape(), image.shape());
+    EXPECT_EQ(back.to_vector(), image.to_vector());
+  }
+}
+
+TEST(Image, ConvertsChannelsOnLoad) {
+  test::TempDir dir;
+  const std::string rgb_path = dir.path("rgb.png"), grey_path = dir.path("grey.png");
+  io::save_png(rgb_path, constant_image(4, 4, {1.0f, 1.0f, 1.0f}));
+  io::save_png(grey_path, constant_image(4, 4, {0.2f}));
+
+  const Tensor white = io::load_image(rgb_path, 1);
+  EXPECT_EQ(white.shape(), (Shape{4, 4, 1}));
+  for (float v : white.to_vector()) EXPECT_NEAR(v, 1.0f, 1.0f / 255);
+  const Tensor grey_as_rgb = io::load_image(grey_path, 3);
+  EXPECT_EQ(grey_as_rgb.shape(), (Shape{4, 4, 3}));
+  for (float v : grey_as_rgb.to_vector()) EXPECT_NEAR(v, 0.2f, 0.5f / 255);
+  EXPECT_THROW(io::load_image(rgb_path, 2), Error);
+}
+
+TEST(Image, ResizeKeepsConstantsAndIdentity) {
+  Rng rng(2);
+  const Tensor image = random_8bit_image(rng, 6, 9, 3);
+  EXPECT_EQ(io::resize_image(image, 6, 9).to_vector(), image.to_vector());
+  for (auto [h, w] : {std::pair{3, 4}, std::pair{13, 20}, std::pair{1, 1}}) {
+    const Tensor resized = io::resize_image(constant_image(6, 9, {0.25f, 0.5f, 1.0f}), h, w);
+    EXPECT_EQ(resized.shape(), (Shape{h, w, 3}));
+    const std::vector<float> values = resized.to_vector();
+    for (size_t i = 0; i < values.size(); ++i)
+      EXPECT_NEAR(values[i], (std::vector<float>{0.25f, 0.5f, 1.0f})[i % 3], 1e-6);
+  }
+  EXPECT_THROW(io::resize_image(image, 0, 4), Error);
+}
+
+TEST(Image, ResizeUpIsBilinearAndDownAverages) {
+  // One row [0, 1] doubled: output centres sit at source x = -0.25, 0.25, 0.75, 1.25, so
+  // bilinear interpolation (clamped at the edges) gives 0, 1/4, 3/4, 1.
+  const Tensor ramp = Tensor::from_vector({0.0f, 1.0f}, {1, 2, 1});
+  EXPECT_EQ(io::resize_image(ramp, 1, 4).to_vector(), (std::vector<float>{0, 0.25f, 0.75f, 1}));
+
+  // A checkerboard shrunk 4x must come out grey (point sampling would give pure 0 or 1).
+  Tensor board = Tensor::empty({8, 8, 1});
+  for (int y = 0; y < 8; ++y)
+    for (int x = 0; x < 8; ++x) board.data<float>()[y * 8 + x] = float((x + y) % 2);
+  for (float v : io::resize_image(board, 2, 2).to_vector()) EXPECT_NEAR(v, 0.5f, 0.05f);
+
+  Rng rng(3);
+  const Tensor noise = random_8bit_image(rng, 30, 40, 1);
+  EXPECT_NEAR(mean_of(io::resize_image(noise, 10, 10)), mean_of(noise), 0.02);
+}
+
+TEST(Image, LoadsTheImageFolderFixture) {
+  const std::string root = std::string(MINAMP_SOURCE_DIR) + "/data/tiny-images";
+  const io::ImageFolder folder = io::load_image_folder(root, 8, 3);
+  EXPECT_EQ(folder.classes, (std::vector<std::string>{"circles", "squares", "stripes"}));
+  ASSERT_EQ(folder.files.size(), 9u);
+  EXPECT_EQ(folder.images.shape(), (Shape{9, 8, 8, 3}));
+  EXPECT_EQ(folder.labels.dtype(), DType::i32);
+  EXPECT_EQ(folder.labels.to_vector(), (std::vector<float>{0, 0, 0, 1, 1, 1, 2, 2, 2}));
+  EXPECT_NE(folder.files[7].find("stripes/img1.jpg"), std::string::npos);
+  EXPECT_TRUE(std::is_sorted(folder.files.begin(), folder.files.end()));
+  for (float v : folder.images.to_vector()) ASSERT_TRUE(v >= 0.0f && v <= 1.0f);
+
+  // Row i is files[i] loaded and resized on its own.
+  const Tensor first = io::resize_image(io::load_image(folder.files[0], 3), 8, 8);
+  const std::vector<float> all = folder.images.to_vector();
+  EXPECT_EQ(std::vector<float>(all.begin(), all.begin() + 8 * 8 * 3), first.to_vector());
+
+  const io::ImageFolder grey = io::load_image_folder(root, 5, 1);
+  EXPECT_EQ(grey.images.shape(), (Shape{9, 5, 5, 1}));
+}
+
+TEST(Image, FolderErrorsNameTheProblemPath) {
+  test::TempDir dir;
+  expect_error_naming(dir.path("absent"), [&] { io::load_image_folder(dir.path("absent"), 8, 3); });
+  expect_error_naming(dir.root(), [&] { io::load_image_folder(dir.root(), 8, 3); }); // no classes
+
+  std::filesystem::create_directories(dir.path("cats"));
+  test::write_bytes(dir.path("cats/notes.txt"), "not an image");
+  expect_error_naming(dir.path("cats"), [&] { io::load_image_folder(dir.root(), 8, 3); });
+
+  Rng rng(4);
+  io::save_png(dir.path("cats/a.png"), random_8bit_image(rng, 5, 5, 3));
+  test::write_bytes(dir.path("cats/b.PNG"), "garbage that is not a PNG");
+  expect_error_naming(dir.path("cats/b.PNG"), [&] { io::load_image_folder(dir.root(), 8, 3); });
+  std::filesystem::remove(dir.path("cats/b.PNG"));
+  EXPECT_EQ(io::load_image_folder(dir.root(), 4, 3).images.shape(), (Shape{1, 4, 4, 3}));
+  EXPECT_THROW(io::load_image_folder(dir.root(), 0, 3), Error);
+}
+
+TEST(Image, CorruptPngsAndJpegsLoadOrThrowError) {
+  test::TempDir dir;
+  Rng rng(5);
+  io::save_png(dir.path("valid.png"), random_8bit_image(rng, 9, 7, 3));
+  const std::string png = io::read_file(dir.path("valid.png"));
+  const std::string jpeg =
+      io::read_file(std::string(MINAMP_SOURCE_DIR) + "/data/tiny-images/stripes/img1.jpg");
+  auto load = [](const std::string& path) { io::load_image(path, 3); };
+  for (const std::string& valid : {png, jpeg}) {
+    const test::FuzzCounts cut = test::fuzz_truncations(valid, dir.path("cut"), load, rng, 150);
+    EXPECT_GT(cut.rejected, 0);
+    const test::FuzzCounts flips =
+        test::fuzz_bit_flips(valid, dir.path("flip"), load, rng, 250, 200);
+    EXPECT_GT(flips.rejected, 0);
+  }
+  expect_error_naming(dir.path("missing.png"), [&] { io::load_image(dir.path("missing.png"), 3); });
+}
+
+TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
+  // SOI, then a DHT segment whose 16 code counts sum to 16 * 255 (a table holds at most 256).
+  std::string bytes = "\xff\xd8\xff\xc4";
+  const size_t length = 2 + 1 + 16 + 16 * 255;
+  bytes += char(length >> 8);
+  bytes += char(length & 0xff);
+  bytes += '\0';
+  bytes += std::string(16, char(255)) + std::string(16 * 255, '\0') + "\xff\xd9";
+  test::TempDir dir;
+  test::write_bytes(dir.path("bad.jpg"), bytes);
+  expect_error_naming(dir.path("bad.jpg"), [&] { io::load_image(dir.path("bad.jpg"), 3); });
+}
+
+// True when some pixel of `image` (f32 [H, W, 3]) has exactly the 8-bit colour (r, g, b).
+bool has_colour(const Tensor& image, int r, int g, int b) {
+  const float* p = image.data<float>();
+  for (int64_t i = 0; i < image.numel(); i += 3)
+    if (std::lround(p[i] * 255) == r && std::lround(p[i + 1] * 255) == g &&
+        std::lround(p[i + 2] * 255) == b)
+      return true;
+  return false;
+}
+
+TEST(Plot, DrawsSeriesInDistinctColoursOnWhite) {
+  test::TempDir dir;
+  io::PlotSeries loss{"loss", {}, {}}, scale{"scale", {}, {}};
+  for (int i = 0; i < 50; ++i) {
+    loss.y.push_back(1.0 / (1 + i));
+    scale.y.push_back(i == 20 ? NAN : 65536.0 / (1 << (i / 10)));
+  }
+  io::PlotOptions options;
+  options.title = "loss and scale";
+  options.x_label = "step";
+  options.y_label = "value";
+  options.log_y = true;
+  options.width = 400;
+  options.height = 300;
+  const std::string path = dir.path("plot.png");
+  io::save_line_plot(path, {loss, scale}, options);
+
+  const Tensor image = io::load_image(path, 3);
+  EXPECT_EQ(image.shape(), (Shape{300, 400, 3}));
+  EXPECT_TRUE(has_colour(image, 31, 119, 180)); // first series
+  EXPECT_TRUE(has_colour(image, 255, 127, 14)); // second series
+  EXPECT_FALSE(has_colour(image, 44, 160, 44)); // no third series
+  EXPECT_TRUE(has_colour(image, 20, 20, 20));   // text
+  EXPECT_EQ(image.data<float>()[0], 1.0f);      // white corner
+  EXPECT_GT(mean_of(image), 0.8);               // mostly white canvas
+
+  EXPECT_THROW(io::save_line_plot(path, {{"bad", {1, 2}, {1}}}), Error);
+  io::save_line_plot(dir.path("empty.png"), {}, {}); // no data: axes only
+  EXPECT_EQ(io::load_image(dir.path("empty.png"), 3).shape(), (Shape{600, 960, 3}));
+}
+
+TEST(AtomicFile, ReplacesFilesAndLeavesNoTempFiles) {
+  test::TempDir dir;
+  const std::string path = dir.path("file.bin");
+  io::write_file_atomically(path, "first");
+  io::write_file_atomically(path, std::string("sec\0nd", 6));
+  EXPECT_EQ(io::read_file(path), std::string("sec\0nd", 6));
+  io::write_file_atomically(dir.path("empty"), "");
+  EXPECT_EQ(io::read_file(dir.path("empty")), "");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.root()),
+                          std::filesystem::directory_iterator()),
+            2);
+
+  expect_error_naming(dir.path("no/such/dir/f"),
+                      [&] { io::write_file_atomically(dir.path("no/such/dir/f"), "x"); });
+  expect_error_naming(dir.path("missing"), [&] { io::read_file(dir.path("missing")); });
+  expect_error_naming(dir.root(), [&] { io::read_file(dir.root()); });
+}
+
+} // namespace
+} // namespace minamp
