@@ -33,9 +33,11 @@ Device common_device(const char* op, const std::vector<ParamSlot>& params) {
   return device;
 }
 
+#if !MINAMP_WITH_CUDA
 [[noreturn]] void no_cuda(const char* op) {
   throw Error(cat(op, ": a tensor is on cuda but ", cuda_unavailable_reason()));
 }
+#endif
 
 } // namespace
 

@@ -1,0 +1,98 @@
+// CUDA kernels of the dynamic loss scaler: unscale every gradient and flag overflow in one
+// multi-tensor launch, and PyTorch's _amp_update_scale_ as a one-thread kernel. Nothing here
+// reads the device from the host, so a training step never waits on the scaler.
+#include <algorithm>
+#include <string>
+
+#include "common.cuh"
+#include "device.cuh"
+#include "kernels/kernels.h"
+
+namespace minamp::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Up to kChunkElements consecutive gradient values.
+struct GradChunk {
+  float* data;
+  int numel;
+};
+// 240 chunks of 16 bytes: 3.8 KB of kernel parameters, 7.9 M gradient values per launch.
+using GradChunkList = ChunkList<GradChunk, 240>;
+
+// Block b unscales chunk b: g *= 1 / scale[0]; any non-finite result sets found_inf[0] = 1 with a
+// plain store (every writer stores the same value, so the race is benign; nobody resets it).
+__global__ void __launch_bounds__(kThreads)
+    amp_unscale_kernel(GradChunkList list, const float* scale, float* found_inf) {
+  const GradChunk chunk = list.chunk[blockIdx.x];
+  const float inv_scale = 1.0f / scale[0];
+  bool saw_nonfinite = false;
+  for (int i = threadIdx.x; i < chunk.numel; i += blockDim.x) {
+    const float g = chunk.data[i] * inv_scale;
+    chunk.data[i] = g;
+    saw_nonfinite = saw_nonfinite || !isfinite(g);
+  }
+  if (saw_nonfinite) found_inf[0] = 1.0f;
+}
+
+// One thread: on overflow back off and restart the count; otherwise count the good step and grow
+// the scale every `interval` good steps, unless the grown scale would not be finite.
+__global__ void amp_update_scale_kernel(float* scale, int32_t* growth_tracker,
+                                        const float* found_inf, ScalerParams scaler) {
+  if (found_inf[0] != 0.0f) {
+    scale[0] *= scaler.backoff_factor;
+    growth_tracker[0] = 0;
+    return;
+  }
+  const int32_t successful = growth_tracker[0] + 1;
+  if (successful == scaler.growth_interval) {
+    const float grown = scale[0] * scaler.growth_factor;
+    if (isfinite(grown)) scale[0] = grown;
+    growth_tracker[0] = 0;
+  } else {
+    growth_tracker[0] = successful;
+  }
+}
+
+} // namespace
+
+void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf) {
+  const char* op = "amp_unscale";
+  require_f32(op, "scale", scale, 1);
+  require_f32(op, "found_inf", found_inf, 1);
+  for (const Tensor* grad : grads)
+    require(grad && grad->defined() && grad->dtype() == DType::f32, op,
+            "gradients must be defined f32 tensors, got ",
+            grad ? describe(*grad) : std::string("a null pointer"));
+
+  const float* scale_ptr = ptr<const float>(scale);
+  float* found_inf_ptr = ptr<float>(found_inf);
+  auto launch = [&](const GradChunkList& list) {
+    amp_unscale_kernel<<<list.count, kThreads, 0, stream()>>>(list, scale_ptr, found_inf_ptr);
+    CUDA_CHECK_LAUNCH(op);
+  };
+  ChunkBatcher<GradChunkList, decltype(launch)> batcher(launch);
+  for (const Tensor* grad : grads) {
+    float* data = ptr<float>(*grad);
+    for (int64_t offset = 0; offset < grad->numel(); offset += kChunkElements)
+      batcher.push(GradChunk{data + offset, int(std::min(kChunkElements, grad->numel() - offset))});
+  }
+  batcher.flush();
+}
+
+void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found_inf,
+                      const ScalerParams& scaler) {
+  const char* op = "amp_update_scale";
+  require_f32(op, "scale", scale, 1);
+  require_f32(op, "found_inf", found_inf, 1);
+  require(growth_tracker.defined() && growth_tracker.dtype() == DType::i32 &&
+              growth_tracker.numel() == 1,
+          op, "growth_tracker must be i32 with 1 element, got ", describe(growth_tracker));
+  amp_update_scale_kernel<<<1, 1, 0, stream()>>>(ptr<float>(scale), ptr<int32_t>(growth_tracker),
+                                                 ptr<const float>(found_inf), scaler);
+  CUDA_CHECK_LAUNCH(op);
+}
+
+} // namespace minamp::gpu

@@ -1,0 +1,249 @@
+// CUDA batch normalisation (+ optional fused ReLU) over x[rows, C], an NHWC activation viewed as
+// [N*H*W, C], with PyTorch's semantics (biased batch variance to normalise, unbiased variance in
+// the running estimate, eps inside the square root). x, y, dy, dx are f32 or f16; statistics,
+// gamma, beta and their gradients are f32 [C].
+//
+// rows reach 262144 while C is at most a few hundred, so the per-channel sums are two-stage column
+// reductions that spread the rows over the whole device (reduce.cuh), not one thread per channel.
+// The variance is two-pass: the mean first, then the mean of squared deviations from it, which
+// avoids the cancellation of E[x^2] - E[x]^2 at the price of reading x once more.
+#include <initializer_list>
+
+#include "common.cuh"
+#include "device.cuh"
+#include "kernels/kernels.h"
+#include "reduce.cuh"
+
+namespace minamp::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct BatchNormDims {
+  int64_t rows;
+  int channels;
+};
+
+// Checks x [rows, C], gamma and beta f32 [C]; returns the dims.
+BatchNormDims batchnorm_dims(const char* op, const Tensor& x, const Tensor& gamma,
+                             const Tensor& beta) {
+  require_floating(op, "x", x);
+  require(x.shape().rank() >= 2, op, "expects x [rows, C] or [N, H, W, C], got ", describe(x));
+  const BatchNormDims d{x.shape().rows(), int(x.shape().last())};
+  require_f32(op, "gamma", gamma, d.channels);
+  require_f32(op, "beta", beta, d.channels);
+  return d;
+}
+
+// The per-channel parameters and statistics every kernel below reads, all f32 [C].
+struct ChannelParams {
+  const float* gamma;
+  const float* beta;
+  const float* mean;
+  const float* invstd;
+};
+
+// ---- Forward statistics.
+
+template <class T> struct ChannelValue { // x[row, c]
+  const T* x;
+  int channels;
+  __device__ void operator()(int64_t row, int c, float (&v)[1]) const {
+    v[0] = load_f(x, row * channels + c);
+  }
+};
+struct StoreMean { // mean[c] = sum / rows
+  float* mean;
+  float rows;
+  __device__ void operator()(int c, float (&sum)[1]) const { mean[c] = sum[0] / rows; }
+};
+
+template <class T> struct SquaredDeviation { // (x[row, c] - mean[c])^2
+  const T* x;
+  const float* mean;
+  int channels;
+  __device__ void operator()(int64_t row, int c, float (&v)[1]) const {
+    const float centred = load_f(x, row * channels + c) - mean[c];
+    v[0] = centred * centred;
+  }
+};
+// invstd = 1 / sqrt(var + eps) with the biased variance; the running statistics move toward the
+// batch mean and the unbiased variance var * n / (n - 1).
+struct StoreVariance {
+  const float* mean;
+  float* invstd;
+  float* running_mean;
+  float* running_var;
+  float rows, momentum, eps;
+  __device__ void operator()(int c, float (&sum)[1]) const {
+    const float var = sum[0] / rows;
+    invstd[c] = 1.0f / sqrtf(var + eps);
+    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean[c];
+    running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (var * rows / (rows - 1.0f));
+  }
+};
+
+// Eval mode: mean/invstd from the running statistics, which stay as they are.
+__global__ void eval_statistics_kernel(const float* running_mean, const float* running_var,
+                                       int channels, float eps, float* mean, float* invstd) {
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < channels; c += gridDim.x * blockDim.x) {
+    mean[c] = running_mean[c];
+    invstd[c] = 1.0f / sqrtf(running_var[c] + eps);
+  }
+}
+
+// y = gamma * (x - mean) * invstd + beta, then ReLU when asked. Flat over rows * C.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    normalize_kernel(const T* x, T* y, int64_t size, int channels, ChannelParams p, bool relu) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < size;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(i % channels);
+    const float xhat = (load_f(x, i) - p.mean[c]) * p.invstd[c];
+    const float normalised = p.gamma[c] * xhat + p.beta[c]; // the backward recomputes exactly this
+    store_f(y, i, relu && normalised < 0.0f ? 0.0f : normalised);
+  }
+}
+
+// ---- Backward.
+
+// xhat and dy_hat of one element: dy_hat is dy with the ReLU mask (y > 0) recomputed from x.
+template <class TX, class TDy>
+__device__ __forceinline__ void normalised_and_grad(const TX* x, const TDy* dy, int64_t i, int c,
+                                                    const ChannelParams& p, bool relu, float& xhat,
+                                                    float& dy_hat) {
+  xhat = (load_f(x, i) - p.mean[c]) * p.invstd[c];
+  const bool masked = relu && !(p.gamma[c] * xhat + p.beta[c] > 0.0f);
+  dy_hat = masked ? 0.0f : load_f(dy, i);
+}
+
+template <class TX, class TDy> struct GradTerms { // {dy_hat, dy_hat * xhat}
+  const TX* x;
+  const TDy* dy;
+  ChannelParams p;
+  int channels;
+  bool relu;
+  __device__ void operator()(int64_t row, int c, float (&v)[2]) const {
+    float xhat, dy_hat;
+    normalised_and_grad(x, dy, row * channels + c, c, p, relu, xhat, dy_hat);
+    v[0] = dy_hat;
+    v[1] = dy_hat * xhat;
+  }
+};
+// dbeta += sum(dy_hat), dgamma += sum(dy_hat xhat); both sums are also kept in
+// sums[2, C] for the dx kernel.
+struct StoreGradSums {
+  float* dgamma;
+  float* dbeta;
+  float* sums;
+  int channels;
+  __device__ void operator()(int c, float (&total)[2]) const {
+    dbeta[c] += total[0];
+    dgamma[c] += total[1];
+    sums[c] = total[0];
+    sums[channels + c] = total[1];
+  }
+};
+
+// Training: dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat));
+// eval: the statistics are constants and dx = gamma invstd dy_hat.
+template <class TX, class TDy, class TDx>
+__global__ void __launch_bounds__(kThreads)
+    batchnorm_dx_kernel(const TX* x, const TDy* dy, TDx* dx, const float* sums, int64_t rows,
+                        int channels, ChannelParams p, bool relu, bool training) {
+  const int64_t size = rows * channels;
+  const float n = float(rows);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < size;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(i % channels);
+    float xhat, dy_hat;
+    normalised_and_grad(x, dy, i, c, p, relu, xhat, dy_hat);
+    const float scale = p.gamma[c] * p.invstd[c];
+    const float grad =
+        training ? scale / n * (n * dy_hat - sums[c] - xhat * sums[channels + c]) : scale * dy_hat;
+    store_f(dx, i, grad);
+  }
+}
+
+} // namespace
+
+void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                       Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,
+                       const BatchNormParams& bn) {
+  const char* op = "batchnorm_forward";
+  const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
+  require(y.defined() && y.dtype() == x.dtype() && y.shape() == x.shape(), op,
+          "expects y shaped and typed like x ", describe(x), ", got ", describe(y));
+  for (const Tensor* t :
+       std::initializer_list<const Tensor*>{&mean, &invstd, &running_mean, &running_var})
+    require_f32(op, "mean, invstd, running_mean and running_var", *t, d.channels);
+  require(!bn.training || d.rows > 1, op, "training needs more than one value per channel, got ",
+          describe(x));
+  if (d.channels == 0) return;
+
+  visit_floating(x, op, [&](auto type) {
+    using T = typename decltype(type)::type;
+    if (bn.training) {
+      reduce_columns<1>(d.rows, d.channels, ChannelValue<T>{ptr<const T>(x), d.channels},
+                        StoreMean{ptr<float>(mean), float(d.rows)}, op);
+      reduce_columns<1>(d.rows, d.channels,
+                        SquaredDeviation<T>{ptr<const T>(x), ptr<const float>(mean), d.channels},
+                        StoreVariance{ptr<const float>(mean), ptr<float>(invstd),
+                                      ptr<float>(running_mean), ptr<float>(running_var),
+                                      float(d.rows), bn.momentum, bn.eps},
+                        op);
+    } else {
+      eval_statistics_kernel<<<grid_for(d.channels, kThreads), kThreads, 0, stream()>>>(
+          ptr<const float>(running_mean), ptr<const float>(running_var), d.channels, bn.eps,
+          ptr<float>(mean), ptr<float>(invstd));
+      CUDA_CHECK_LAUNCH(op);
+    }
+    const ChannelParams p{ptr<const float>(gamma), ptr<const float>(beta), ptr<const float>(mean),
+                          ptr<const float>(invstd)};
+    if (x.numel() == 0) return;
+    normalize_kernel<<<grid_for(x.numel(), kThreads), kThreads, 0, stream()>>>(
+        ptr<const T>(x), ptr<T>(y), x.numel(), d.channels, p, bn.relu);
+    CUDA_CHECK_LAUNCH(op);
+  });
+}
+
+void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                        const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
+                        Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn) {
+  const char* op = "batchnorm_backward";
+  const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
+  require_floating(op, "dy", dy);
+  require(dy.shape() == x.shape() && dx.defined() && is_floating(dx.dtype()) &&
+              dx.shape() == x.shape(),
+          op, "expects dy and dx shaped like x ", describe(x), ", got dy ", describe(dy), ", dx ",
+          describe(dx));
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&mean, &invstd, &dgamma, &dbeta})
+    require_f32(op, "mean, invstd, dgamma and dbeta", *t, d.channels);
+  if (d.channels == 0) return;
+
+  const ChannelParams p{ptr<const float>(gamma), ptr<const float>(beta), ptr<const float>(mean),
+                        ptr<const float>(invstd)};
+  Tensor sums =
+      Tensor::empty({2, d.channels}, DType::f32, Device::cuda); // [sum dy_hat; sum dy_hat xhat]
+  visit_floating(x, op, [&](auto x_type) {
+    visit_floating(dy, op, [&](auto dy_type) {
+      using TX = typename decltype(x_type)::type;
+      using TDy = typename decltype(dy_type)::type;
+      reduce_columns<2>(
+          d.rows, d.channels,
+          GradTerms<TX, TDy>{ptr<const TX>(x), ptr<const TDy>(dy), p, d.channels, bn.relu},
+          StoreGradSums{ptr<float>(dgamma), ptr<float>(dbeta), ptr<float>(sums), d.channels}, op);
+      if (x.numel() == 0) return;
+      visit_floating(dx, op, [&](auto dx_type) {
+        using TDx = typename decltype(dx_type)::type;
+        batchnorm_dx_kernel<<<grid_for(x.numel(), kThreads), kThreads, 0, stream()>>>(
+            ptr<const TX>(x), ptr<const TDy>(dy), ptr<TDx>(dx), ptr<const float>(sums), d.rows,
+            d.channels, p, bn.relu, bn.training);
+        CUDA_CHECK_LAUNCH(op);
+      });
+    });
+  });
+}
+
+} // namespace minamp::gpu

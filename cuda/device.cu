@@ -1,0 +1,188 @@
+// The CUDA backend's device plumbing: checked calls, the one stream, launch sizes, device
+// availability, the caching allocator and copies (backend.h, common.cuh, device.cuh).
+#include <algorithm>
+#include <unordered_map>
+#include <vector>
+
+#include "common.cuh"
+#include "device.cuh"
+#include "kernels/backend.h"
+
+namespace minamp::gpu {
+
+void check_cuda(cudaError_t status, const char* what, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  throw Error(cat(what, ": CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status),
+                  ") at ", file, ":", line));
+}
+
+// One stream for every kernel and copy, created on first use and never destroyed (it lives as
+// long as the process, so no static-destruction order can outlive it). One stream keeps the
+// model simple: all GPU work is ordered, so a freed block can be handed to the next allocation
+// without events, and a whole step can be captured into a CUDA graph (which the legacy default
+// stream does not allow). It is non-blocking so that stray work on the default stream from other
+// libraries does not serialise with it.
+cudaStream_t stream() {
+  static cudaStream_t the_stream = [] {
+    cudaStream_t s = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating the minamp stream");
+    return s;
+  }();
+  return the_stream;
+}
+
+int sm_count() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&device), "cudaGetDevice");
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+               "reading the SM count");
+    return sms;
+  }();
+  return count;
+}
+
+// Kernels use grid-stride loops, so the grid only needs to fill the device a few times over:
+// 4 waves of 2048 resident threads per SM. Never 0 blocks, so an empty tensor still launches a
+// valid (idle) grid and reductions still write their outputs.
+int grid_for(int64_t n, int threads) {
+  const int64_t max_blocks = int64_t(sm_count()) * 4 * (2048 / threads);
+  const int64_t wanted = (n + threads - 1) / threads;
+  return static_cast<int>(std::max<int64_t>(1, std::min(wanted, max_blocks)));
+}
+
+void require_floating(const char* op, const char* name, const Tensor& tensor) {
+  require(tensor.defined() && is_floating(tensor.dtype()), op, name,
+          " must be a defined f32 or f16 tensor, got ", describe(tensor));
+}
+
+void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel) {
+  require(tensor.defined() && tensor.dtype() == DType::f32 && tensor.numel() == numel, op, name,
+          " must be f32 with ", numel, " elements, got ", describe(tensor));
+}
+
+void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
+                        const Tensor& b) {
+  require(a.defined() && b.defined() && a.numel() == b.numel(), op, name_a, " and ", name_b,
+          " must have the same number of elements, got ", describe(a), " and ", describe(b));
+}
+
+namespace {
+
+size_t g_malloc_calls = 0;
+
+// Freed blocks are cached by size class so that a training step, which allocates the same sizes
+// every iteration, reuses them and never calls cudaMalloc (or the synchronising cudaFree) after
+// the first step. A request is rounded up to its size class: a multiple of 512 bytes below
+// 1 MiB, a multiple of 1 MiB above. A cached block is handed only to a request of exactly its
+// class (no splitting), which wastes at most 1 MiB per large block and keeps the code short.
+// Reuse is safe without events because all work runs on the one stream, in order: a kernel
+// queued after the new owner got the block runs after every kernel of the old owner.
+// Single-threaded, like the rest of minamp.
+class CudaCachingAllocator final : public Allocator {
+  static size_t size_class(size_t bytes) {
+    constexpr size_t kSmallGranule = 512, kLargeGranule = size_t(1) << 20;
+    const size_t granule = bytes < kLargeGranule ? kSmallGranule : kLargeGranule;
+    return (bytes + granule - 1) / granule * granule;
+  }
+
+  void* raw_allocate(size_t bytes) override {
+    const char* reason = backend::cuda_unavailable_reason();
+    if (reason) throw Error(cat("cuda allocator: cannot allocate ", bytes, " bytes: ", reason));
+    const size_t size = size_class(bytes);
+    std::vector<void*>& blocks = free_blocks_[size];
+    if (!blocks.empty()) {
+      void* block = blocks.back();
+      blocks.pop_back();
+      return block;
+    }
+    void* block = device_malloc(size);
+    if (block) return block;
+    release_cache(); // give every cached block back to the driver and try once more
+    block = device_malloc(size);
+    if (block) return block;
+    throw Error(cat("cuda allocator: out of memory allocating ", bytes, " bytes (size class ", size,
+                    "); minamp has ", live_bytes(), " bytes live, peak ", peak_bytes(), " bytes"));
+  }
+
+  void raw_deallocate(void* ptr, size_t bytes) override {
+    free_blocks_[size_class(bytes)].push_back(ptr);
+  }
+
+  // Gives every cached block back to the driver (cudaFree waits for the device first).
+  void release_cache() {
+    for (auto& entry : free_blocks_)
+      for (void* block : entry.second) CUDA_CHECK(cudaFree(block), "cuda allocator: cudaFree");
+    free_blocks_.clear();
+  }
+
+  // cudaMalloc, or nullptr when the device is out of memory (other errors throw).
+  static void* device_malloc(size_t size) {
+    ++g_malloc_calls;
+    void* block = nullptr;
+    const cudaError_t status = cudaMalloc(&block, size);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError(); // clear the (non-sticky) error so later checks do not see it
+      return nullptr;
+    }
+    CUDA_CHECK(status, "cuda allocator: cudaMalloc");
+    return block;
+  }
+
+  std::unordered_map<size_t, std::vector<void*>> free_blocks_; // size class -> cached blocks
+};
+
+} // namespace
+
+size_t cuda_malloc_calls() { return g_malloc_calls; }
+
+} // namespace minamp::gpu
+
+namespace minamp::backend {
+
+// Asked once; the answer cannot change while the process runs.
+const char* cuda_unavailable_reason() {
+  static const std::string reason = [] {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      return cat("no CUDA device can be used (cudaGetDeviceCount: ", cudaGetErrorName(status), ", ",
+                 cudaGetErrorString(status), ")");
+    }
+    if (count == 0) return std::string("no CUDA device was found (cudaGetDeviceCount: 0)");
+    return std::string();
+  }();
+  return reason.empty() ? nullptr : reason.c_str();
+}
+
+// Never destroyed: tensors with static storage duration may free memory during exit, after
+// function-local statics would already be gone. It exists even without a device (its
+// allocate() then throws the reason), so that Tensor's storage destructor can always reach it.
+Allocator& cuda_allocator() {
+  static auto* allocator = new gpu::CudaCachingAllocator();
+  return *allocator;
+}
+
+// Copies on the one stream. When host memory is involved the call waits for the copy, so the
+// caller may read or free the host buffer at once; a device-to-device copy is only queued, which
+// is just as synchronous for every observer, since all later GPU work runs after it in order.
+void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  const char* reason = cuda_unavailable_reason();
+  if (reason) throw Error(cat("copy to/from cuda: ", reason));
+  const bool host_involved = dst_device == Device::cpu || src_device == Device::cpu;
+  const cudaMemcpyKind kind =
+      dst_device == Device::cpu
+          ? (src_device == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
+          : (src_device == Device::cpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, gpu::stream()), "cuda_copy");
+  if (host_involved) CUDA_CHECK(cudaStreamSynchronize(gpu::stream()), "cuda_copy: synchronize");
+}
+
+void cuda_synchronize() {
+  if (cuda_unavailable_reason()) return;
+  CUDA_CHECK(cudaStreamSynchronize(gpu::stream()), "cuda_synchronize");
+}
+
+} // namespace minamp::backend

@@ -1,0 +1,85 @@
+// Device plumbing shared by the CUDA backend: the cudaMalloc counter (for tests), the SM count,
+// and — for .cu files only — dtype dispatch and the chunk lists of multi-tensor launches.
+//
+// The first part is plain C++ so host tests can include this header; the second part needs nvcc.
+#pragma once
+
+#include <cstddef>
+
+namespace minamp::gpu {
+
+// How many times the caching allocator has called cudaMalloc since the process started.
+size_t cuda_malloc_calls();
+// Number of streaming multiprocessors of the current device (read once).
+int sm_count();
+
+} // namespace minamp::gpu
+
+#ifdef __CUDACC__
+
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace minamp::gpu {
+
+// A type carried as a value, so that a generic host lambda can learn which type to launch with.
+template <class T> struct TypeTag { using type = T; };
+
+// Calls f(TypeTag<float>) or f(TypeTag<__half>) for a floating dtype; throws Error naming `op`
+// for any other dtype.
+template <class F> void visit_floating(const Tensor& t, const char* op, F&& f) {
+  switch (t.dtype()) {
+  case DType::f32:
+    f(TypeTag<float>{});
+    return;
+  case DType::f16:
+    f(TypeTag<__half>{});
+    return;
+  default:
+    throw Error(cat(op, ": expected an f32 or f16 tensor, got ", describe(t)));
+  }
+}
+
+// A fixed-capacity list of work chunks passed by value as a kernel parameter (one block per
+// chunk). Keep sizeof(ChunkList) under the classic 4 KB kernel-parameter limit.
+template <class Chunk, int kCapacity> struct ChunkList {
+  static constexpr int capacity = kCapacity;
+  Chunk chunk[kCapacity];
+  int count;
+};
+
+// Builds chunk lists on the host and launches `launch(list)` each time one is full and once at
+// the end for the rest, so any number of chunks takes ceil(chunks / capacity) launches.
+template <class List, class Launch> class ChunkBatcher {
+public:
+  explicit ChunkBatcher(Launch launch) : launch_(launch) { list_.count = 0; }
+  template <class Chunk> void push(const Chunk& chunk) {
+    list_.chunk[list_.count++] = chunk;
+    if (list_.count == List::capacity) flush();
+  }
+  void flush() {
+    if (list_.count > 0) launch_(list_);
+    list_.count = 0;
+  }
+
+private:
+  List list_;
+  Launch launch_;
+};
+
+// Argument checks every op of the backend uses; each throws Error naming the op and the tensor.
+// Unless `tensor` is defined with a floating dtype:
+void require_floating(const char* op, const char* name, const Tensor& tensor);
+// Unless `tensor` is defined, f32 and has `numel` elements:
+void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel);
+// Unless both are defined and have the same number of elements:
+void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
+                        const Tensor& b);
+
+// Elements per chunk of a multi-tensor launch: one block walks one chunk.
+constexpr int64_t kChunkElements = 32768;
+
+} // namespace minamp::gpu
+
+#endif // __CUDACC__

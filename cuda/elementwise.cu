@@ -1,0 +1,408 @@
+// CUDA elementwise kernels: fill, cast, add_inplace, mul_scalar, ReLU, average pooling, and the
+// small reductions bias_backward, sum_squares, clip_coefficient and fp16_range_counts.
+//
+// Every map goes through one generic kernel (map_kernel): four elements at a time with 16-byte
+// (f32, i32) or 8-byte (f16) accesses when every pointer is aligned for it, one at a time for the
+// tail and for unaligned pointers, so any size (0 included) is handled.
+#include <cmath>
+
+#include "common.cuh"
+#include "device.cuh"
+#include "kernels/kernels.h"
+#include "reduce.cuh"
+
+namespace minamp::gpu {
+
+// ---- Loads and stores of one value (f32 and f16 come from common.cuh) and of four values.
+// The i32 overloads sit beside common.cuh's, outside the anonymous namespace, so that they
+// overload rather than hide them.
+
+// i32 converts through float; float -> i32 truncates toward zero (NaN becomes 0).
+__device__ __forceinline__ float load_f(const int32_t* p, int64_t i) { return float(p[i]); }
+__device__ __forceinline__ void store_f(int32_t* p, int64_t i, float v) {
+  p[i] = __float2int_rz(v);
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct Float4 {
+  float v[4];
+};
+struct alignas(8) Half4 {
+  __half2 lo, hi;
+};
+
+__device__ __forceinline__ Float4 load4(const float* p, int64_t i) {
+  const float4 q = *reinterpret_cast<const float4*>(p + i);
+  return {{q.x, q.y, q.z, q.w}};
+}
+__device__ __forceinline__ Float4 load4(const __half* p, int64_t i) {
+  const Half4 q = *reinterpret_cast<const Half4*>(p + i);
+  const float2 lo = __half22float2(q.lo), hi = __half22float2(q.hi);
+  return {{lo.x, lo.y, hi.x, hi.y}};
+}
+__device__ __forceinline__ Float4 load4(const int32_t* p, int64_t i) {
+  const int4 q = *reinterpret_cast<const int4*>(p + i);
+  return {{float(q.x), float(q.y), float(q.z), float(q.w)}};
+}
+
+__device__ __forceinline__ void store4(float* p, int64_t i, const Float4& f) {
+  *reinterpret_cast<float4*>(p + i) = make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
+}
+__device__ __forceinline__ void store4(__half* p, int64_t i, const Float4& f) {
+  *reinterpret_cast<Half4*>(p + i) = {__floats2half2_rn(f.v[0], f.v[1]),
+                                      __floats2half2_rn(f.v[2], f.v[3])};
+}
+__device__ __forceinline__ void store4(int32_t* p, int64_t i, const Float4& f) {
+  *reinterpret_cast<int4*>(p + i) = make_int4(__float2int_rz(f.v[0]), __float2int_rz(f.v[1]),
+                                              __float2int_rz(f.v[2]), __float2int_rz(f.v[3]));
+}
+
+// op applied lane by lane to four-value packs (any number of inputs, none included).
+template <class Op, class... Packs>
+__device__ __forceinline__ Float4 apply4(const Op& op, const Packs&... in) {
+  Float4 out;
+  for (int j = 0; j < 4; ++j) out.v[j] = op(in.v[j]...);
+  return out;
+}
+
+// out[i] = op(in[i]...) for i < n. `out` may be one of the inputs: each element is read and
+// written by the same thread in the same iteration.
+template <class TOut, class Op, class... TIn>
+__global__ void __launch_bounds__(kThreads)
+    map_kernel(TOut* out, int64_t n, bool vectorised, Op op, const TIn*... in) {
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t packs = vectorised ? n / 4 : 0;
+  for (int64_t p = first; p < packs; p += stride)
+    store4(out, 4 * p, apply4(op, load4(in, 4 * p)...));
+  for (int64_t i = 4 * packs + first; i < n; i += stride) store_f(out, i, op(load_f(in, i)...));
+}
+
+template <class T> bool aligned_for_pack(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
+template <class TOut, class Op, class... TIn>
+void launch_map(const char* op_name, TOut* out, int64_t n, const Op& op, const TIn*... in) {
+  if (n == 0) return;
+  const bool vectorised = aligned_for_pack(out) && (aligned_for_pack(in) && ...);
+  const int blocks = grid_for(vectorised ? (n + 3) / 4 : n, kThreads);
+  map_kernel<<<blocks, kThreads, 0, stream()>>>(out, n, vectorised, op, in...);
+  CUDA_CHECK_LAUNCH(op_name);
+}
+
+// Calls f(TypeTag<T>) for the storage type of any dtype (f32, f16, i32).
+template <class F> void visit_storage(const Tensor& t, F&& f) {
+  switch (t.dtype()) {
+  case DType::f32:
+    f(TypeTag<float>{});
+    return;
+  case DType::f16:
+    f(TypeTag<__half>{});
+    return;
+  case DType::i32:
+    f(TypeTag<int32_t>{});
+    return;
+  }
+}
+
+// ---- The per-element operations.
+
+struct Constant {
+  float value;
+  __device__ float operator()() const { return value; }
+};
+struct Identity {
+  __device__ float operator()(float v) const { return v; }
+};
+struct AddScaled { // dst + alpha * src
+  float alpha;
+  __device__ float operator()(float dst, float src) const { return dst + alpha * src; }
+};
+struct ScaleOnDevice { // v * scale[0], the scale read where it lives
+  const float* scale;
+  __device__ float operator()(float v) const { return v * *scale; }
+};
+struct Relu { // NaN passes through, as in PyTorch, so an overflow is never hidden
+  __device__ float operator()(float v) const { return v < 0.0f ? 0.0f : v; }
+};
+struct ReluGrad { // dy where the forward output y > 0
+  __device__ float operator()(float y, float dy) const { return y > 0.0f ? dy : 0.0f; }
+};
+
+} // namespace
+
+void fill(Tensor& dst, float value) {
+  require(dst.defined(), "fill", "dst is an undefined tensor");
+  require(dst.dtype() != DType::i32 || std::isfinite(value), "fill", "an i32 tensor cannot hold ",
+          value, ", got ", describe(dst));
+  visit_storage(dst, [&](auto out) {
+    using TOut = typename decltype(out)::type;
+    launch_map("fill", ptr<TOut>(dst), dst.numel(), Constant{value});
+  });
+}
+
+// Same dtype: a plain device copy. Otherwise through float; float -> i32 truncates on the device,
+// where a non-finite value cannot be reported: it becomes 0 (the CPU reference throws instead).
+void cast(const Tensor& src, Tensor& dst) {
+  require_same_numel("cast", "src", src, "dst", dst);
+  if (src.nbytes() == 0) return;
+  if (src.dtype() == dst.dtype()) {
+    CUDA_CHECK(
+        cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, stream()),
+        "cast");
+    return;
+  }
+  visit_storage(dst, [&](auto out) {
+    visit_storage(src, [&](auto in) {
+      using TOut = typename decltype(out)::type;
+      using TIn = typename decltype(in)::type;
+      launch_map("cast", ptr<TOut>(dst), dst.numel(), Identity{}, ptr<const TIn>(src));
+    });
+  });
+}
+
+void add_inplace(Tensor& dst, const Tensor& src, float alpha) {
+  require_floating("add_inplace", "dst", dst);
+  require_floating("add_inplace", "src", src);
+  require_same_numel("add_inplace", "dst", dst, "src", src);
+  visit_floating(dst, "add_inplace", [&](auto out) {
+    visit_floating(src, "add_inplace", [&](auto in) {
+      using TOut = typename decltype(out)::type;
+      using TIn = typename decltype(in)::type;
+      launch_map("add_inplace", ptr<TOut>(dst), dst.numel(), AddScaled{alpha}, ptr<const TOut>(dst),
+                 ptr<const TIn>(src));
+    });
+  });
+}
+
+void mul_scalar(const Tensor& src, const Tensor& scale, Tensor& dst) {
+  require_floating("mul_scalar", "src", src);
+  require_floating("mul_scalar", "dst", dst);
+  require_same_numel("mul_scalar", "src", src, "dst", dst);
+  require_f32("mul_scalar", "scale", scale, 1);
+  visit_floating(dst, "mul_scalar", [&](auto out) {
+    visit_floating(src, "mul_scalar", [&](auto in) {
+      using TOut = typename decltype(out)::type;
+      using TIn = typename decltype(in)::type;
+      launch_map("mul_scalar", ptr<TOut>(dst), dst.numel(), ScaleOnDevice{ptr<const float>(scale)},
+                 ptr<const TIn>(src));
+    });
+  });
+}
+
+void relu_forward(const Tensor& x, Tensor& y) {
+  require_floating("relu_forward", "x", x);
+  require(y.defined() && y.dtype() == x.dtype() && y.numel() == x.numel(), "relu_forward",
+          "y must match x ", describe(x), ", got ", describe(y));
+  visit_floating(x, "relu_forward", [&](auto type) {
+    using T = typename decltype(type)::type;
+    launch_map("relu_forward", ptr<T>(y), y.numel(), Relu{}, ptr<const T>(x));
+  });
+}
+
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  require_floating("relu_backward", "y", y);
+  require_floating("relu_backward", "dy", dy);
+  require_floating("relu_backward", "dx", dx);
+  require_same_numel("relu_backward", "y", y, "dy", dy);
+  require_same_numel("relu_backward", "dy", dy, "dx", dx);
+  visit_floating(dx, "relu_backward", [&](auto out) {
+    visit_floating(y, "relu_backward", [&](auto forward) {
+      visit_floating(dy, "relu_backward", [&](auto grad) {
+        using TOut = typename decltype(out)::type;
+        using TY = typename decltype(forward)::type;
+        using TDy = typename decltype(grad)::type;
+        launch_map("relu_backward", ptr<TOut>(dx), dx.numel(), ReluGrad{}, ptr<const TY>(y),
+                   ptr<const TDy>(dy));
+      });
+    });
+  });
+}
+
+// ---- Global average pooling over H, W of x [N, H, W, C].
+
+namespace {
+
+struct PoolDims {
+  int64_t n, pixels, channels; // pixels = H * W
+};
+
+PoolDims pool_dims(const char* op, const Tensor& x) {
+  require(x.shape().rank() == 4, op, "expects x [N, H, W, C], got ", describe(x));
+  return {x.shape()[0], x.shape()[1] * x.shape()[2], x.shape()[3]};
+}
+
+void require_pooled(const char* op, const char* name, const Tensor& pooled, const PoolDims& d) {
+  require_floating(op, name, pooled);
+  require(pooled.numel() == d.n * d.channels && pooled.shape().last() == d.channels, op, "expects ",
+          name, " [", d.n, ", ", d.channels, "], got ", describe(pooled));
+}
+
+// y[s, c] = mean over pixels p of x[s, p, c]: one thread per output, consecutive threads take
+// consecutive channels so every pixel's load is coalesced.
+template <class TIn, class TOut>
+__global__ void __launch_bounds__(kThreads)
+    avgpool_forward_kernel(const TIn* x, TOut* y, PoolDims d) {
+  const int64_t outputs = d.n * d.channels;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < outputs;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t sample = i / d.channels, channel = i % d.channels;
+    const TIn* column = x + sample * d.pixels * d.channels + channel;
+    float sum = 0.0f;
+    for (int64_t p = 0; p < d.pixels; ++p) sum += load_f(column, p * d.channels);
+    store_f(y, i, sum / float(d.pixels));
+  }
+}
+
+// dx[s, p, c] = dy[s, c] / pixels.
+template <class TDy, class TDx>
+__global__ void __launch_bounds__(kThreads)
+    avgpool_backward_kernel(const TDy* dy, TDx* dx, PoolDims d) {
+  const int64_t size = d.n * d.pixels * d.channels;
+  const float share = 1.0f / float(d.pixels);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < size;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t sample = i / (d.pixels * d.channels), channel = i % d.channels;
+    store_f(dx, i, load_f(dy, sample * d.channels + channel) * share);
+  }
+}
+
+} // namespace
+
+void avgpool_forward(const Tensor& x, Tensor& y) {
+  require_floating("avgpool_forward", "x", x);
+  const PoolDims d = pool_dims("avgpool_forward", x);
+  require_pooled("avgpool_forward", "y", y, d);
+  require(y.dtype() == x.dtype(), "avgpool_forward", "expects y of x's dtype, got x ", describe(x),
+          ", y ", describe(y));
+  if (y.numel() == 0) return;
+  visit_floating(x, "avgpool_forward", [&](auto type) {
+    using T = typename decltype(type)::type;
+    avgpool_forward_kernel<<<grid_for(y.numel(), kThreads), kThreads, 0, stream()>>>(
+        ptr<const T>(x), ptr<T>(y), d);
+    CUDA_CHECK_LAUNCH("avgpool_forward");
+  });
+}
+
+void avgpool_backward(const Tensor& dy, Tensor& dx) {
+  require_floating("avgpool_backward", "dx", dx);
+  const PoolDims d = pool_dims("avgpool_backward", dx);
+  require_pooled("avgpool_backward", "dy", dy, d);
+  if (dx.numel() == 0) return;
+  visit_floating(dx, "avgpool_backward", [&](auto out) {
+    visit_floating(dy, "avgpool_backward", [&](auto in) {
+      using TDx = typename decltype(out)::type;
+      using TDy = typename decltype(in)::type;
+      avgpool_backward_kernel<<<grid_for(dx.numel(), kThreads), kThreads, 0, stream()>>>(
+          ptr<const TDy>(dy), ptr<TDx>(dx), d);
+      CUDA_CHECK_LAUNCH("avgpool_backward");
+    });
+  });
+}
+
+// ---- Reductions (two-stage, fp32, see reduce.cuh).
+
+namespace {
+
+template <class T> struct ColumnValue { // dy[row, col] of a [rows, cols] matrix
+  const T* dy;
+  int cols;
+  __device__ void operator()(int64_t row, int col, float (&v)[1]) const {
+    v[0] = load_f(dy, row * cols + col);
+  }
+};
+struct AddToColumn { // db[col] += total
+  float* db;
+  __device__ void operator()(int col, float (&total)[1]) const { db[col] += total[0]; }
+};
+
+template <class T> struct Square {
+  const T* x;
+  __device__ void operator()(int64_t i, float (&v)[1]) const {
+    const float value = load_f(x, i);
+    v[0] = value * value;
+  }
+};
+struct AddToScalar { // out[0] += total
+  float* out;
+  __device__ void operator()(float (&total)[1]) const { out[0] += total[0]; }
+};
+
+// The five counts of fp16_range_counts for one value (see kernel_list.h), as 0 or 1.
+template <class T> struct Fp16Range {
+  const T* x;
+  float scale;
+  __device__ void operator()(int64_t i, float (&v)[5]) const {
+    const float value = load_f(x, i);
+    const bool finite = isfinite(value);
+    const bool nonzero = finite && value != 0.0f;
+    const float scaled = __half2float(__float2half_rn(value * scale));
+    const bool flushed = nonzero && scaled == 0.0f;
+    const bool overflowed = nonzero && isinf(scaled);
+    v[0] = flushed;
+    v[1] = nonzero && !flushed && !overflowed && fabsf(scaled) < kHalfMinNormal;
+    v[2] = overflowed;
+    v[3] = nonzero;
+    v[4] = !finite;
+  }
+};
+struct AddCounts { // counts[k] += total[k]
+  float* counts;
+  __device__ void operator()(float (&total)[5]) const {
+    for (int k = 0; k < 5; ++k) counts[k] += total[k];
+  }
+};
+
+// coef[0] = min(1, max_norm / (sqrt(sum_sq[0]) + 1e-6)); a NaN norm gives a NaN coefficient.
+__global__ void clip_coefficient_kernel(const float* sum_sq, float max_norm, float* coef) {
+  const float ratio = max_norm / (sqrtf(sum_sq[0]) + 1e-6f);
+  coef[0] = ratio > 1.0f ? 1.0f : ratio;
+}
+
+} // namespace
+
+void bias_backward(const Tensor& dy, Tensor& db) {
+  require_floating("bias_backward", "dy", dy);
+  const int64_t rows = dy.shape().rows(), cols = dy.shape().last(); // dy [rows, N]
+  require_f32("bias_backward", "db", db, cols);
+  visit_floating(dy, "bias_backward", [&](auto type) {
+    using T = typename decltype(type)::type;
+    reduce_columns<1>(rows, int(cols), ColumnValue<T>{ptr<const T>(dy), int(cols)},
+                      AddToColumn{ptr<float>(db)}, "bias_backward");
+  });
+}
+
+void sum_squares(const Tensor& x, Tensor& sum_sq) {
+  require_floating("sum_squares", "x", x);
+  require_f32("sum_squares", "sum_sq", sum_sq, 1);
+  visit_floating(x, "sum_squares", [&](auto type) {
+    using T = typename decltype(type)::type;
+    reduce_all<1>(x.numel(), Square<T>{ptr<const T>(x)}, AddToScalar{ptr<float>(sum_sq)},
+                  "sum_squares");
+  });
+}
+
+void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef) {
+  require_f32("clip_coefficient", "sum_sq", sum_sq, 1);
+  require_f32("clip_coefficient", "coef", coef, 1);
+  clip_coefficient_kernel<<<1, 1, 0, stream()>>>(ptr<const float>(sum_sq), max_norm,
+                                                 ptr<float>(coef));
+  CUDA_CHECK_LAUNCH("clip_coefficient");
+}
+
+// Counts are summed as floats: exact while every count stays below 2^24.
+void fp16_range_counts(const Tensor& x, float scale, Tensor& counts) {
+  require_floating("fp16_range_counts", "x", x);
+  require_f32("fp16_range_counts", "counts", counts, 5);
+  visit_floating(x, "fp16_range_counts", [&](auto type) {
+    using T = typename decltype(type)::type;
+    reduce_all<5>(x.numel(), Fp16Range<T>{ptr<const T>(x), scale}, AddCounts{ptr<float>(counts)},
+                  "fp16_range_counts");
+  });
+}
+
+} // namespace minamp::gpu

@@ -1,0 +1,339 @@
+// The GEMM machinery shared by the tensor-core kernel (gemm_wmma.cu), the fp32 SIMT kernel
+// (gemm_fp32.cu) and the implicit-GEMM convolution (conv.cu):
+//   - host side: how a GEMM operand is described (a plain matrix, a transposed one, or the
+//     im2col matrix of a conv input that is never materialised) and the two launchers;
+//   - device side: cp.async helpers, the shared-memory tile shapes, the loaders that copy one
+//     operand tile from global to shared memory (zero-filling everything out of bounds) and
+//     the fused epilogue C = relu(alpha * acc + beta * C + bias).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+#include "device.cuh"
+
+namespace minamp::gpu {
+
+// ---------------------------------------------------------------------------------------------
+// Host-side description of one GEMM: C[M, N] = epilogue(op(A)[M, K] @ op(B)[K, N]).
+
+// The geometry of a 2-D convolution over NHWC activations: x [batch, height, width, channels],
+// w [out_channels, kernel_h, kernel_w, channels], y [batch, out_h, out_w, out_channels].
+struct ConvGeometry {
+  int batch = 0, height = 0, width = 0, channels = 0;
+  int kernel_h = 0, kernel_w = 0, stride = 1, pad = 0;
+  int out_h = 0, out_w = 0;
+
+  // Rows of the im2col matrix: one per output pixel.
+  __host__ __device__ int64_t out_pixels() const { return int64_t(batch) * out_h * out_w; }
+  // Columns of the im2col matrix: one per kernel tap and input channel.
+  __host__ __device__ int64_t patch() const { return int64_t(kernel_h) * kernel_w * channels; }
+  __host__ __device__ bool is_pointwise() const {
+    return kernel_h == 1 && kernel_w == 1 && stride == 1 && pad == 0;
+  }
+};
+
+// How an operand's values are stored.
+enum class OperandKind {
+  matrix,     // row-major [rows, cols] used as is
+  transposed, // row-major [rows, cols] used as its transpose
+  im2col,     // the im2col matrix [out_pixels, kh*kw*Cin] of a conv input x, gathered on the fly
+};
+
+// One operand as stored: `rows` x `cols` are the stored (untransposed) sizes.
+struct GemmOperand {
+  OperandKind kind = OperandKind::matrix;
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  ConvGeometry conv; // only for OperandKind::im2col
+};
+
+// A tensor viewed as the row-major matrix [rows, last].
+inline GemmOperand matrix_operand(const Tensor& t, bool transposed) {
+  const OperandKind kind = transposed ? OperandKind::transposed : OperandKind::matrix;
+  return {kind, t.raw(), t.shape().rows(), t.shape().last(), {}};
+}
+
+// The im2col matrix of the conv input x, never materialised.
+inline GemmOperand im2col_operand(const Tensor& x, const ConvGeometry& conv) {
+  return {OperandKind::im2col, x.raw(), conv.out_pixels(), conv.patch(), conv};
+}
+
+// The fused epilogue, applied per element in fp32: v = alpha * acc (+ beta * C_old when beta
+// != 0; C_old is never read otherwise) (+ bias[col]), then ReLU; stored rounded to C's dtype.
+struct EpilogueArgs {
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  const float* bias = nullptr; // f32 [N] on the device, or nullptr
+  bool relu = false;
+};
+
+struct GemmArgs {
+  GemmOperand a, b; // A and B share a dtype: f16 for the WMMA kernel, f32 for the SIMT one
+  void* c = nullptr;
+  DType c_dtype = DType::f32; // f32 or f16, [M, N] row-major
+  int64_t m = 0, n = 0, k = 0;
+  EpilogueArgs epilogue;
+};
+
+// Launch one GEMM on stream(): A and B f16 (tensor cores) / f32 (SIMT). Supported operand
+// pairs: any of matrix/transposed for both, (im2col, transposed) for the conv forward and
+// (transposed, im2col) for the conv weight gradient.
+void wmma_gemm(const GemmArgs& args);
+void simt_gemm(const GemmArgs& args);
+
+// Picks the kernel from the operands' dtype.
+inline void run_gemm(const GemmArgs& args, DType ab_dtype) {
+  if (ab_dtype == DType::f16)
+    wmma_gemm(args);
+  else
+    simt_gemm(args);
+}
+
+#ifdef __CUDACC__
+
+// ---------------------------------------------------------------------------------------------
+// Device-side views of the operands, passed to the kernels by value.
+
+// A row-major [rows, cols] matrix in global memory (leading dimension = cols).
+template <class T> struct MatrixView {
+  const T* data;
+  int rows, cols;
+  bool vectorizable; // 16-byte chunks of a row are aligned: cols and the base pointer allow it
+};
+
+// The im2col matrix of x: row p = output pixel (n, oh, ow), col q = tap (ky, kx, ci); the value
+// is x[n, oh*stride - pad + ky, ow*stride - pad + kx, ci], or 0 in the padding.
+template <class T> struct Im2colView {
+  const T* data; // x [batch, height, width, channels]
+  int rows, cols;
+  ConvGeometry conv;
+  bool vectorizable; // channels and the base pointer allow 16-byte chunks of one tap
+};
+
+// Elements of T in one 16-byte cp.async chunk.
+template <class T> constexpr int kChunkElems = 16 / int(sizeof(T));
+
+inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <class T> MatrixView<T> matrix_view(const GemmOperand& op) {
+  const T* data = static_cast<const T*>(op.data);
+  return {data, int(op.rows), int(op.cols), op.cols % kChunkElems<T> == 0 && is_aligned16(data)};
+}
+
+template <class T> Im2colView<T> im2col_view(const GemmOperand& op) {
+  const T* data = static_cast<const T*>(op.data);
+  return {data, int(op.rows), int(op.cols), op.conv,
+          op.conv.channels % kChunkElems<T> == 0 && is_aligned16(data)};
+}
+
+// Maps OperandKind to the view type a kernel is instantiated with, and whether it is used
+// transposed. im2col views are never transposed.
+template <class T, OperandKind kKind> struct OperandTraits {
+  using View = MatrixView<T>;
+  static constexpr bool kTransposed = kKind == OperandKind::transposed;
+  static View view(const GemmOperand& op) { return matrix_view<T>(op); }
+};
+template <class T> struct OperandTraits<T, OperandKind::im2col> {
+  using View = Im2colView<T>;
+  static constexpr bool kTransposed = false;
+  static View view(const GemmOperand& op) { return im2col_view<T>(op); }
+};
+
+// Calls Launch<OperandTraits<T, kind of A>, OperandTraits<T, kind of B>>::run(args) for the
+// supported operand pairs; throws Error otherwise.
+template <class T, template <class, class> class Launch>
+void dispatch_operands(const GemmArgs& args) {
+  using K = OperandKind;
+  const K a = args.a.kind, b = args.b.kind;
+  if (a == K::matrix && b == K::matrix)
+    Launch<OperandTraits<T, K::matrix>, OperandTraits<T, K::matrix>>::run(args);
+  else if (a == K::matrix && b == K::transposed)
+    Launch<OperandTraits<T, K::matrix>, OperandTraits<T, K::transposed>>::run(args);
+  else if (a == K::transposed && b == K::matrix)
+    Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::matrix>>::run(args);
+  else if (a == K::transposed && b == K::transposed)
+    Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::transposed>>::run(args);
+  else if (a == K::im2col && b == K::transposed)
+    Launch<OperandTraits<T, K::im2col>, OperandTraits<T, K::transposed>>::run(args);
+  else if (a == K::transposed && b == K::im2col)
+    Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::im2col>>::run(args);
+  else
+    throw Error("gemm: unsupported pair of operand kinds (internal error)");
+}
+
+// The most dynamic shared memory one block may opt in to on the current device (read once).
+inline int max_dynamic_smem() {
+  static const int bytes = [] {
+    int device = 0, value = 0;
+    CUDA_CHECK(cudaGetDevice(&device), "gemm: cudaGetDevice");
+    CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+               "gemm: reading the shared-memory limit");
+    return value;
+  }();
+  return bytes;
+}
+
+// True when a configuration with BM x BN tiles and `smem_bytes` of shared memory gives every SM
+// at least one block and fits the device; otherwise the smaller configuration is used.
+inline bool prefer_large_tiles(const GemmArgs& args, int bm, int bn, int smem_bytes) {
+  const int64_t blocks = ((args.m + bm - 1) / bm) * ((args.n + bn - 1) / bn);
+  return blocks >= sm_count() && smem_bytes <= max_dynamic_smem();
+}
+
+// The grid of BM x BN tiles over C: x walks M, y walks N (y is limited to 65535).
+inline dim3 tile_grid(const GemmArgs& args, int bm, int bn) {
+  const int64_t tiles_n = (args.n + bn - 1) / bn;
+  require(tiles_n <= 65535, "gemm", "N = ", args.n, " needs more than 65535 column tiles of ", bn);
+  return dim3(unsigned((args.m + bm - 1) / bm), unsigned(tiles_n));
+}
+
+// Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KB.
+template <class Kernel> void allow_dynamic_smem(Kernel kernel, int bytes) {
+  if (bytes > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+               "gemm: raising the dynamic shared-memory limit");
+}
+
+// ---------------------------------------------------------------------------------------------
+// cp.async (sm_80+): 16-byte asynchronous global -> shared copies, grouped and awaited. Before
+// sm_80 the copy is a plain 16-byte load and store, and the group calls do nothing.
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+#else
+  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending> __device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+template <class T> __device__ __forceinline__ T zero_value();
+template <> __device__ __forceinline__ float zero_value<float>() { return 0.0f; }
+template <> __device__ __forceinline__ __half zero_value<__half>() { return __float2half_rn(0.0f); }
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory tiles. A tile keeps the orientation the operand has in global memory, so every
+// copy reads contiguous 16-byte chunks; the MMA side adapts (row/col-major fragments, or which
+// of a thread's rows are contiguous). For the A operand (kOuter = BM) and B (kOuter = BN):
+//   k contiguous (A untransposed or im2col, B transposed): [kOuter][BK + kPad]
+//   outer contiguous (A transposed, B untransposed or im2col): [BK][kOuter + kPad]
+// kPad (16 bytes) shifts consecutive rows across banks.
+template <class T, bool kKContiguous_, int kOuter, int kBK> struct TileShape {
+  static constexpr bool kKContiguous = kKContiguous_;
+  static constexpr int kPad = kChunkElems<T>;
+  static constexpr int kRows = kKContiguous ? kOuter : kBK;
+  static constexpr int kCols = kKContiguous ? kBK : kOuter;
+  static constexpr int kLd = kCols + kPad;
+  static constexpr int kElems = kRows * kLd;
+  // Offset of element (outer index, k index) in the tile.
+  __device__ static int offset(int outer, int k) {
+    return kKContiguous ? outer * kLd + k : k * kLd + outer;
+  }
+};
+
+// Copies the [ROWS, COLS] block at (row0, col0) of a row-major matrix into `tile` (row stride
+// tile_ld), with zeros outside the matrix. Whole in-bounds chunks go by cp.async; a chunk that
+// straddles the edge, or any chunk of a matrix whose rows are not 16-byte aligned, goes element
+// by element (plain loads, visible after the next __syncthreads like the cp.async data).
+template <int ROWS, int COLS, int THREADS, class T>
+__device__ __forceinline__ void load_tile(T* tile, int tile_ld, const MatrixView<T>& src, int row0,
+                                          int col0) {
+  constexpr int V = kChunkElems<T>;
+  constexpr int kChunksPerRow = COLS / V;
+  static_assert(COLS % V == 0, "tile width must be whole 16-byte chunks");
+  for (int chunk = threadIdx.x; chunk < ROWS * kChunksPerRow; chunk += THREADS) {
+    const int r = chunk / kChunksPerRow, c = (chunk % kChunksPerRow) * V;
+    const int row = row0 + r, col = col0 + c;
+    T* dst = tile + r * tile_ld + c;
+    const bool row_in = row < src.rows;
+    const T* from = src.data + (row_in ? int64_t(row) * src.cols : 0);
+    if (row_in && src.vectorizable && col + V <= src.cols) {
+      cp_async16(dst, from + col);
+    } else {
+      for (int e = 0; e < V; ++e)
+        dst[e] = row_in && col + e < src.cols ? from[col + e] : zero_value<T>();
+    }
+  }
+}
+
+// Offset in x of im2col element (row = output pixel, col = tap), or -1 when it is padding.
+template <class T>
+__device__ __forceinline__ int64_t im2col_offset(const Im2colView<T>& v, int row, int col) {
+  const ConvGeometry& g = v.conv;
+  const int ow = row % g.out_w, oh = (row / g.out_w) % g.out_h, n = row / (g.out_w * g.out_h);
+  const int ci = col % g.channels, tap = col / g.channels;
+  const int kx = tap % g.kernel_w, ky = tap / g.kernel_w;
+  const int ih = oh * g.stride - g.pad + ky, iw = ow * g.stride - g.pad + kx;
+  if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) return -1;
+  return ((int64_t(n) * g.height + ih) * g.width + iw) * g.channels + ci;
+}
+
+// The same copy for the im2col matrix of x, gathered on the fly. When channels is a multiple of
+// the chunk, a chunk (starting at a multiple of the chunk) lies inside one tap: it is 16
+// contiguous bytes of x, or all padding.
+template <int ROWS, int COLS, int THREADS, class T>
+__device__ __forceinline__ void load_tile(T* tile, int tile_ld, const Im2colView<T>& src, int row0,
+                                          int col0) {
+  constexpr int V = kChunkElems<T>;
+  constexpr int kChunksPerRow = COLS / V;
+  static_assert(COLS % V == 0, "tile width must be whole 16-byte chunks");
+  for (int chunk = threadIdx.x; chunk < ROWS * kChunksPerRow; chunk += THREADS) {
+    const int r = chunk / kChunksPerRow, c = (chunk % kChunksPerRow) * V;
+    const int row = row0 + r, col = col0 + c;
+    T* dst = tile + r * tile_ld + c;
+    const bool row_in = row < src.rows;
+    if (row_in && src.vectorizable && col + V <= src.cols) {
+      const int64_t at = im2col_offset(src, row, col);
+      if (at >= 0)
+        cp_async16(dst, src.data + at);
+      else
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    } else {
+      for (int e = 0; e < V; ++e) {
+        const int64_t at = row_in && col + e < src.cols ? im2col_offset(src, row, col + e) : -1;
+        dst[e] = at >= 0 ? src.data[at] : zero_value<T>();
+      }
+    }
+  }
+}
+
+// Loads the tile of one operand for the k-step starting at k0; `outer0` is the tile's first row
+// of C (A operand) or column of C (B operand).
+template <class Tile, int THREADS, class View, class T>
+__device__ __forceinline__ void load_operand_tile(T* tile, const View& view, int outer0, int k0) {
+  if constexpr (Tile::kKContiguous)
+    load_tile<Tile::kRows, Tile::kCols, THREADS>(tile, Tile::kLd, view, outer0, k0);
+  else
+    load_tile<Tile::kRows, Tile::kCols, THREADS>(tile, Tile::kLd, view, k0, outer0);
+}
+
+// Writes C[row, col] = relu(alpha * acc + beta * C[row, col] + bias[col]) (per `ep`).
+template <class CT>
+__device__ __forceinline__ void store_output(CT* c, int n, int row, int col, float acc,
+                                             const EpilogueArgs& ep) {
+  const int64_t at = int64_t(row) * n + col;
+  float v = ep.alpha * acc;
+  if (ep.beta != 0.0f) v += ep.beta * load_f(c, at);
+  if (ep.bias) v += ep.bias[col];
+  if (ep.relu) v = v < 0.0f ? 0.0f : v; // NaN propagates, as in torch.relu
+  store_f(c, at, v);
+}
+
+#endif // __CUDACC__
+
+} // namespace minamp::gpu

@@ -1,0 +1,245 @@
+// The tensor-core GEMM (fp16 in, fp32 accumulate, nvcuda::wmma 16x16x16 fragments) and the
+// public gpu::gemm, which sends f16 operands here and f32 operands to the SIMT kernel.
+//
+// How the kernel works, for a reader:
+//
+// Tiling. C[M, N] is cut into BM x BN block tiles, one thread block each (grid.x walks M,
+// grid.y walks N). The block's warps form a WARPS_M x WARPS_N grid; each warp owns a
+// (BM / WARPS_M) x (BN / WARPS_N) warp tile, held as FRAG_M x FRAG_N fp32 accumulator
+// fragments of 16x16. The large configuration is 128x128 with 8 warps of 64x32 (8 fragments,
+// 64 accumulator registers per thread); a 64x64 configuration with 4 warps of 32x32 is chosen
+// when the large one would leave most SMs idle (thin or small problems).
+//
+// Pipeline. K is walked in steps of BK = 32. Each step needs an A tile [BM, BK] and a B tile
+// [BK, BN] in shared memory; STAGES (3) buffers of both rotate. Copies are cp.async 16-byte
+// chunks (sm_80+; older GPUs do the same copy with plain loads), committed as one group per
+// k-step. Iteration kt waits until the group of tile kt has landed (at most STAGES - 2 newer
+// groups in flight), syncs the block, starts the copy of tile kt + STAGES - 1 into the buffer
+// that iteration kt - 1 used (the sync guarantees every warp is done with it), then runs
+// BK / 16 rounds of wmma::mma_sync on tile kt. So STAGES - 1 tiles are always in flight while
+// the tensor cores work. An empty group is committed when no tile is left so the count stays
+// uniform.
+//
+// Layouts and transposes. Tiles keep the orientation of the operand in global memory (so every
+// copy is contiguous); the fragment type absorbs the transpose:
+//   A untransposed [M, K]: tile [BM][BK + 8], matrix_a row_major
+//   A transposed   [K, M]: tile [BK][BM + 8], matrix_a col_major
+//   B untransposed [K, N]: tile [BK][BN + 8], matrix_b row_major
+//   B transposed   [N, K]: tile [BN][BK + 8], matrix_b col_major
+// The 8-half (16-byte) pad makes consecutive rows start in different banks. An im2col A (conv
+// forward) or B (conv weight gradient) is gathered from x by the loader like an untransposed one.
+//
+// Edges. The loaders zero-fill every element outside the matrix (rows past M or N, k past K,
+// conv padding), so partial tiles need no special case in the MMA loop; a 16-byte chunk that
+// straddles an edge, or a matrix whose rows are not 16-byte aligned (K or N not a multiple of
+// 8), is copied element by element. Any M, N, K >= 1 works (K = 0 gives the epilogue of zero).
+//
+// Epilogue. After the last k-step the pipeline buffers are reused as an fp32 [BM][BN + 4]
+// staging tile: each warp stores its accumulator fragments there, the block syncs, and then
+// consecutive threads take consecutive columns of a row, so alpha/beta/bias/ReLU are applied in
+// fp32 and C is written (rounded to nearest even for f16) with coalesced accesses, skipping
+// rows and columns outside C. beta == 0 never reads C.
+//
+// Tuning knobs are the WmmaConfig template parameters; the next step on an H100 would be
+// ldmatrix/mma.sync with swizzled tiles, a 4th stage and block-order swizzling for L2 reuse.
+#include <mma.h>
+
+#include "device.cuh"
+#include "gemm.cuh"
+#include "kernels/kernels.h"
+
+namespace minamp::gpu {
+
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_> struct WmmaConfig {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_;
+  static constexpr int WARPS_M = WARPS_M_, WARPS_N = WARPS_N_;
+  static constexpr int kThreads = WARPS_M * WARPS_N * 32;
+  static constexpr int kWarpM = BM / WARPS_M, kWarpN = BN / WARPS_N; // warp tile
+  static constexpr int FRAG_M = kWarpM / 16, FRAG_N = kWarpN / 16;
+  static constexpr int kStagingLd = BN + 4; // fp32 epilogue tile [BM][BN + 4]
+  static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0 && BK % 16 == 0, "16x16x16 fragments");
+};
+
+using WmmaLarge = WmmaConfig<128, 128, 32, 2, 4, 3>; // 8 warps of 64x32
+using WmmaSmall = WmmaConfig<64, 64, 32, 2, 2, 3>;   // 4 warps of 32x32
+
+// Shared-memory layout of one configuration and pair of operand orientations.
+template <class Cfg, bool kTransA, bool kTransB> struct WmmaSmem {
+  using TileA = TileShape<__half, !kTransA, Cfg::BM, Cfg::BK>;
+  using TileB = TileShape<__half, kTransB, Cfg::BN, Cfg::BK>;
+  static constexpr int kStageElems = TileA::kElems + TileB::kElems;
+  static constexpr int kPipelineBytes = Cfg::STAGES * kStageElems * int(sizeof(__half));
+  static constexpr int kStagingBytes = Cfg::BM * Cfg::kStagingLd * int(sizeof(float));
+  static constexpr int kBytes = kPipelineBytes > kStagingBytes ? kPipelineBytes : kStagingBytes;
+  // wmma::load_matrix_sync needs 32-byte aligned fragment pointers.
+  static_assert(TileA::kElems * sizeof(__half) % 32 == 0, "A tile keeps 32-byte alignment");
+  static_assert(TileB::kElems * sizeof(__half) % 32 == 0, "B tile keeps 32-byte alignment");
+};
+
+// One k-step of MMAs on the tiles in shared memory: acc[i][j] += A[warp rows i] @ B[warp cols j].
+template <class Cfg, class TileA, class TileB, class Acc>
+__device__ __forceinline__ void mma_tile(const __half* tile_a, const __half* tile_b, int warp_row,
+                                         int warp_col, Acc (&acc)[Cfg::FRAG_M][Cfg::FRAG_N]) {
+  using LayoutA = std::conditional_t<TileA::kKContiguous, wmma::row_major, wmma::col_major>;
+  using LayoutB = std::conditional_t<TileB::kKContiguous, wmma::col_major, wmma::row_major>;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, LayoutA> a[Cfg::FRAG_M];
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, LayoutB> b[Cfg::FRAG_N];
+#pragma unroll
+  for (int kk = 0; kk < Cfg::BK; kk += 16) {
+#pragma unroll
+    for (int i = 0; i < Cfg::FRAG_M; ++i)
+      wmma::load_matrix_sync(a[i], tile_a + TileA::offset(warp_row + i * 16, kk), TileA::kLd);
+#pragma unroll
+    for (int j = 0; j < Cfg::FRAG_N; ++j)
+      wmma::load_matrix_sync(b[j], tile_b + TileB::offset(warp_col + j * 16, kk), TileB::kLd);
+#pragma unroll
+    for (int i = 0; i < Cfg::FRAG_M; ++i)
+#pragma unroll
+      for (int j = 0; j < Cfg::FRAG_N; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+  }
+}
+
+// C[M, N] = epilogue(op(A) @ op(B)); one BM x BN tile of C per block. See the top of the file.
+template <class Cfg, class OpA, class OpB, class CT>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    wmma_gemm_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
+                     EpilogueArgs ep) {
+  using Smem = WmmaSmem<Cfg, OpA::kTransposed, OpB::kTransposed>;
+  using TileA = typename Smem::TileA;
+  using TileB = typename Smem::TileB;
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  __half* smem = reinterpret_cast<__half*>(smem_bytes);
+
+  const int m0 = blockIdx.x * Cfg::BM, n0 = blockIdx.y * Cfg::BN;
+  const int warp = threadIdx.x / 32;
+  const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
+  const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[Cfg::FRAG_M][Cfg::FRAG_N];
+#pragma unroll
+  for (int i = 0; i < Cfg::FRAG_M; ++i)
+#pragma unroll
+    for (int j = 0; j < Cfg::FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+  auto stage_a = [&](int s) { return smem + s * Smem::kStageElems; };
+  auto stage_b = [&](int s) { return smem + s * Smem::kStageElems + TileA::kElems; };
+  auto load_stage = [&](int s, int k_tile) {
+    const int k0 = k_tile * Cfg::BK;
+    load_operand_tile<TileA, Cfg::kThreads>(stage_a(s), a, m0, k0);
+    load_operand_tile<TileB, Cfg::kThreads>(stage_b(s), b, n0, k0);
+  };
+
+  const int k_tiles = (k + Cfg::BK - 1) / Cfg::BK;
+  // Prologue: tiles 0 .. STAGES-2 in flight, one group each.
+#pragma unroll
+  for (int s = 0; s < Cfg::STAGES - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<Cfg::STAGES - 2>(); // this thread's copies of tile kt have landed
+    __syncthreads();                  // everyone's have, and tile kt-1 is no longer read
+    const int next = kt + Cfg::STAGES - 1;
+    if (next < k_tiles) load_stage(next % Cfg::STAGES, next);
+    cp_async_commit();
+    const int s = kt % Cfg::STAGES;
+    mma_tile<Cfg, TileA, TileB>(stage_a(s), stage_b(s), warp_row, warp_col, acc);
+  }
+  cp_async_wait<0>(); // only empty groups can remain; drain them before reusing the buffers
+  __syncthreads();    // every warp is done reading the pipeline buffers
+
+  // Epilogue: accumulators -> fp32 staging tile -> alpha/beta/bias/ReLU -> C.
+  float* staging = reinterpret_cast<float*>(smem_bytes);
+#pragma unroll
+  for (int i = 0; i < Cfg::FRAG_M; ++i)
+#pragma unroll
+    for (int j = 0; j < Cfg::FRAG_N; ++j)
+      wmma::store_matrix_sync(staging + (warp_row + i * 16) * Cfg::kStagingLd + warp_col + j * 16,
+                              acc[i][j], Cfg::kStagingLd, wmma::mem_row_major);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < Cfg::BM * Cfg::BN; idx += Cfg::kThreads) {
+    const int r = idx / Cfg::BN, col = idx % Cfg::BN;
+    if (m0 + r < m && n0 + col < n)
+      store_output(c, n, m0 + r, n0 + col, staging[r * Cfg::kStagingLd + col], ep);
+  }
+}
+
+template <class Cfg, class OpA, class OpB, class CT> void launch_wmma(const GemmArgs& args) {
+  constexpr int kSmemBytes = WmmaSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
+  auto kernel = wmma_gemm_kernel<Cfg, OpA, OpB, CT>;
+  static const bool smem_ready = (allow_dynamic_smem(kernel, kSmemBytes), true);
+  (void)smem_ready;
+  const dim3 grid = tile_grid(args, Cfg::BM, Cfg::BN);
+  kernel<<<grid, Cfg::kThreads, kSmemBytes, stream()>>>(OpA::view(args.a), OpB::view(args.b),
+                                                        static_cast<CT*>(args.c), int(args.m),
+                                                        int(args.n), int(args.k), args.epilogue);
+  CUDA_CHECK_LAUNCH("gemm (wmma)");
+}
+
+template <class OpA, class OpB> struct WmmaLaunch {
+  template <class Cfg> static void with_config(const GemmArgs& args) {
+    if (args.c_dtype == DType::f16)
+      launch_wmma<Cfg, OpA, OpB, __half>(args);
+    else
+      launch_wmma<Cfg, OpA, OpB, float>(args);
+  }
+  static void run(const GemmArgs& args) {
+    constexpr int kLargeBytes = WmmaSmem<WmmaLarge, OpA::kTransposed, OpB::kTransposed>::kBytes;
+    if (prefer_large_tiles(args, WmmaLarge::BM, WmmaLarge::BN, kLargeBytes))
+      with_config<WmmaLarge>(args);
+    else
+      with_config<WmmaSmall>(args);
+  }
+};
+
+// The [M, N, K] of C = op(A) @ op(B).
+struct GemmSizes {
+  int64_t m, n, k;
+};
+GemmSizes gemm_sizes(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
+  const int64_t m = trans_a ? a.shape().last() : a.shape().rows();
+  const int64_t k = trans_a ? a.shape().rows() : a.shape().last();
+  const int64_t n = trans_b ? b.shape().rows() : b.shape().last();
+  return {m, n, k};
+}
+
+} // namespace
+
+void wmma_gemm(const GemmArgs& args) {
+  if (args.m == 0 || args.n == 0) return;
+  dispatch_operands<__half, WmmaLaunch>(args);
+}
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+          const GemmEpilogue& epilogue) {
+  const GemmSizes s = gemm_sizes(a, trans_a, b, trans_b);
+  const int64_t kb = trans_b ? b.shape().last() : b.shape().rows();
+  require(kb == s.k && c.shape().rows() == s.m && c.shape().last() == s.n, "gemm",
+          "expected op(A) [M, K], op(B) [K, N], C [M, N], got A ", describe(a),
+          (trans_a ? " (transposed)" : ""), ", B ", describe(b), (trans_b ? " (transposed)" : ""),
+          ", C ", describe(c));
+  require(a.dtype() == b.dtype() && (a.dtype() == DType::f16 || a.dtype() == DType::f32) &&
+              (c.dtype() == DType::f16 || c.dtype() == DType::f32),
+          "gemm", "expects A and B both f16 or both f32 and C f16 or f32, got A ", describe(a),
+          ", B ", describe(b), ", C ", describe(c));
+  require(!epilogue.bias || (epilogue.bias->dtype() == DType::f32 && epilogue.bias->numel() == s.n),
+          "gemm", "bias must be f32 [", s.n, "], got ", describe(*epilogue.bias));
+  require(s.m < INT32_MAX && s.n < INT32_MAX && s.k < INT32_MAX, "gemm",
+          "sizes must fit in 32 bits, got M ", s.m, ", N ", s.n, ", K ", s.k);
+
+  GemmArgs args;
+  args.a = matrix_operand(a, trans_a);
+  args.b = matrix_operand(b, trans_b);
+  args.c = c.raw();
+  args.c_dtype = c.dtype();
+  args.m = s.m, args.n = s.n, args.k = s.k;
+  args.epilogue = {epilogue.alpha, epilogue.beta,
+                   epilogue.bias ? ptr<float>(*epilogue.bias) : nullptr, epilogue.relu};
+  run_gemm(args, a.dtype());
+}
+
+} // namespace minamp::gpu

@@ -1,0 +1,288 @@
+// GPU tests of the loss scaler and the optimizers: the multi-tensor unscale, the scale update,
+// SGD and Adam against the CPU reference, and the skip path (an inf gradient leaves every master,
+// moment, f16 copy and step counter untouched and halves the scale), all without host reads
+// between the kernels.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "test_util.h"
+
+namespace minamp {
+namespace {
+
+using test::random_tensor;
+using test::relative_error;
+using test::tolerance_for;
+
+Tensor gpu(const Tensor& t) { return t.to(Device::cuda); }
+
+void expect_equal(const Tensor& a, const Tensor& b, const std::string& what) {
+  const std::vector<float> x = a.to_vector(), y = b.to_vector();
+  ASSERT_EQ(x.size(), y.size()) << what;
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_TRUE(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])))
+        << what << ": element " << i << " is " << x[i] << " vs " << y[i];
+}
+
+void expect_close(const Tensor& on_gpu, const Tensor& on_cpu, double tol, const std::string& what) {
+  const double err = relative_error(on_gpu, on_cpu);
+  EXPECT_LE(err, tol) << what << ": relative error " << err;
+}
+
+// Sizes that cross the 32768-element chunks of the multi-tensor kernels.
+const std::vector<int64_t> kParamSizes = {1, 17, 1000, 32768, 32769, 100000};
+
+// ---- Unscale.
+
+TEST(GpuAmp, UnscaleMatchesTheReferenceExactly) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(61);
+  const Tensor scale = Tensor::from_vector({rng.uniform(100.0f, 70000.0f)}, {1});
+  std::vector<Tensor> cpu_grads, gpu_grads;
+  for (int64_t n : kParamSizes) {
+    cpu_grads.push_back(random_tensor(rng, {n}, DType::f32, Device::cpu, -1000.0f, 1000.0f));
+    gpu_grads.push_back(gpu(cpu_grads.back()));
+  }
+  std::vector<Tensor*> cpu_list, gpu_list;
+  for (size_t i = 0; i < cpu_grads.size(); ++i) {
+    cpu_list.push_back(&cpu_grads[i]);
+    gpu_list.push_back(&gpu_grads[i]);
+  }
+  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
+  kernels::amp_unscale(gpu_list, gpu(scale), found_inf);
+  Tensor found_inf_ref = Tensor::zeros({1});
+  kernels::amp_unscale(cpu_list, scale, found_inf_ref);
+  for (size_t i = 0; i < cpu_grads.size(); ++i)
+    expect_equal(gpu_grads[i], cpu_grads[i], cat("gradient ", describe(cpu_grads[i])));
+  EXPECT_EQ(found_inf.item(), 0.0f);
+}
+
+TEST(GpuAmp, UnscaleFlagsAnyNonFiniteAcrossManyLaunches) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(62);
+  // 300 gradients of 17 values: more chunks than one launch carries.
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 300; ++i) grads.push_back(random_tensor(rng, {17}, DType::f32, Device::cuda));
+  std::vector<float> last = random_tensor(rng, {17}).to_vector();
+  last[16] = INFINITY; // in the last chunk of the last launch
+  grads.back() = Tensor::from_vector(last, {17}, DType::f32, Device::cuda);
+  std::vector<Tensor*> list;
+  for (Tensor& g : grads) list.push_back(&g);
+  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
+  kernels::amp_unscale(list, gpu(Tensor::full({1}, 2.0f)), found_inf);
+  EXPECT_EQ(found_inf.item(), 1.0f);
+
+  // found_inf is never reset, even when a later unscale sees only finite values.
+  std::vector<Tensor*> finite_only(list.begin(), list.end() - 1);
+  kernels::amp_unscale(finite_only, gpu(Tensor::full({1}, 2.0f)), found_inf);
+  EXPECT_EQ(found_inf.item(), 1.0f);
+}
+
+TEST(GpuAmp, UnscaleWithNoGradientsOrEmptyGradients) {
+  MINAMP_REQUIRE_GPU();
+  Tensor empty = Tensor::empty({0}, DType::f32, Device::cuda);
+  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
+  kernels::amp_unscale({}, gpu(Tensor::full({1}, 2.0f)), found_inf);
+  kernels::amp_unscale({&empty}, gpu(Tensor::full({1}, 2.0f)), found_inf);
+  EXPECT_EQ(found_inf.item(), 0.0f);
+}
+
+// ---- Scale update.
+
+TEST(GpuAmp, UpdateScaleFollowsPyTorchStepByStep) {
+  MINAMP_REQUIRE_GPU();
+  const ScalerParams scaler{2.0f, 0.5f, 3};
+  Tensor scale = gpu(Tensor::full({1}, 1024.0f));
+  Tensor tracker = gpu(Tensor::zeros({1}, DType::i32));
+  Tensor scale_ref = Tensor::full({1}, 1024.0f);
+  Tensor tracker_ref = Tensor::zeros({1}, DType::i32);
+  // good, good, good (grow), inf (back off), good, inf, good x3 (grow)
+  for (float inf : {0.f, 0.f, 0.f, 1.f, 0.f, 1.f, 0.f, 0.f, 0.f}) {
+    const Tensor found_inf = Tensor::full({1}, inf);
+    kernels::amp_update_scale(scale, tracker, gpu(found_inf), scaler);
+    kernels::amp_update_scale(scale_ref, tracker_ref, found_inf, scaler);
+    EXPECT_EQ(scale.item(), scale_ref.item());
+    EXPECT_EQ(tracker.item(), tracker_ref.item());
+  }
+  EXPECT_EQ(scale.item(), 1024.0f); // 1024 * 2 / 2 / 2 * 2
+  EXPECT_EQ(tracker.item(), 0.0f);
+}
+
+TEST(GpuAmp, UpdateScaleNeverGrowsToInfinity) {
+  MINAMP_REQUIRE_GPU();
+  const ScalerParams scaler{2.0f, 0.5f, 1};
+  Tensor scale = gpu(Tensor::full({1}, FLT_MAX));
+  Tensor tracker = gpu(Tensor::zeros({1}, DType::i32));
+  kernels::amp_update_scale(scale, tracker, gpu(Tensor::zeros({1})), scaler);
+  EXPECT_EQ(scale.item(), FLT_MAX);
+  EXPECT_EQ(tracker.item(), 0.0f);
+}
+
+// ---- Optimizers.
+
+// One parameter on both devices: master, gradient, optional f16 copy, two state tensors.
+struct ParamPair {
+  Tensor master, grad, half, state0, state1;           // cpu
+  Tensor g_master, g_grad, g_half, g_state0, g_state1; // cuda
+
+  ParamPair(Rng& rng, int64_t n, bool with_half) {
+    master = random_tensor(rng, {n});
+    grad = random_tensor(rng, {n});
+    state0 = Tensor::zeros({n});
+    state1 = Tensor::zeros({n});
+    if (with_half) half = master.to(DType::f16);
+    g_master = gpu(master);
+    g_grad = gpu(grad);
+    g_state0 = gpu(state0);
+    g_state1 = gpu(state1);
+    if (with_half) g_half = test::poisoned({n}, DType::f16, Device::cuda);
+  }
+  ParamSlot cpu_slot() { return {&master, &grad, &half, &state0, &state1}; }
+  ParamSlot gpu_slot() { return {&g_master, &g_grad, &g_half, &g_state0, &g_state1}; }
+  // New gradients for the next step, the same on both devices.
+  void regrad(Rng& rng) {
+    grad = random_tensor(rng, grad.shape());
+    g_grad = gpu(grad);
+  }
+};
+
+std::vector<ParamPair> make_params(Rng& rng) {
+  std::vector<ParamPair> params;
+  for (size_t i = 0; i < kParamSizes.size(); ++i)
+    params.emplace_back(rng, kParamSizes[i], /*with_half=*/i % 2 == 0);
+  return params;
+}
+
+void expect_params_match(std::vector<ParamPair>& params, bool with_states,
+                         const std::string& what) {
+  const double tol = tolerance_for(DType::f32);
+  for (ParamPair& p : params) {
+    const std::string name = cat(what, " ", describe(p.master));
+    expect_close(p.g_master, p.master, tol, name + " master");
+    if (with_states) {
+      expect_close(p.g_state0, p.state0, tol, name + " state0");
+      expect_close(p.g_state1, p.state1, tol, name + " state1");
+    }
+    if (p.half.defined()) expect_close(p.g_half, p.half, tolerance_for(DType::f16), name + " half");
+  }
+}
+
+TEST(GpuOptim, SgdMatchesTheReference) {
+  MINAMP_REQUIRE_GPU();
+  for (float momentum : {0.0f, 0.9f}) {
+    Rng rng(71);
+    std::vector<ParamPair> params = make_params(rng);
+    const SgdParams sgd{0.05f, momentum, 1e-3f};
+    const Tensor found_inf = Tensor::zeros({1});
+    for (int step = 0; step < 3; ++step) {
+      std::vector<ParamSlot> cpu_slots, gpu_slots;
+      for (ParamPair& p : params) {
+        cpu_slots.push_back(p.cpu_slot());
+        gpu_slots.push_back(p.gpu_slot());
+      }
+      kernels::sgd_step(gpu_slots, sgd, gpu(found_inf));
+      kernels::sgd_step(cpu_slots, sgd, found_inf);
+      expect_params_match(params, momentum != 0.0f, cat("sgd momentum ", momentum, " step ", step));
+      for (ParamPair& p : params) p.regrad(rng);
+    }
+  }
+}
+
+TEST(GpuOptim, SgdWithUndefinedFoundInfAlwaysSteps) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(72);
+  std::vector<ParamPair> params = make_params(rng);
+  std::vector<ParamSlot> cpu_slots, gpu_slots;
+  for (ParamPair& p : params) {
+    cpu_slots.push_back(p.cpu_slot());
+    gpu_slots.push_back(p.gpu_slot());
+  }
+  const SgdParams sgd{0.1f, 0.0f, 0.0f};
+  kernels::sgd_step(gpu_slots, sgd, Tensor());
+  kernels::sgd_step(cpu_slots, sgd, Tensor());
+  expect_params_match(params, false, "sgd without found_inf");
+}
+
+TEST(GpuOptim, AdamMatchesTheReference) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(73);
+  std::vector<ParamPair> params = make_params(rng);
+  const AdamParams adam{1e-2f, 0.9f, 0.999f, 1e-8f, 1e-2f};
+  Tensor step = gpu(Tensor::zeros({1}));
+  Tensor step_ref = Tensor::zeros({1});
+  const Tensor found_inf = Tensor::zeros({1});
+  for (int i = 0; i < 3; ++i) {
+    std::vector<ParamSlot> cpu_slots, gpu_slots;
+    for (ParamPair& p : params) {
+      cpu_slots.push_back(p.cpu_slot());
+      gpu_slots.push_back(p.gpu_slot());
+    }
+    kernels::adam_step(gpu_slots, adam, step, gpu(found_inf));
+    kernels::adam_step(cpu_slots, adam, step_ref, found_inf);
+    expect_params_match(params, true, cat("adam step ", i));
+    EXPECT_EQ(step.item(), step_ref.item());
+    for (ParamPair& p : params) p.regrad(rng);
+  }
+  EXPECT_EQ(step.item(), 3.0f);
+}
+
+// The scaler's skip path end to end on the device: unscale finds an inf gradient, both
+// optimizers leave every tensor untouched, and the scale update halves the scale.
+TEST(GpuOptim, OverflowSkipsTheStepAndBacksOffTheScale) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(74);
+  std::vector<ParamPair> params = make_params(rng);
+  for (ParamPair& p : params) {
+    p.g_state0 = gpu(random_tensor(rng, p.master.shape()));
+    p.g_state1 = gpu(random_tensor(rng, p.master.shape(), DType::f32, Device::cpu, 0.0f, 1.0f));
+    if (p.half.defined()) p.g_half = gpu(p.half);
+  }
+  std::vector<float> bad = params[2].grad.to_vector();
+  bad[bad.size() / 2] = INFINITY;
+  params[2].g_grad = Tensor::from_vector(bad, params[2].grad.shape(), DType::f32, Device::cuda);
+
+  // Snapshots to compare against after the skipped steps.
+  struct Snapshot {
+    Tensor master, half, state0, state1;
+  };
+  std::vector<Snapshot> before;
+  for (ParamPair& p : params)
+    before.push_back({p.g_master.clone(), p.g_half.defined() ? p.g_half.clone() : Tensor(),
+                      p.g_state0.clone(), p.g_state1.clone()});
+
+  std::vector<Tensor*> grads;
+  std::vector<ParamSlot> slots;
+  for (ParamPair& p : params) {
+    grads.push_back(&p.g_grad);
+    slots.push_back(p.gpu_slot());
+  }
+  Tensor scale = gpu(Tensor::full({1}, 65536.0f));
+  Tensor tracker = gpu(Tensor::full({1}, 5.0f, DType::i32));
+  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
+  Tensor step = gpu(Tensor::full({1}, 7.0f));
+
+  kernels::amp_unscale(grads, scale, found_inf);
+  kernels::sgd_step(slots, SgdParams{0.1f, 0.9f, 1e-3f}, found_inf);
+  kernels::adam_step(slots, AdamParams{}, step, found_inf);
+  kernels::amp_update_scale(scale, tracker, found_inf, ScalerParams{});
+
+  EXPECT_EQ(found_inf.item(), 1.0f);
+  EXPECT_EQ(step.item(), 7.0f);
+  EXPECT_EQ(scale.item(), 32768.0f);
+  EXPECT_EQ(tracker.item(), 0.0f);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string name = describe(params[i].master);
+    expect_equal(params[i].g_master, before[i].master, name + " master");
+    expect_equal(params[i].g_state0, before[i].state0, name + " state0");
+    expect_equal(params[i].g_state1, before[i].state1, name + " state1");
+    if (before[i].half.defined()) expect_equal(params[i].g_half, before[i].half, name + " half");
+  }
+}
+
+} // namespace
+} // namespace minamp

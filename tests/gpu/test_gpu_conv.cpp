@@ -1,0 +1,175 @@
+// GPU conv2d (implicit GEMM forward and weight gradient, GEMM + col2im input gradient) against
+// the CPU reference: 1x1, 3x3 stride 1 and 2, 5x5, batch 1, Cin 1 and 3, odd spatial sizes, f16
+// and f32. y and dx start as NaN poison; dw starts random because it accumulates.
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "test_util.h"
+
+namespace minamp {
+namespace {
+
+struct ConvCase {
+  int64_t n, h, w, cin, cout, kh, kw;
+  int stride, pad;
+
+  int64_t out_h() const { return (h + 2 * pad - kh) / stride + 1; }
+  int64_t out_w() const { return (w + 2 * pad - kw) / stride + 1; }
+  Shape x_shape() const { return {n, h, w, cin}; }
+  Shape w_shape() const { return {cout, kh, kw, cin}; }
+  Shape y_shape() const { return {n, out_h(), out_w(), cout}; }
+  ConvParams params() const { return {stride, pad}; }
+};
+
+std::string describe_case(const ConvCase& c, DType dtype) {
+  return cat("x ", c.x_shape(), " w ", c.w_shape(), " stride ", c.stride, " pad ", c.pad, " ",
+             dtype);
+}
+
+const std::vector<ConvCase> kCases = {
+    // n, h, w, cin, cout, kh, kw, stride, pad
+    {2, 6, 5, 8, 16, 1, 1, 1, 0},   // pointwise: a plain GEMM
+    {1, 7, 9, 3, 5, 1, 1, 2, 0},    // 1x1 with stride: gathered
+    {2, 9, 11, 3, 8, 3, 3, 1, 1},   // 3x3 same padding, Cin 3 (element-wise gathers)
+    {1, 13, 9, 16, 12, 3, 3, 2, 1}, // 3x3 stride 2, Cin 16 (16-byte gathers)
+    {1, 11, 7, 1, 5, 5, 5, 1, 2},   // 5x5, Cin 1
+    {2, 15, 13, 8, 24, 5, 5, 2, 0}, // 5x5 stride 2, no padding
+    {1, 5, 5, 4, 7, 3, 3, 1, 0},    // Cin 4: 16-byte gathers for f32 only
+    {3, 8, 8, 32, 40, 3, 3, 1, 1},  // several K steps
+    {2, 96, 97, 8, 32, 3, 3, 1, 1}, // enough tiles for the large GEMM configuration
+};
+
+// f16 inputs (or outputs) round to f16: compare at the f16 tolerance.
+double tolerance(DType dtype) { return test::tolerance_for(dtype); }
+
+void check_forward(const ConvCase& c, DType dtype, DType y_dtype, bool bias_relu, uint64_t seed) {
+  Rng rng(seed);
+  const Tensor x = test::random_tensor(rng, c.x_shape(), dtype);
+  const Tensor w = test::random_tensor(rng, c.w_shape(), dtype);
+  const Tensor bias = test::random_tensor(rng, {c.cout});
+  GemmEpilogue epilogue;
+  epilogue.bias = bias_relu ? &bias : nullptr;
+  epilogue.relu = bias_relu;
+
+  Tensor y_cpu = test::poisoned(c.y_shape(), y_dtype);
+  kernels::conv2d_forward(x, w, y_cpu, c.params(), epilogue);
+
+  const Tensor bias_gpu = bias.to(Device::cuda);
+  epilogue.bias = bias_relu ? &bias_gpu : nullptr;
+  Tensor y_gpu = test::poisoned(c.y_shape(), y_dtype, Device::cuda);
+  kernels::conv2d_forward(x.to(Device::cuda), w.to(Device::cuda), y_gpu, c.params(), epilogue);
+
+  const DType compare = dtype == DType::f16 || y_dtype == DType::f16 ? DType::f16 : DType::f32;
+  EXPECT_LT(test::relative_error(y_gpu.to_vector(), y_cpu.to_vector()), tolerance(compare))
+      << describe_case(c, dtype) << " -> y " << y_dtype << " bias+relu " << bias_relu;
+}
+
+// Runs the backward pass on both devices; `want_dx` / `want_dw` choose which gradients are
+// defined.
+void check_backward(const ConvCase& c, DType dtype, bool want_dx, bool want_dw, uint64_t seed) {
+  Rng rng(seed);
+  const Tensor x = test::random_tensor(rng, c.x_shape(), dtype);
+  const Tensor w = test::random_tensor(rng, c.w_shape(), dtype);
+  const Tensor dy = test::random_tensor(rng, c.y_shape(), dtype);
+  const Tensor dw_start = test::random_tensor(rng, c.w_shape());
+
+  Tensor dx_cpu = want_dx ? test::poisoned(c.x_shape(), dtype) : Tensor();
+  Tensor dw_cpu = want_dw ? dw_start.clone() : Tensor();
+  kernels::conv2d_backward(x, w, dy, dx_cpu, dw_cpu, c.params());
+
+  Tensor dx_gpu = want_dx ? test::poisoned(c.x_shape(), dtype, Device::cuda) : Tensor();
+  Tensor dw_gpu = want_dw ? dw_start.to(Device::cuda) : Tensor();
+  kernels::conv2d_backward(x.to(Device::cuda), w.to(Device::cuda), dy.to(Device::cuda), dx_gpu,
+                           dw_gpu, c.params());
+
+  if (want_dx) {
+    EXPECT_LT(test::relative_error(dx_gpu.to_vector(), dx_cpu.to_vector()), tolerance(dtype))
+        << "dx of " << describe_case(c, dtype);
+  }
+  if (want_dw) {
+    EXPECT_LT(test::relative_error(dw_gpu.to_vector(), dw_cpu.to_vector()), tolerance(dtype))
+        << "dw of " << describe_case(c, dtype);
+  }
+}
+
+TEST(GpuConv, Forward) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (const ConvCase& c : kCases)
+    for (DType dtype : {DType::f16, DType::f32})
+      for (bool bias_relu : {false, true}) check_forward(c, dtype, dtype, bias_relu, ++seed);
+}
+
+TEST(GpuConv, ForwardF16InF32Out) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 200;
+  for (const ConvCase& c : kCases) check_forward(c, DType::f16, DType::f32, true, ++seed);
+}
+
+TEST(GpuConv, Backward) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 300;
+  for (const ConvCase& c : kCases)
+    for (DType dtype : {DType::f16, DType::f32}) check_backward(c, dtype, true, true, ++seed);
+}
+
+TEST(GpuConv, BackwardOnlyOneGradient) {
+  MINAMP_REQUIRE_GPU();
+  const ConvCase c{1, 9, 7, 3, 6, 3, 3, 2, 1};
+  for (DType dtype : {DType::f16, DType::f32}) {
+    check_backward(c, dtype, true, false, 400);
+    check_backward(c, dtype, false, true, 401);
+  }
+}
+
+// x, w and dy of different dtypes are allowed (as on the CPU); the GPU computes them in f32.
+TEST(GpuConv, MixedDtypes) {
+  MINAMP_REQUIRE_GPU();
+  const ConvCase c{2, 7, 6, 3, 5, 3, 3, 1, 1};
+  Rng rng(450);
+  const Tensor x = test::random_tensor(rng, c.x_shape(), DType::f16);
+  const Tensor w = test::random_tensor(rng, c.w_shape(), DType::f32);
+  const Tensor dy = test::random_tensor(rng, c.y_shape(), DType::f16);
+  const Tensor dw_start = test::random_tensor(rng, c.w_shape());
+
+  Tensor y_cpu = test::poisoned(c.y_shape(), DType::f16);
+  Tensor dx_cpu = test::poisoned(c.x_shape(), DType::f32), dw_cpu = dw_start.clone();
+  kernels::conv2d_forward(x, w, y_cpu, c.params(), {});
+  kernels::conv2d_backward(x, w, dy, dx_cpu, dw_cpu, c.params());
+
+  Tensor y_gpu = test::poisoned(c.y_shape(), DType::f16, Device::cuda);
+  Tensor dx_gpu = test::poisoned(c.x_shape(), DType::f32, Device::cuda);
+  Tensor dw_gpu = dw_start.to(Device::cuda);
+  const Tensor x_gpu = x.to(Device::cuda), w_gpu = w.to(Device::cuda);
+  kernels::conv2d_forward(x_gpu, w_gpu, y_gpu, c.params(), {});
+  kernels::conv2d_backward(x_gpu, w_gpu, dy.to(Device::cuda), dx_gpu, dw_gpu, c.params());
+
+  const double tol = tolerance(DType::f16);
+  EXPECT_LT(test::relative_error(y_gpu.to_vector(), y_cpu.to_vector()), tol);
+  EXPECT_LT(test::relative_error(dx_gpu.to_vector(), dx_cpu.to_vector()), tol);
+  EXPECT_LT(test::relative_error(dw_gpu.to_vector(), dw_cpu.to_vector()), tol);
+}
+
+TEST(GpuConv, RejectsBadArguments) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(500);
+  const ConvCase c{1, 5, 5, 3, 4, 3, 3, 1, 1};
+  const Tensor x = test::random_tensor(rng, c.x_shape(), DType::f16, Device::cuda);
+  const Tensor w = test::random_tensor(rng, c.w_shape(), DType::f16, Device::cuda);
+  Tensor y = test::poisoned(c.y_shape(), DType::f16, Device::cuda);
+
+  const Tensor w_wrong_cin = test::random_tensor(rng, {4, 3, 3, 5}, DType::f16, Device::cuda);
+  EXPECT_THROW(kernels::conv2d_forward(x, w_wrong_cin, y, c.params(), {}), Error);
+  Tensor y_wrong = test::poisoned({1, 4, 5, 4}, DType::f16, Device::cuda);
+  EXPECT_THROW(kernels::conv2d_forward(x, w, y_wrong, c.params(), {}), Error);
+  const Tensor x_rank3 = test::random_tensor(rng, {5, 5, 3}, DType::f16, Device::cuda);
+  EXPECT_THROW(kernels::conv2d_forward(x_rank3, w, y, c.params(), {}), Error);
+
+  Tensor dx;
+  Tensor dw_f16 = test::poisoned(c.w_shape(), DType::f16, Device::cuda);
+  EXPECT_THROW(kernels::conv2d_backward(x, w, y, dx, dw_f16, c.params()), Error);
+}
+
+} // namespace
+} // namespace minamp

@@ -1,0 +1,101 @@
+// GPU tests of the device plumbing: host/device copies round-trip every dtype bit for bit, the
+// caching allocator makes no cudaMalloc call once a step's sizes have been seen, and (the one
+// test that needs no GPU) a cuda tensor without a device fails with an Error saying why.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/backend.h"
+#include "kernels/kernels.h"
+#include "test_util.h"
+#if MINAMP_WITH_CUDA
+#include "device.cuh"
+#endif
+
+namespace minamp {
+namespace {
+
+TEST(GpuAbsent, CudaTensorWithoutADeviceThrowsTheReason) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present; this test needs its absence";
+  const std::string reason = cuda_unavailable_reason();
+  EXPECT_FALSE(reason.empty());
+  try {
+    Tensor::empty({4}, DType::f32, Device::cuda);
+    FAIL() << "Tensor::empty on cuda succeeded without a device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(reason), std::string::npos)
+        << "message '" << e.what() << "' does not say why: " << reason;
+  }
+}
+
+TEST(GpuDevice, CopiesRoundTripEveryDtype) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(81);
+  for (DType dtype : {DType::f32, DType::f16, DType::i32})
+    for (int64_t n : {1, 17, 1000, 1 << 20}) {
+      const Tensor host = test::random_tensor(rng, {n}, dtype, Device::cpu, -1000.0f, 1000.0f);
+      const Tensor device = host.to(Device::cuda);
+      const Tensor device_copy = device.clone(); // device to device
+      const Tensor back = device_copy.to(Device::cpu);
+      ASSERT_EQ(back.nbytes(), host.nbytes());
+      EXPECT_EQ(std::memcmp(back.raw(), host.raw(), host.nbytes()), 0)
+          << describe(host) << " changed on its way through the device";
+    }
+}
+
+#if MINAMP_WITH_CUDA
+
+// A few tensors alive together, of sizes in both size-class regimes (below and above 1 MiB).
+void allocate_like_a_step() {
+  std::vector<Tensor> live;
+  for (int64_t n : {1, 17, 1000, 300000, 1 << 20, 3 << 20})
+    live.push_back(Tensor::empty({n}, DType::f32, Device::cuda));
+  live.push_back(Tensor::empty({12345}, DType::f16, Device::cuda));
+}
+
+TEST(GpuAllocator, SteadyStateMakesNoCudaMallocCall) {
+  MINAMP_REQUIRE_GPU();
+  Allocator& allocator = allocator_for(Device::cuda);
+  const size_t live_before = allocator.live_bytes();
+  allocate_like_a_step(); // warm-up: fills the cache
+  const size_t calls_after_warm_up = gpu::cuda_malloc_calls();
+  for (int i = 0; i < 10; ++i) allocate_like_a_step();
+  EXPECT_EQ(gpu::cuda_malloc_calls(), calls_after_warm_up);
+  EXPECT_EQ(allocator.live_bytes(), live_before);
+  EXPECT_GE(allocator.peak_bytes(), live_before + (size_t(4) << 20) * 4);
+}
+
+// Kernels with workspaces (two-stage reductions) also reach a steady state after one step.
+TEST(GpuAllocator, BatchNormStepReusesItsWorkspaces) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(82);
+  const Tensor x = test::random_tensor(rng, {4096, 64}, DType::f16, Device::cuda);
+  const Tensor gamma = Tensor::full({64}, 1.0f, DType::f32, Device::cuda);
+  const Tensor beta = Tensor::zeros({64}, DType::f32, Device::cuda);
+  Tensor y = Tensor::empty({4096, 64}, DType::f16, Device::cuda);
+  Tensor dx = Tensor::empty({4096, 64}, DType::f16, Device::cuda);
+  Tensor mean = Tensor::empty({64}, DType::f32, Device::cuda);
+  Tensor invstd = Tensor::empty({64}, DType::f32, Device::cuda);
+  Tensor running_mean = Tensor::zeros({64}, DType::f32, Device::cuda);
+  Tensor running_var = Tensor::full({64}, 1.0f, DType::f32, Device::cuda);
+  Tensor dgamma = Tensor::zeros({64}, DType::f32, Device::cuda);
+  Tensor dbeta = Tensor::zeros({64}, DType::f32, Device::cuda);
+  const BatchNormParams bn;
+  auto step = [&] {
+    kernels::batchnorm_forward(x, gamma, beta, y, mean, invstd, running_mean, running_var, bn);
+    kernels::batchnorm_backward(x, gamma, beta, mean, invstd, y, dx, dgamma, dbeta, bn);
+  };
+  step();
+  const size_t calls = gpu::cuda_malloc_calls();
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_EQ(gpu::cuda_malloc_calls(), calls);
+  backend::cuda_synchronize();
+}
+
+#endif // MINAMP_WITH_CUDA
+
+} // namespace
+} // namespace minamp

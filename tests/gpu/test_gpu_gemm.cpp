@@ -1,0 +1,145 @@
+// GPU GEMM (WMMA tensor-core kernel for f16, SIMT kernel for f32) against the CPU reference:
+// every transpose combination, edge shapes (M, N, K not multiples of any tile), f16 and f32
+// outputs, and the fused alpha/beta/bias/ReLU epilogue. Outputs start as NaN poison.
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "test_util.h"
+
+namespace minamp {
+namespace {
+
+struct GemmCase {
+  int64_t m, n, k;
+  bool trans_a = false, trans_b = false;
+  DType ab = DType::f32; // dtype of A and B
+  DType c = DType::f32;
+  float alpha = 1.0f, beta = 0.0f;
+  bool bias = false, relu = false;
+};
+
+std::string describe_case(const GemmCase& g) {
+  return cat("M=", g.m, " N=", g.n, " K=", g.k, " trans_a=", g.trans_a, " trans_b=", g.trans_b, " ",
+             g.ab, "->", g.c, " alpha=", g.alpha, " beta=", g.beta, " bias=", g.bias,
+             " relu=", g.relu);
+}
+
+// f16 anywhere means f16 rounding of inputs or output: compare at the f16 tolerance.
+double tolerance(const GemmCase& g) {
+  return test::tolerance_for(g.ab == DType::f16 || g.c == DType::f16 ? DType::f16 : DType::f32);
+}
+
+// Runs the case on the GPU and on the CPU reference from the same random inputs and returns
+// the relative error of the GPU result. With beta == 0, C starts as NaN on both sides.
+double gemm_error(const GemmCase& g, uint64_t seed) {
+  Rng rng(seed);
+  const Tensor a = test::random_tensor(rng, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}, g.ab);
+  const Tensor b = test::random_tensor(rng, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, g.ab);
+  const Tensor c_start =
+      g.beta != 0.0f ? test::random_tensor(rng, {g.m, g.n}, g.c) : test::poisoned({g.m, g.n}, g.c);
+  const Tensor bias = test::random_tensor(rng, {g.n});
+
+  GemmEpilogue epilogue{g.alpha, g.beta, g.bias ? &bias : nullptr, g.relu};
+  Tensor c_cpu = c_start.clone();
+  kernels::gemm(a, g.trans_a, b, g.trans_b, c_cpu, epilogue);
+
+  const Tensor bias_gpu = bias.to(Device::cuda);
+  epilogue.bias = g.bias ? &bias_gpu : nullptr;
+  Tensor c_gpu = c_start.to(Device::cuda);
+  kernels::gemm(a.to(Device::cuda), g.trans_a, b.to(Device::cuda), g.trans_b, c_gpu, epilogue);
+  return test::relative_error(c_gpu.to_vector(), c_cpu.to_vector());
+}
+
+void expect_matches_cpu(const GemmCase& g, uint64_t seed) {
+  const double error = gemm_error(g, seed);
+  EXPECT_LT(error, tolerance(g)) << describe_case(g);
+}
+
+struct DTypePair {
+  DType ab, c;
+};
+const std::vector<DTypePair> kDTypePairs = {
+    {DType::f16, DType::f16}, {DType::f16, DType::f32}, {DType::f32, DType::f32}};
+
+TEST(GpuGemm, SquareShapes) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 100;
+  // fp32 sums of up to 1000 products: the order differs from Eigen's, but the rounding error
+  // stays near sqrt(K) * 2^-24 ~ 2e-6, well inside tolerance_for(f32).
+  for (int64_t size : {64, 128, 256, 1000})
+    for (const DTypePair& d : kDTypePairs) {
+      GemmCase g{size, size, size};
+      g.ab = d.ab, g.c = d.c;
+      expect_matches_cpu(g, ++seed);
+    }
+}
+
+// Every M x N x K of the edge sizes, with all four transpose combinations, for one dtype pair.
+void check_edge_shapes(const DTypePair& d, uint64_t seed) {
+  for (int64_t m : {1, 17, 1000})
+    for (int64_t k : {1, 7, 40, 100})
+      for (int64_t n : {1, 17, 130})
+        for (bool trans_a : {false, true})
+          for (bool trans_b : {false, true}) {
+            GemmCase g{m, n, k, trans_a, trans_b, d.ab, d.c};
+            expect_matches_cpu(g, ++seed);
+          }
+}
+
+TEST(GpuGemm, EdgeShapesAllTransposesF16ToF16) {
+  MINAMP_REQUIRE_GPU();
+  check_edge_shapes({DType::f16, DType::f16}, 1000);
+}
+
+TEST(GpuGemm, EdgeShapesAllTransposesF16ToF32) {
+  MINAMP_REQUIRE_GPU();
+  check_edge_shapes({DType::f16, DType::f32}, 2000);
+}
+
+TEST(GpuGemm, EdgeShapesAllTransposesF32ToF32) {
+  MINAMP_REQUIRE_GPU();
+  check_edge_shapes({DType::f32, DType::f32}, 3000);
+}
+
+TEST(GpuGemm, EpilogueAlphaBetaBiasRelu) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 4000;
+  for (const DTypePair& d : kDTypePairs)
+    for (bool trans : {false, true})
+      for (float alpha : {1.0f, 0.5f})
+        for (float beta : {0.0f, 1.0f, -0.75f})
+          for (bool bias : {false, true})
+            for (bool relu : {false, true}) {
+              GemmCase g{33, 70, 45, trans, !trans, d.ab, d.c, alpha, beta, bias, relu};
+              expect_matches_cpu(g, ++seed);
+            }
+}
+
+// Shapes with enough 128x128 tiles to select the large configuration (>= one block per SM on
+// an H100), with ragged edges: K = 72 takes the 16-byte copy path, K = 37 the element path.
+TEST(GpuGemm, LargeTilesWithEdges) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 5000;
+  for (DType ab : {DType::f16, DType::f32})
+    for (int64_t k : {72, 37})
+      for (bool trans_a : {false, true})
+        for (bool trans_b : {false, true}) {
+          GemmCase g{4099, 520, k, trans_a, trans_b, ab, ab, 1.0f, 0.5f, true, true};
+          expect_matches_cpu(g, ++seed);
+        }
+}
+
+// The shape of the sine example's 1x1 convs: many rows, few channels.
+TEST(GpuGemm, TallThin) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 6000;
+  for (const DTypePair& d : kDTypePairs) {
+    GemmCase g{65537, 32, 32, false, true, d.ab, d.c};
+    g.bias = g.relu = true;
+    expect_matches_cpu(g, ++seed);
+  }
+}
+
+} // namespace
+} // namespace minamp

@@ -1,0 +1,442 @@
+// GPU tests of the non-GEMM kernels: every kernel runs on cuda and on the CPU reference with the
+// same fresh random inputs; GPU outputs start as NaN and must match within the dtype's
+// tolerance. Covers elementwise ops, pooling, reductions, losses and batch norm at awkward sizes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "test_util.h"
+
+namespace minamp {
+namespace {
+
+using test::poisoned;
+using test::random_tensor;
+using test::relative_error;
+using test::tolerance_for;
+
+const std::vector<int64_t> kSizes = {1, 17, 1000, 65539};
+const std::vector<DType> kFloating = {DType::f32, DType::f16};
+
+Tensor gpu(const Tensor& t) { return t.to(Device::cuda); }
+
+// The loosest tolerance among the dtypes involved.
+double tolerance(std::initializer_list<DType> dtypes) {
+  double tol = 0.0;
+  for (DType d : dtypes) tol = std::max(tol, tolerance_for(d));
+  return tol;
+}
+
+// Expects the GPU output to match the CPU reference within `tol` (NaN never passes).
+void expect_close(const Tensor& on_gpu, const Tensor& on_cpu, double tol, const std::string& what) {
+  const double err = relative_error(on_gpu, on_cpu);
+  EXPECT_LE(err, tol) << what << ": relative error " << err << " (gpu " << describe(on_gpu)
+                      << ", cpu " << describe(on_cpu) << ")";
+}
+
+// Expects identical values (both rounded the same way, or exact math).
+void expect_equal(const Tensor& on_gpu, const Tensor& on_cpu, const std::string& what) {
+  const std::vector<float> g = on_gpu.to_vector(), c = on_cpu.to_vector();
+  ASSERT_EQ(g.size(), c.size()) << what;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const bool same = g[i] == c[i] || (std::isnan(g[i]) && std::isnan(c[i]));
+    ASSERT_TRUE(same) << what << ": element " << i << " is " << g[i] << " on gpu, " << c[i]
+                      << " on cpu";
+  }
+}
+
+std::string label(const char* op, int64_t n, DType a, DType b) {
+  return cat(op, " n=", n, " ", a, "->", b);
+}
+
+// ---- Elementwise.
+
+TEST(GpuElementwise, FillEveryDtype) {
+  MINAMP_REQUIRE_GPU();
+  for (int64_t n : kSizes)
+    for (DType dtype : {DType::f32, DType::f16, DType::i32}) {
+      Tensor out = dtype == DType::i32 ? Tensor::full({n}, 7.0f, dtype, Device::cuda)
+                                       : poisoned({n}, dtype, Device::cuda);
+      kernels::fill(out, -3.75f);
+      Tensor ref = Tensor::empty({n}, dtype);
+      kernels::fill(ref, -3.75f);
+      expect_equal(out, ref, label("fill", n, dtype, dtype));
+    }
+}
+
+TEST(GpuElementwise, FillEmptyTensorIsANoOp) {
+  MINAMP_REQUIRE_GPU();
+  Tensor out = Tensor::empty({0, 7}, DType::f16, Device::cuda);
+  kernels::fill(out, 1.0f);
+  EXPECT_EQ(out.to_vector().size(), 0u);
+}
+
+TEST(GpuElementwise, CastRoundsLikeTheReference) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(11);
+  for (int64_t n : kSizes)
+    for (DType from : kFloating)
+      for (DType to : {DType::f32, DType::f16, DType::i32}) {
+        // Past 65504 an f16 rounds to inf; i32 targets get finite values only.
+        const float range = to == DType::i32 ? 1000.0f : 70000.0f;
+        const Tensor src = random_tensor(rng, {n}, from, Device::cpu, -range, range);
+        Tensor out = Tensor::full({n}, 12345.0f, to, Device::cuda);
+        kernels::cast(gpu(src), out);
+        Tensor ref = Tensor::empty({n}, to);
+        kernels::cast(src, ref);
+        expect_equal(out, ref, label("cast", n, from, to));
+      }
+}
+
+TEST(GpuElementwise, AddInplaceMixedDtypes) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(12);
+  for (int64_t n : kSizes)
+    for (DType dst_type : kFloating)
+      for (DType src_type : kFloating) {
+        const Tensor dst = random_tensor(rng, {n}, dst_type);
+        const Tensor src = random_tensor(rng, {n}, src_type);
+        Tensor out = gpu(dst);
+        kernels::add_inplace(out, gpu(src), -0.7f);
+        Tensor ref = dst.clone();
+        kernels::add_inplace(ref, src, -0.7f);
+        expect_close(out, ref, tolerance({dst_type, src_type}),
+                     label("add_inplace", n, src_type, dst_type));
+      }
+}
+
+TEST(GpuElementwise, MulScalarReadsTheScaleOnTheDeviceAndMayAlias) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(13);
+  const Tensor scale = Tensor::from_vector({rng.uniform(0.5f, 4.0f)}, {1});
+  for (int64_t n : kSizes)
+    for (DType src_type : kFloating)
+      for (DType dst_type : kFloating) {
+        const Tensor src = random_tensor(rng, {n}, src_type);
+        Tensor out = poisoned({n}, dst_type, Device::cuda);
+        kernels::mul_scalar(gpu(src), gpu(scale), out);
+        Tensor ref = Tensor::empty({n}, dst_type);
+        kernels::mul_scalar(src, scale, ref);
+        expect_close(out, ref, tolerance({src_type, dst_type}),
+                     label("mul_scalar", n, src_type, dst_type));
+      }
+  const Tensor src = random_tensor(rng, {1000}, DType::f32);
+  Tensor in_place = gpu(src);
+  kernels::mul_scalar(in_place, gpu(scale), in_place);
+  Tensor ref = Tensor::empty({1000});
+  kernels::mul_scalar(src, scale, ref);
+  expect_equal(in_place, ref, "mul_scalar in place");
+}
+
+TEST(GpuElementwise, ReluForwardAndBackward) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(14);
+  for (int64_t n : kSizes)
+    for (DType dtype : kFloating) {
+      const Tensor x = random_tensor(rng, {n}, dtype);
+      Tensor y = poisoned({n}, dtype, Device::cuda);
+      kernels::relu_forward(gpu(x), y);
+      Tensor y_ref = Tensor::empty({n}, dtype);
+      kernels::relu_forward(x, y_ref);
+      expect_equal(y, y_ref, label("relu_forward", n, dtype, dtype));
+
+      const Tensor dy = random_tensor(rng, {n}, dtype);
+      Tensor dx = poisoned({n}, dtype, Device::cuda);
+      kernels::relu_backward(y, gpu(dy), dx);
+      Tensor dx_ref = Tensor::empty({n}, dtype);
+      kernels::relu_backward(y_ref, dy, dx_ref);
+      expect_equal(dx, dx_ref, label("relu_backward", n, dtype, dtype));
+    }
+}
+
+TEST(GpuElementwise, SizesNotAMultipleOfFourUseTheScalarTail) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(15);
+  for (int64_t n : {2, 3, 5, 6, 7, 9}) {
+    const Tensor x = random_tensor(rng, {n}, DType::f16);
+    Tensor y = poisoned({n}, DType::f32, Device::cuda);
+    kernels::cast(gpu(x), y);
+    expect_equal(y, x.to(DType::f32), label("cast", n, DType::f16, DType::f32));
+  }
+}
+
+// ---- Pooling.
+
+TEST(GpuPool, AvgpoolForwardAndBackward) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(21);
+  const std::vector<Shape> shapes = {{1, 1, 1, 1}, {2, 3, 5, 17}, {8, 7, 7, 64}};
+  for (const Shape& shape : shapes)
+    for (DType dtype : kFloating) {
+      const Tensor x = random_tensor(rng, shape, dtype);
+      Tensor y = poisoned({shape[0], shape[3]}, dtype, Device::cuda);
+      kernels::avgpool_forward(gpu(x), y);
+      Tensor y_ref = Tensor::empty({shape[0], shape[3]}, dtype);
+      kernels::avgpool_forward(x, y_ref);
+      expect_close(y, y_ref, tolerance_for(dtype), cat("avgpool_forward ", shape, " ", dtype));
+
+      const Tensor dy = random_tensor(rng, {shape[0], shape[3]}, dtype);
+      Tensor dx = poisoned(shape, dtype, Device::cuda);
+      kernels::avgpool_backward(gpu(dy), dx);
+      Tensor dx_ref = Tensor::empty(shape, dtype);
+      kernels::avgpool_backward(dy, dx_ref);
+      expect_close(dx, dx_ref, tolerance_for(dtype), cat("avgpool_backward ", shape, " ", dtype));
+    }
+}
+
+// ---- Reductions.
+
+TEST(GpuReduce, BiasBackwardAccumulatesColumnSums) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(31);
+  const std::vector<std::pair<int64_t, int64_t>> dims = {{1, 1},    {17, 3},     {1000, 33},
+                                                         {3, 1000}, {65536, 64}, {0, 5}};
+  for (const auto& [rows, cols] : dims)
+    for (DType dtype : kFloating) {
+      const Tensor dy = random_tensor(rng, {rows, cols}, dtype);
+      const Tensor db_start = random_tensor(rng, {cols});
+      Tensor db = gpu(db_start);
+      kernels::bias_backward(gpu(dy), db);
+      Tensor db_ref = db_start.clone();
+      kernels::bias_backward(dy, db_ref);
+      expect_close(db, db_ref, tolerance_for(DType::f32),
+                   cat("bias_backward [", rows, ", ", cols, "] ", dtype));
+    }
+}
+
+TEST(GpuReduce, SumSquaresAndClipCoefficient) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(32);
+  for (int64_t n : {int64_t(0), int64_t(1), int64_t(17), int64_t(1000), int64_t(1) << 20})
+    for (DType dtype : kFloating) {
+      const Tensor x = random_tensor(rng, {n}, dtype);
+      const Tensor start = Tensor::from_vector({rng.uniform(0.0f, 2.0f)}, {1});
+      Tensor sum_sq = gpu(start);
+      kernels::sum_squares(gpu(x), sum_sq);
+      Tensor sum_sq_ref = start.clone();
+      kernels::sum_squares(x, sum_sq_ref);
+      expect_close(sum_sq, sum_sq_ref, tolerance_for(DType::f32),
+                   label("sum_squares", n, dtype, dtype));
+
+      for (float max_norm : {0.5f, 1e6f}) {
+        Tensor coef = poisoned({1}, DType::f32, Device::cuda);
+        kernels::clip_coefficient(sum_sq, max_norm, coef);
+        Tensor coef_ref = Tensor::empty({1});
+        kernels::clip_coefficient(sum_sq_ref, max_norm, coef_ref);
+        expect_close(coef, coef_ref, tolerance_for(DType::f32), cat("clip_coefficient ", max_norm));
+      }
+    }
+}
+
+// Values spread over 2^-40 .. 2^20 with both signs, plus zeros, infinities and NaN.
+Tensor wide_range_values(Rng& rng, int64_t n, DType dtype) {
+  std::vector<float> values(static_cast<size_t>(n));
+  for (float& v : values) {
+    const uint32_t kind = rng.below(20);
+    if (kind == 0)
+      v = 0.0f;
+    else if (kind == 1)
+      v = INFINITY;
+    else if (kind == 2)
+      v = std::nanf("");
+    else
+      v = (rng.below(2) ? 1.0f : -1.0f) * std::exp2(rng.uniform(-40.0f, 20.0f));
+  }
+  return Tensor::from_vector(values, {n}, dtype);
+}
+
+TEST(GpuReduce, Fp16RangeCountsMatchExactly) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(33);
+  for (int64_t n : {int64_t(1), int64_t(17), int64_t(1000), int64_t(300000)})
+    for (DType dtype : kFloating)
+      for (float scale : {1.0f, 1024.0f, 65536.0f}) {
+        const Tensor x = wide_range_values(rng, n, dtype);
+        const Tensor start = Tensor::from_vector({1, 2, 3, 4, 5}, {5});
+        Tensor counts = gpu(start);
+        kernels::fp16_range_counts(gpu(x), scale, counts);
+        Tensor counts_ref = start.clone();
+        kernels::fp16_range_counts(x, scale, counts_ref);
+        expect_equal(counts, counts_ref,
+                     cat("fp16_range_counts n=", n, " ", dtype, " scale ", scale));
+      }
+}
+
+// ---- Losses.
+
+TEST(GpuLoss, MseForwardAndBackward) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(41);
+  const Tensor dloss = Tensor::from_vector({rng.uniform(0.5f, 2.0f)}, {1});
+  for (int64_t n : kSizes)
+    for (DType pred_type : kFloating)
+      for (DType target_type : kFloating) {
+        const Tensor pred = random_tensor(rng, {n}, pred_type);
+        const Tensor target = random_tensor(rng, {n}, target_type);
+        Tensor loss = poisoned({1}, DType::f32, Device::cuda);
+        kernels::mse_forward(gpu(pred), gpu(target), loss);
+        Tensor loss_ref = Tensor::empty({1});
+        kernels::mse_forward(pred, target, loss_ref);
+        expect_close(loss, loss_ref, tolerance_for(DType::f32),
+                     label("mse_forward", n, pred_type, target_type));
+
+        Tensor dpred = poisoned({n}, pred_type, Device::cuda);
+        kernels::mse_backward(gpu(pred), gpu(target), gpu(dloss), dpred);
+        Tensor dpred_ref = Tensor::empty({n}, pred_type);
+        kernels::mse_backward(pred, target, dloss, dpred_ref);
+        expect_close(dpred, dpred_ref, tolerance({pred_type, target_type}),
+                     label("mse_backward", n, pred_type, target_type));
+      }
+}
+
+Tensor random_labels(Rng& rng, int64_t rows, int64_t classes) {
+  std::vector<float> labels(static_cast<size_t>(rows));
+  for (float& l : labels) l = static_cast<float>(rng.below(static_cast<uint32_t>(classes)));
+  return Tensor::from_vector(labels, {rows}, DType::i32);
+}
+
+TEST(GpuLoss, CrossEntropyForwardAndBackward) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(42);
+  const Tensor dloss = Tensor::from_vector({rng.uniform(0.5f, 2.0f)}, {1});
+  const std::vector<std::pair<int64_t, int64_t>> dims = {{1, 1}, {17, 10}, {1000, 37}, {3, 1000}};
+  for (const auto& [rows, classes] : dims)
+    for (DType dtype : kFloating) {
+      const Tensor logits = random_tensor(rng, {rows, classes}, dtype, Device::cpu, -8.0f, 8.0f);
+      const Tensor labels = random_labels(rng, rows, classes);
+      const std::string what = cat("cross_entropy [", rows, ", ", classes, "] ", dtype);
+      Tensor loss = poisoned({1}, DType::f32, Device::cuda);
+      kernels::cross_entropy_forward(gpu(logits), gpu(labels), loss);
+      Tensor loss_ref = Tensor::empty({1});
+      kernels::cross_entropy_forward(logits, labels, loss_ref);
+      expect_close(loss, loss_ref, tolerance_for(DType::f32), what);
+
+      Tensor dlogits = poisoned({rows, classes}, dtype, Device::cuda);
+      kernels::cross_entropy_backward(gpu(logits), gpu(labels), gpu(dloss), dlogits);
+      Tensor dlogits_ref = Tensor::empty({rows, classes}, dtype);
+      kernels::cross_entropy_backward(logits, labels, dloss, dlogits_ref);
+      expect_close(dlogits, dlogits_ref, tolerance_for(dtype), what);
+    }
+}
+
+TEST(GpuLoss, CrossEntropyOutOfRangeLabelGivesNaNNotACrash) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(43);
+  const Tensor logits = gpu(random_tensor(rng, {4, 5}));
+  const Tensor labels = gpu(Tensor::from_vector({0, -1, 5, 4}, {4}, DType::i32));
+  Tensor loss = Tensor::zeros({1}, DType::f32, Device::cuda);
+  kernels::cross_entropy_forward(logits, labels, loss);
+  EXPECT_TRUE(std::isnan(loss.item()));
+  Tensor dlogits = Tensor::zeros({4, 5}, DType::f32, Device::cuda);
+  kernels::cross_entropy_backward(logits, labels, gpu(Tensor::full({1}, 1.0f)), dlogits);
+  const std::vector<float> grad = dlogits.to_vector();
+  for (int k = 0; k < 5; ++k) {
+    EXPECT_TRUE(std::isfinite(grad[k])) << "row 0 has a valid label";
+    EXPECT_TRUE(std::isnan(grad[5 + k])) << "row 1 has label -1";
+    EXPECT_TRUE(std::isnan(grad[10 + k])) << "row 2 has label 5 with K = 5";
+  }
+}
+
+// ---- Batch norm.
+
+struct BatchNormCase {
+  int64_t rows, channels;
+  DType dtype;
+  bool training, relu;
+};
+
+std::string describe_case(const BatchNormCase& c) {
+  return cat("batchnorm [", c.rows, ", ", c.channels, "] ", c.dtype,
+             c.training ? " training" : " eval", c.relu ? " relu" : "");
+}
+
+// Runs forward and backward on both devices and compares every output.
+void check_batchnorm(const BatchNormCase& c, Rng& rng) {
+  SCOPED_TRACE(describe_case(c));
+  const BatchNormParams bn{c.training, 0.1f, 1e-5f, c.relu};
+  const Shape x_shape{c.rows, c.channels}, channel_shape{c.channels};
+  const Tensor x = random_tensor(rng, x_shape, c.dtype, Device::cpu, -1.0f, 3.0f);
+  const Tensor gamma = random_tensor(rng, channel_shape, DType::f32, Device::cpu, 0.5f, 1.5f);
+  const Tensor beta = random_tensor(rng, channel_shape);
+  const Tensor running_mean0 = random_tensor(rng, channel_shape);
+  const Tensor running_var0 =
+      random_tensor(rng, channel_shape, DType::f32, Device::cpu, 0.5f, 2.0f);
+
+  Tensor y = poisoned(x_shape, c.dtype, Device::cuda);
+  Tensor mean = poisoned(channel_shape, DType::f32, Device::cuda);
+  Tensor invstd = poisoned(channel_shape, DType::f32, Device::cuda);
+  Tensor running_mean = gpu(running_mean0), running_var = gpu(running_var0);
+  kernels::batchnorm_forward(gpu(x), gpu(gamma), gpu(beta), y, mean, invstd, running_mean,
+                             running_var, bn);
+  Tensor y_ref = Tensor::empty(x_shape, c.dtype);
+  Tensor mean_ref = Tensor::empty(channel_shape), invstd_ref = Tensor::empty(channel_shape);
+  Tensor running_mean_ref = running_mean0.clone(), running_var_ref = running_var0.clone();
+  kernels::batchnorm_forward(x, gamma, beta, y_ref, mean_ref, invstd_ref, running_mean_ref,
+                             running_var_ref, bn);
+  const double f32_tol = tolerance_for(DType::f32);
+  expect_close(y, y_ref, tolerance_for(c.dtype), "y");
+  expect_close(mean, mean_ref, f32_tol, "mean");
+  expect_close(invstd, invstd_ref, f32_tol, "invstd");
+  expect_close(running_mean, running_mean_ref, f32_tol, "running_mean");
+  expect_close(running_var, running_var_ref, f32_tol, "running_var");
+
+  const Tensor dy = random_tensor(rng, x_shape, c.dtype);
+  const Tensor dgamma0 = random_tensor(rng, channel_shape),
+               dbeta0 = random_tensor(rng, channel_shape);
+  Tensor dx = poisoned(x_shape, c.dtype, Device::cuda);
+  Tensor dgamma = gpu(dgamma0), dbeta = gpu(dbeta0);
+  kernels::batchnorm_backward(gpu(x), gpu(gamma), gpu(beta), mean, invstd, gpu(dy), dx, dgamma,
+                              dbeta, bn);
+  Tensor dx_ref = Tensor::empty(x_shape, c.dtype);
+  Tensor dgamma_ref = dgamma0.clone(), dbeta_ref = dbeta0.clone();
+  kernels::batchnorm_backward(x, gamma, beta, mean_ref, invstd_ref, dy, dx_ref, dgamma_ref,
+                              dbeta_ref, bn);
+  expect_close(dx, dx_ref, tolerance_for(c.dtype), "dx");
+  expect_close(dgamma, dgamma_ref, f32_tol, "dgamma");
+  expect_close(dbeta, dbeta_ref, f32_tol, "dbeta");
+}
+
+TEST(GpuBatchNorm, SmallShapesEveryMode) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(51);
+  for (const auto& [rows, channels] :
+       std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {2, 1}, {17, 33}, {1000, 7}})
+    for (DType dtype : kFloating)
+      for (bool training : {true, false})
+        for (bool relu : {false, true})
+          check_batchnorm({rows, channels, dtype, training, relu}, rng);
+}
+
+TEST(GpuBatchNorm, LargeActivation262144x256) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(52);
+  check_batchnorm({262144, 256, DType::f16, true, true}, rng);
+  check_batchnorm({262144, 256, DType::f32, true, false}, rng);
+}
+
+TEST(GpuBatchNorm, FourDimensionalActivationIsRowsTimesChannels) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(53);
+  const Tensor x = random_tensor(rng, {2, 3, 4, 6}, DType::f16);
+  const Tensor gamma = random_tensor(rng, {6}), beta = random_tensor(rng, {6});
+  const BatchNormParams bn;
+  Tensor y = poisoned({2, 3, 4, 6}, DType::f16, Device::cuda);
+  Tensor mean = poisoned({6}, DType::f32, Device::cuda),
+         invstd = poisoned({6}, DType::f32, Device::cuda);
+  Tensor rm = Tensor::zeros({6}, DType::f32, Device::cuda),
+         rv = Tensor::full({6}, 1.0f, DType::f32, Device::cuda);
+  kernels::batchnorm_forward(gpu(x), gpu(gamma), gpu(beta), y, mean, invstd, rm, rv, bn);
+  Tensor y_ref = Tensor::empty({2, 3, 4, 6}, DType::f16);
+  Tensor mean_ref = Tensor::empty({6}), invstd_ref = Tensor::empty({6});
+  Tensor rm_ref = Tensor::zeros({6}), rv_ref = Tensor::full({6}, 1.0f);
+  kernels::batchnorm_forward(x, gamma, beta, y_ref, mean_ref, invstd_ref, rm_ref, rv_ref, bn);
+  expect_close(y, y_ref, tolerance_for(DType::f16), "y");
+}
+
+} // namespace
+} // namespace minamp
