@@ -33,7 +33,10 @@ build: configure
 demo: build
 	@$(BUILD)/sine --compare --out out/sine
 
+# ctest hides the output of skipped tests, so say once why the GPU tests skip (if they do).
 test: build
+	@$(BUILD)/minamp_tests --gtest_filter='GpuDevice.*' 2>&1 | grep -m1 '^no GPU' \
+	  | sed 's/^/GPU tests will be skipped: /' || true
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-sanitize:
