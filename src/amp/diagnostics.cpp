@@ -27,7 +27,10 @@ RangeCounts to_counts(const Tensor& counts) {
 ActivationGradientProbe::ActivationGradientProbe(float stored_scale, float target_scale)
     : stored_scale_(stored_scale), target_scale_(target_scale) {
   set_grad_observer([this](const Node& node) {
-    if (node.grad.dtype() == DType::i32) return;
+    // Layer outputs only: the gradients that autocast stores in f16. Losses, the loss scaling
+    // and casts carry fp32 gradients under autocast.
+    const std::string op = node.op;
+    if (op == "mse_loss" || op == "cross_entropy" || op == "mul_scalar" || op == "cast") return;
     entries_.push_back({node.op, range_counts(node.grad, 1.0f / stored_scale_),
                         range_counts(node.grad, target_scale_ / stored_scale_)});
   });

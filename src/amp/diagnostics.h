@@ -27,7 +27,8 @@ struct RangeReport {
   RangeCounts at_scale;
 };
 
-// While alive, records the range counts of every op's output gradient during backward().
+// While alive, records the range counts of every layer output's gradient during backward()
+// (losses, loss scaling and casts are left out: their gradients stay fp32 under autocast).
 // Gradients are stored multiplied by `stored_scale` (the loss scale of this backward, 1 in FP32);
 // counts are taken for the true gradient (x 1) and for it multiplied by `target_scale`.
 class ActivationGradientProbe {

@@ -545,3 +545,41 @@ TEST(AmpTraining, SineAmpEndsWithinTenPercentOfFp32) {
 
 } // namespace
 } // namespace minamp
+
+#include "amp/diagnostics.h"
+
+namespace minamp {
+namespace {
+
+TEST(Diagnostics, ProbeCountsWhatFp16WouldFlushAtScaleOneButNotAtS) {
+  // Activation gradients of ~1e-8 (targets 1e-7 off in FP32): every one flushes to zero in
+  // fp16 at scale 1, none at S = 65536, where they are ordinary normal numbers (~6.5e-4).
+  Problem p;
+  std::vector<float> y;
+  {
+    NoGrad no_grad;
+    y = p.model(Var(p.x)).value().to_vector();
+  }
+  for (float& v : y) v -= 1e-7f;
+  amp::ActivationGradientProbe probe(1.0f, 65536.0f);
+  p.model.zero_grad();
+  ops::mse_loss(p.model(Var(p.x)), Tensor::from_vector(y, {16, 1})).backward();
+  const std::vector<amp::RangeReport> reports = probe.reports();
+  ASSERT_EQ(reports.size(), 2u) << "two Linear layers (the ReLU is fused), loss left out";
+  EXPECT_EQ(reports[0].name, "linear#0");
+  const amp::RangeReport& last = reports[1]; // the output layer's gradient [16, 1]
+  EXPECT_EQ(last.at_scale_one.nonzero, 16);
+  EXPECT_EQ(last.at_scale_one.flushed, 16);
+  EXPECT_EQ(last.at_scale.flushed, 0);
+  EXPECT_EQ(last.at_scale.subnormal, 0);
+
+  const auto weights = amp::weight_gradient_report(p.model.named_parameters(), 1.0f, 65536.0f);
+  ASSERT_EQ(weights.size(), 4u);
+  EXPECT_EQ(weights[3].name, "2.bias");
+  EXPECT_EQ(amp::first_nonfinite_parameter(p.model.named_parameters()), "");
+  kernels::fill(p.model.parameters()[1]->grad(), NAN);
+  EXPECT_EQ(amp::first_nonfinite_parameter(p.model.named_parameters()), "0.bias");
+}
+
+} // namespace
+} // namespace minamp
