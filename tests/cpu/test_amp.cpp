@@ -583,3 +583,26 @@ TEST(Diagnostics, ProbeCountsWhatFp16WouldFlushAtScaleOneButNotAtS) {
 
 } // namespace
 } // namespace minamp
+
+namespace minamp {
+namespace {
+
+// Why reductions accumulate in fp32: an f16 running sum of ones stops at 2048, where the spacing
+// of f16 values becomes 2 and 2048 + 1 rounds back to 2048 (ties to even).
+TEST(WhyFp32, F16RunningSumStallsAt2048WhileFp32AccumulationIsExact) {
+  float f16_sum = 0, f32_sum = 0;
+  for (int i = 0; i < 4096; ++i) {
+    f16_sum = round_to_half(f16_sum + 1.0f);
+    f32_sum += 1.0f;
+  }
+  EXPECT_EQ(f16_sum, 2048.0f);
+  EXPECT_EQ(f32_sum, 4096.0f);
+  // The GEMM kernels accumulate in fp32 even for f16 operands: a 1 x 4096 x 1 product of ones.
+  const Tensor ones = Tensor::full({1, 4096}, 1.0f, DType::f16);
+  Tensor out = Tensor::empty({1, 1}, DType::f32);
+  kernels::gemm(ones, false, ones, true, out, GemmEpilogue{});
+  EXPECT_EQ(out.item(), 4096.0f);
+}
+
+} // namespace
+} // namespace minamp

@@ -1,0 +1,154 @@
+// Whole training steps on the GPU against the CPU reference: the mlp and sine models, trained a
+// few steps from the same init and data on both devices, in FP32 and AMP, end with the same
+// parameters and losses (within tolerances that allow for a different summation order and, in
+// AMP, for f16 roundings that land on the other side of a tie); and the scaler's skip path
+// through a real model on the GPU.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+
+#include "amp/autocast.h"
+#include "amp/grad_scaler.h"
+#include "nn/module.h"
+#include "ops/ops.h"
+#include "optim/optimizer.h"
+#include "sine_data.h"
+#include "test_util.h"
+
+namespace minamp {
+namespace {
+
+struct Trained {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> parameters;
+  float scale = 1;
+};
+
+using ModelFactory = std::function<std::unique_ptr<nn::Sequential>()>;
+
+// Trains `steps` steps of a fresh model on `device` with Adam (lr 1e-3) on (x, y) under MSE.
+Trained train_on(Device device, bool amp, const ModelFactory& make_model, const Tensor& x,
+                 const Tensor& y, int steps) {
+  std::unique_ptr<nn::Sequential> model = make_model();
+  model->to(device);
+  optim::Adam adam(model->parameters(), 1e-3f);
+  amp::GradScalerOptions options;
+  options.enabled = amp;
+  amp::GradScaler scaler(options, device);
+  const Tensor xd = x.to(device), yd = y.to(device);
+  Trained out;
+  for (int step = 0; step < steps; ++step) {
+    adam.zero_grad();
+    Var loss;
+    {
+      amp::Autocast autocast(amp);
+      loss = ops::mse_loss((*model)(Var(xd)), yd);
+    }
+    out.losses.push_back(loss.value().item());
+    scaler.scale(loss).backward();
+    scaler.step(adam);
+    scaler.update();
+  }
+  for (Parameter* p : model->parameters()) out.parameters.push_back(p->master().to_vector());
+  out.scale = scaler.get_scale();
+  return out;
+}
+
+void expect_same_training(const Trained& gpu, const Trained& cpu, double tolerance) {
+  ASSERT_EQ(gpu.parameters.size(), cpu.parameters.size());
+  for (size_t i = 0; i < gpu.losses.size(); ++i)
+    EXPECT_NEAR(gpu.losses[i], cpu.losses[i], tolerance * std::abs(cpu.losses[i]) + 1e-7)
+        << "loss at step " << i;
+  for (size_t i = 0; i < gpu.parameters.size(); ++i)
+    EXPECT_LT(test::relative_error(gpu.parameters[i], cpu.parameters[i]), tolerance)
+        << "parameter " << i;
+  EXPECT_EQ(gpu.scale, cpu.scale);
+}
+
+std::unique_ptr<nn::Sequential> make_mlp() {
+  Rng rng(3);
+  auto model = std::make_unique<nn::Sequential>();
+  model->emplace<nn::Linear>(8, 16, rng).emplace<nn::ReLU>();
+  model->emplace<nn::Linear>(16, 16, rng).emplace<nn::ReLU>();
+  model->emplace<nn::Linear>(16, 1, rng);
+  return model;
+}
+
+std::unique_ptr<nn::Sequential> make_sine_net() {
+  Rng rng(4);
+  auto model = std::make_unique<nn::Sequential>();
+  model->emplace<nn::Conv2d>(2, 64, 1, rng).emplace<nn::BatchNorm>(64).emplace<nn::ReLU>();
+  model->emplace<nn::Conv2d>(64, 64, 1, rng).emplace<nn::BatchNorm>(64).emplace<nn::ReLU>();
+  model->emplace<nn::Conv2d>(64, 1, 1, rng);
+  return model;
+}
+
+// Tolerances: FP32 steps differ only in summation order (~1e-6 per op, a little growth over
+// steps); AMP steps round activations to f16 (~5e-4 relative each), and an Adam step moves each
+// weight by ~lr whatever the gradient's size, so small differences in tiny gradients can show.
+constexpr double kFp32Tolerance = 1e-4;
+constexpr double kAmpTolerance = 3e-2;
+
+TEST(GpuTraining, MlpStepsMatchTheCpu) {
+  MINAMP_REQUIRE_GPU();
+  Rng data(5);
+  const Tensor x = test::random_tensor(data, {512, 8}), y = test::random_tensor(data, {512, 1});
+  for (bool amp : {false, true}) {
+    SCOPED_TRACE(amp ? "AMP" : "FP32");
+    expect_same_training(train_on(Device::cuda, amp, make_mlp, x, y, 5),
+                         train_on(Device::cpu, amp, make_mlp, x, y, 5),
+                         amp ? kAmpTolerance : kFp32Tolerance);
+  }
+}
+
+TEST(GpuTraining, SineStepsMatchTheCpu) {
+  MINAMP_REQUIRE_GPU();
+  const int64_t size = 32;
+  const std::vector<float> grid = examples::coordinate_grid(size);
+  const Tensor x = Tensor::from_vector(grid, {1, size, size, 2});
+  const Tensor y = Tensor::from_vector(examples::quantized_sine(grid), {1, size, size, 1});
+  for (bool amp : {false, true}) {
+    SCOPED_TRACE(amp ? "AMP" : "FP32");
+    expect_same_training(train_on(Device::cuda, amp, make_sine_net, x, y, 5),
+                         train_on(Device::cpu, amp, make_sine_net, x, y, 5),
+                         amp ? kAmpTolerance : kFp32Tolerance);
+  }
+}
+
+TEST(GpuTraining, OverflowThroughARealModelSkipsTheStepOnTheDevice) {
+  MINAMP_REQUIRE_GPU();
+  std::unique_ptr<nn::Sequential> model = make_sine_net();
+  model->to(Device::cuda);
+  optim::Adam adam(model->parameters(), 1e-3f);
+  amp::GradScalerOptions options;
+  options.init_scale = 1e30f; // f16 activation gradients overflow at this scale
+  amp::GradScaler scaler(options, Device::cuda);
+  const std::vector<float> grid = examples::coordinate_grid(16);
+  const Tensor x = Tensor::from_vector(grid, {1, 16, 16, 2}, DType::f32, Device::cuda);
+  const Tensor y =
+      Tensor::from_vector(examples::quantized_sine(grid), {1, 16, 16, 1}, DType::f32, Device::cuda);
+  std::vector<std::vector<float>> before, moments_before;
+  for (Parameter* p : model->parameters()) before.push_back(p->master().to_vector());
+  for (auto& [name, t] : adam.named_state()) moments_before.push_back(t->to_vector());
+
+  adam.zero_grad();
+  {
+    amp::Autocast autocast;
+    Var loss = ops::mse_loss((*model)(Var(x)), y);
+    scaler.scale(loss).backward();
+  }
+  scaler.step(adam);
+  scaler.update();
+
+  EXPECT_TRUE(scaler.step_was_skipped(adam));
+  EXPECT_EQ(scaler.get_scale(), 5e29f);
+  EXPECT_EQ(adam.step_count(), 0);
+  const auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i]->master().to_vector(), before[i]);
+  size_t k = 0;
+  for (auto& [name, t] : adam.named_state()) EXPECT_EQ(t->to_vector(), moments_before[k++]) << name;
+}
+
+} // namespace
+} // namespace minamp
