@@ -5,8 +5,8 @@
 // [nn.Conv2d(H,H,1), nn.BatchNorm2d(H), nn.ReLU()] * L, nn.Conv2d(H,1,1)).
 #include <algorithm>
 
-#include "autograd/var.h"
 #include "amp/autocast.h"
+#include "autograd/var.h"
 #include "common.h"
 #include "io/image.h"
 #include "sine_data.h"

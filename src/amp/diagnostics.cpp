@@ -59,8 +59,8 @@ weight_gradient_report(const std::vector<std::pair<std::string, Parameter*>>& pa
   return out;
 }
 
-std::string first_nonfinite_parameter(
-    const std::vector<std::pair<std::string, Parameter*>>& params) {
+std::string
+first_nonfinite_parameter(const std::vector<std::pair<std::string, Parameter*>>& params) {
   for (auto it = params.rbegin(); it != params.rend(); ++it)
     if (to_counts(range_counts(it->second->grad(), 1.0f)).nonfinite > 0) return it->first;
   return "";
@@ -79,11 +79,11 @@ std::string format_range_reports(const std::string& title, const std::vector<Ran
   out += line;
   for (const RangeReport& r : reports) {
     const double n = r.at_scale_one.nonzero;
-    std::snprintf(line, sizeof line,
-                  "  %-22s %10.0f | %8.3f %8.3f %8.3f | %8.3f %8.3f %8.3f%s\n", r.name.c_str(), n,
-                  percent(r.at_scale_one.flushed, n), percent(r.at_scale_one.subnormal, n),
-                  percent(r.at_scale_one.overflow, n), percent(r.at_scale.flushed, n),
-                  percent(r.at_scale.subnormal, n), percent(r.at_scale.overflow, n),
+    std::snprintf(line, sizeof line, "  %-22s %10.0f | %8.3f %8.3f %8.3f | %8.3f %8.3f %8.3f%s\n",
+                  r.name.c_str(), n, percent(r.at_scale_one.flushed, n),
+                  percent(r.at_scale_one.subnormal, n), percent(r.at_scale_one.overflow, n),
+                  percent(r.at_scale.flushed, n), percent(r.at_scale.subnormal, n),
+                  percent(r.at_scale.overflow, n),
                   r.at_scale_one.nonfinite > 0 ? "  NON-FINITE" : "");
     out += line;
   }

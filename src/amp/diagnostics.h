@@ -56,8 +56,8 @@ weight_gradient_report(const std::vector<std::pair<std::string, Parameter*>>& pa
 
 // The name of the parameter whose gradient the backward pass made non-finite first (backward
 // visits the last layer first), or "" when every gradient is finite.
-std::string first_nonfinite_parameter(
-    const std::vector<std::pair<std::string, Parameter*>>& params);
+std::string
+first_nonfinite_parameter(const std::vector<std::pair<std::string, Parameter*>>& params);
 
 // A table of reports: name, nonzero count, % flushed / subnormal / overflow at scale 1 and S.
 std::string format_range_reports(const std::string& title, const std::vector<RangeReport>& reports,

@@ -70,7 +70,8 @@ void GradScaler::update() {
   Tensor combined = *found_infs[0];
   if (found_infs.size() > 1) {
     combined = combined.clone();
-    for (size_t i = 1; i < found_infs.size(); ++i) kernels::add_inplace(combined, *found_infs[i], 1);
+    for (size_t i = 1; i < found_infs.size(); ++i)
+      kernels::add_inplace(combined, *found_infs[i], 1);
   }
   ScalerParams params{options_.growth_factor, options_.backoff_factor, options_.growth_interval};
   kernels::amp_update_scale(scale_, growth_tracker_, combined, params);

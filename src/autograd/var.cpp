@@ -38,8 +38,8 @@ Var::Var(Tensor value, bool requires_grad) : node_(std::make_shared<Node>()) {
   node_->requires_grad = requires_grad;
 }
 
-Var Var::from_op(const char* op, Tensor value, const std::vector<Var>& inputs,
-                 bool uses_parameters, std::function<void(Node&)> backward) {
+Var Var::from_op(const char* op, Tensor value, const std::vector<Var>& inputs, bool uses_parameters,
+                 std::function<void(Node&)> backward) {
   Var out(std::move(value));
   out.node_->op = op;
   if (!grad_enabled()) return out;
@@ -60,8 +60,9 @@ void Var::backward() const {
 }
 
 void Var::backward(const Tensor& seed) const {
-  require(requires_grad(), "backward", "this Var does not require grad (no parameter or input "
-                                       "with requires_grad contributed to it)");
+  require(requires_grad(), "backward",
+          "this Var does not require grad (no parameter or input "
+          "with requires_grad contributed to it)");
   require(seed.shape() == value().shape(), "backward", "seed ", describe(seed),
           " does not match the value ", describe(value()));
   accumulate_grad(*node_, seed.clone()); // the walk may add into it: keep the caller's intact

@@ -27,8 +27,8 @@ struct half {
 // Rounds a float to the nearest binary16 value and back: what storing it in f16 does.
 inline float round_to_half(float value) { return half_bits_to_float(float_to_half_bits(value)); }
 
-constexpr float kHalfMax = 65504.0f;            // largest finite binary16
-constexpr float kHalfMinNormal = 6.103515625e-05f; // 2^-14
+constexpr float kHalfMax = 65504.0f;                         // largest finite binary16
+constexpr float kHalfMinNormal = 6.103515625e-05f;           // 2^-14
 constexpr float kHalfMinSubnormal = 5.9604644775390625e-08f; // 2^-24
 
 } // namespace minamp

@@ -9,7 +9,8 @@
 namespace minamp {
 
 Tensor::Storage::~Storage() {
-  if (ptr) allocator_for(device).deallocate(ptr, bytes); // nothing to give back if allocation failed
+  if (ptr)
+    allocator_for(device).deallocate(ptr, bytes); // nothing to give back if allocation failed
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -60,8 +61,8 @@ template <> constexpr DType dtype_of<half>() { return DType::f16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 
 template <class T> T* Tensor::data() const {
-  require(dtype_ == dtype_of<T>(), "Tensor::data", "tensor is ", describe(*this),
-          ", accessed as ", dtype_of<T>());
+  require(dtype_ == dtype_of<T>(), "Tensor::data", "tensor is ", describe(*this), ", accessed as ",
+          dtype_of<T>());
   return static_cast<T*>(raw());
 }
 template float* Tensor::data<float>() const;

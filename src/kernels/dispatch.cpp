@@ -43,8 +43,7 @@ Device common_device(const char* op, const std::vector<ParamSlot>& params) {
 
 // Runs `call` from namespace cpu or gpu. Without CUDA the gpu branch is never compiled.
 #if MINAMP_WITH_CUDA
-#define MINAMP_DISPATCH(op, device, call)                                                          \
-  ((device) == Device::cpu ? cpu::call : gpu::call)
+#define MINAMP_DISPATCH(op, device, call) ((device) == Device::cpu ? cpu::call : gpu::call)
 #else
 #define MINAMP_DISPATCH(op, device, call) ((device) == Device::cpu ? cpu::call : no_cuda(op))
 #endif
@@ -122,21 +121,20 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
 void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                        Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,
                        const BatchNormParams& bn) {
-  MINAMP_DISPATCH("batchnorm_forward",
-                  common_device("batchnorm_forward", {&x, &gamma, &beta, &y, &mean, &invstd,
-                                                      &running_mean, &running_var}),
-                  batchnorm_forward(x, gamma, beta, y, mean, invstd, running_mean, running_var,
-                                    bn));
+  MINAMP_DISPATCH(
+      "batchnorm_forward",
+      common_device("batchnorm_forward",
+                    {&x, &gamma, &beta, &y, &mean, &invstd, &running_mean, &running_var}),
+      batchnorm_forward(x, gamma, beta, y, mean, invstd, running_mean, running_var, bn));
 }
 
 void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                         const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
                         Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn) {
-  MINAMP_DISPATCH(
-      "batchnorm_backward",
-      common_device("batchnorm_backward",
-                    {&x, &gamma, &beta, &mean, &invstd, &dy, &dx, &dgamma, &dbeta}),
-      batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta, bn));
+  MINAMP_DISPATCH("batchnorm_backward",
+                  common_device("batchnorm_backward",
+                                {&x, &gamma, &beta, &mean, &invstd, &dy, &dx, &dgamma, &dbeta}),
+                  batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta, bn));
 }
 
 void avgpool_forward(const Tensor& x, Tensor& y) {
@@ -186,8 +184,8 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
   Device device = common_device("amp_unscale", {&scale, &found_inf});
   for (const Tensor* g : grads) {
     require(g->dtype() == DType::f32, "amp_unscale", "gradients must be f32, got ", describe(*g));
-    require(g->device() == device, "amp_unscale", "gradient ", describe(*g), " is not on ",
-            device, " with the scale");
+    require(g->device() == device, "amp_unscale", "gradient ", describe(*g), " is not on ", device,
+            " with the scale");
   }
   MINAMP_DISPATCH("amp_unscale", device, amp_unscale(grads, scale, found_inf));
 }
@@ -202,8 +200,8 @@ void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found
 void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf) {
   if (params.empty()) return;
   const Device device = common_device("sgd_step", params);
-  require(!found_inf.defined() || found_inf.device() == device, "sgd_step",
-          "found_inf is on ", found_inf.device(), ", the parameters on ", device);
+  require(!found_inf.defined() || found_inf.device() == device, "sgd_step", "found_inf is on ",
+          found_inf.device(), ", the parameters on ", device);
   MINAMP_DISPATCH("sgd_step", device, sgd_step(params, sgd, found_inf));
 }
 

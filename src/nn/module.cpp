@@ -63,8 +63,7 @@ Tensor uniform_tensor(const Shape& shape, float bound, Rng& rng) {
 }
 } // namespace
 
-Linear::Linear(int64_t in_features, int64_t out_features, Rng& rng, bool bias)
-    : has_bias_(bias) {
+Linear::Linear(int64_t in_features, int64_t out_features, Rng& rng, bool bias) : has_bias_(bias) {
   require(in_features > 0 && out_features > 0, "Linear", "features must be positive, got ",
           in_features, " -> ", out_features);
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_features));
@@ -92,8 +91,8 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int kernel_size, Rng& 
           "Conv2d", "invalid configuration: ", in_channels, " -> ", out_channels, ", kernel ",
           kernel_size, ", stride ", stride, ", padding ", padding);
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_channels * kernel_size * kernel_size));
-  weight = Parameter(
-      uniform_tensor({out_channels, kernel_size, kernel_size, in_channels}, bound, rng));
+  weight =
+      Parameter(uniform_tensor({out_channels, kernel_size, kernel_size, in_channels}, bound, rng));
   register_parameter("weight", &weight);
   if (has_bias_) {
     this->bias = Parameter(uniform_tensor({out_channels}, bound, rng));

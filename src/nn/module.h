@@ -100,8 +100,8 @@ public:
   Var forward(const Var& x) override;
   std::string describe() const override;
   bool absorb_relu() override { return relu_ = true; }
-  Parameter weight; // gamma [C]
-  Parameter bias;   // beta [C]
+  Parameter weight;                 // gamma [C]
+  Parameter bias;                   // beta [C]
   Tensor running_mean, running_var; // f32 [C]
   int64_t num_batches_tracked = 0;  // training forwards so far (PyTorch's int64 buffer)
 

@@ -7,12 +7,11 @@ namespace minamp::ops {
 
 Var cast(const Var& x, DType dtype) {
   if (x.dtype() == dtype) return x;
-  require(is_floating(dtype) && is_floating(x.dtype()), "cast", "cannot cast ",
-          describe(x.value()), " to ", dtype);
+  require(is_floating(dtype) && is_floating(x.dtype()), "cast", "cannot cast ", describe(x.value()),
+          " to ", dtype);
   const DType from = x.dtype();
-  return Var::from_op("cast", x.value().to(dtype), {x}, false, [from](Node& self) {
-    accumulate_grad(*self.inputs[0], self.grad.to(from));
-  });
+  return Var::from_op("cast", x.value().to(dtype), {x}, false,
+                      [from](Node& self) { accumulate_grad(*self.inputs[0], self.grad.to(from)); });
 }
 
 Var reshape(const Var& x, const Shape& shape) {

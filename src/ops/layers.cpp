@@ -16,20 +16,20 @@ Tensor unfused_relu_grad(const Tensor& y, const Tensor& dy, bool relu) {
 }
 
 void require_parameter_device(const char* op, const Var& x, Parameter& p) {
-  require(p.master().device() == x.device(), op, "input ", describe(x.value()),
-          " and parameter ", describe(p.master()), " are on different devices");
+  require(p.master().device() == x.device(), op, "input ", describe(x.value()), " and parameter ",
+          describe(p.master()), " are on different devices");
 }
 
 } // namespace
 
 Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu) {
   const Shape& ws = weight.master().shape();
-  require(x.shape().rank() == 2 && x.shape()[1] == ws[1], "Linear", "expected input [rows, ",
-          ws[1], "] for weight [", ws[0], ", ", ws[1], "], got ", describe(x.value()));
+  require(x.shape().rank() == 2 && x.shape()[1] == ws[1], "Linear", "expected input [rows, ", ws[1],
+          "] for weight [", ws[0], ", ", ws[1], "], got ", describe(x.value()));
   require_parameter_device("Linear", x, weight);
   const DType dtype = amp::autocast_dtype(amp::OpClass::matmul, x.dtype());
   Var xc = cast(x, dtype);
-  const Tensor w = weight.working_copy(dtype); // [out, in]
+  const Tensor w = weight.working_copy(dtype);                        // [out, in]
   Tensor y = Tensor::empty({x.shape()[0], ws[0]}, dtype, x.device()); // [rows, out]
   GemmEpilogue epilogue;
   epilogue.bias = bias ? &bias->master() : nullptr;
@@ -42,7 +42,7 @@ Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu) {
     GemmEpilogue accumulate;
     accumulate.beta = 1.0f;
     kernels::gemm(dy, true, saved_x, false, weight.grad(), accumulate); // dW[out, in] += dy^T x
-    if (bias) kernels::bias_backward(dy, bias->grad());                // db[out] += sum_rows dy
+    if (bias) kernels::bias_backward(dy, bias->grad());                 // db[out] += sum_rows dy
     Node& input = *self.inputs[0];
     if (!input.requires_grad) return;
     Tensor dx = Tensor::empty(saved_x.shape(), dtype, saved_x.device()); // [rows, in] = dy W
@@ -59,8 +59,8 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
   require_parameter_device("Conv2d", x, weight);
   const int64_t ho = (xs[1] + 2 * conv.pad - ws[1]) / conv.stride + 1;
   const int64_t wo = (xs[2] + 2 * conv.pad - ws[2]) / conv.stride + 1;
-  require(ho > 0 && wo > 0, "Conv2d", "input ", describe(x.value()), " is smaller than the ",
-          ws[1], "x", ws[2], " kernel with padding ", conv.pad);
+  require(ho > 0 && wo > 0, "Conv2d", "input ", describe(x.value()), " is smaller than the ", ws[1],
+          "x", ws[2], " kernel with padding ", conv.pad);
   const DType dtype = amp::autocast_dtype(amp::OpClass::matmul, x.dtype());
   Var xc = cast(x, dtype);
   const Tensor w = weight.working_copy(dtype);
@@ -101,8 +101,8 @@ Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_
   const Tensor saved_x = xc.value();
   return Var::from_op("batch_norm", y, {xc}, true, [=, &gamma, &beta](Node& self) {
     Tensor dx = Tensor::empty(saved_x.shape(), saved_x.dtype(), saved_x.device());
-    kernels::batchnorm_backward(saved_x, gamma.master(), beta.master(), mean, invstd, self.grad,
-                                dx, gamma.grad(), beta.grad(), bn);
+    kernels::batchnorm_backward(saved_x, gamma.master(), beta.master(), mean, invstd, self.grad, dx,
+                                gamma.grad(), beta.grad(), bn);
     if (self.inputs[0]->requires_grad) accumulate_grad(*self.inputs[0], dx);
   });
 }

@@ -96,7 +96,8 @@ TEST(Autocast, LinearIsTheF16ProductOfTheF16CopyWithFp32Accumulation) {
   for (int r = 0; r < 3; ++r) {
     for (int o = 0; o < 5; ++o) {
       double sum = 0;
-      for (int k = 0; k < 40; ++k) sum += double(round_to_half(xv[r * 40 + k])) * round_to_half(w[o * 40 + k]);
+      for (int k = 0; k < 40; ++k)
+        sum += double(round_to_half(xv[r * 40 + k])) * round_to_half(w[o * 40 + k]);
       // fp32 accumulation may differ from the double sum in the last float bits before rounding.
       EXPECT_NEAR(y[r * 5 + o], round_to_half(float(sum)), std::abs(sum) * 1e-3 + 1e-6);
       EXPECT_EQ(y[r * 5 + o], round_to_half(y[r * 5 + o])); // an f16 value
@@ -179,8 +180,9 @@ TEST(GradScaler, UnscaledGradientsEqualTheFp32Gradients) {
   scaler.scale(b.loss(false)).backward();
   scaler.unscale_(opt_b);
   for (size_t i = 0; i < a.model.parameters().size(); ++i)
-    EXPECT_LT(test::relative_error(b.model.parameters()[i]->grad(), a.model.parameters()[i]->grad()),
-              1e-6);
+    EXPECT_LT(
+        test::relative_error(b.model.parameters()[i]->grad(), a.model.parameters()[i]->grad()),
+        1e-6);
 }
 
 TEST(GradScaler, OverflowSkipsTheStepAndBacksOff) {

@@ -146,8 +146,8 @@ TEST(Autograd, BatchNormEval) {
 }
 
 TEST(Autograd, GlobalAvgPoolAndReshape) {
-  check_gradients(
-      [](const Var& x) { return ops::reshape(ops::global_avgpool(x), {6}); }, {2, 3, 2, 3}, {});
+  check_gradients([](const Var& x) { return ops::reshape(ops::global_avgpool(x), {6}); },
+                  {2, 3, 2, 3}, {});
 }
 
 TEST(Autograd, MseLoss) {

@@ -20,8 +20,7 @@ struct ProgramRun {
 
 // Runs an example binary from the build directory with `args`, capturing its output.
 ProgramRun run_example(const std::string& name, const std::string& args) {
-  const std::string command =
-      std::string(MINAMP_BINARY_DIR) + "/" + name + " " + args + " 2>&1";
+  const std::string command = std::string(MINAMP_BINARY_DIR) + "/" + name + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   std::array<char, 4096> chunk;
@@ -63,7 +62,8 @@ TEST(Examples, BadValuesAreOneLineErrors) {
 
 TEST(Examples, CudaWithoutAGpuSaysWhy) {
   if (minamp::cuda_available()) GTEST_SKIP() << "a GPU is present";
-  const ProgramRun run = run_example("mlp", "--device cuda --epochs 1 --out " + fresh_dir("nocuda"));
+  const ProgramRun run =
+      run_example("mlp", "--device cuda --epochs 1 --out " + fresh_dir("nocuda"));
   EXPECT_NE(run.status, 0);
   EXPECT_NE(run.output.find(minamp::cuda_unavailable_reason()), std::string::npos) << run.output;
 }
