@@ -226,8 +226,9 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
               (c.dtype() == DType::f16 || c.dtype() == DType::f32),
           "gemm", "expects A and B both f16 or both f32 and C f16 or f32, got A ", describe(a),
           ", B ", describe(b), ", C ", describe(c));
-  require(!epilogue.bias || (epilogue.bias->dtype() == DType::f32 && epilogue.bias->numel() == s.n),
-          "gemm", "bias must be f32 [", s.n, "], got ", describe(*epilogue.bias));
+  if (epilogue.bias) // every argument of require is evaluated: never describe(*nullptr)
+    require(epilogue.bias->dtype() == DType::f32 && epilogue.bias->numel() == s.n, "gemm",
+            "bias must be f32 [", s.n, "], got ", describe(*epilogue.bias));
   require(s.m < INT32_MAX && s.n < INT32_MAX && s.k < INT32_MAX, "gemm",
           "sizes must fit in 32 bits, got M ", s.m, ", N ", s.n, ", K ", s.k);
 
