@@ -65,7 +65,7 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
   for (const Tensor* grad : grads)
     require(grad && grad->defined() && grad->dtype() == DType::f32, op,
             "gradients must be defined f32 tensors, got ",
-            grad ? describe(*grad) : std::string("a null pointer"));
+            describe(grad));
 
   const float* scale_ptr = ptr<const float>(scale);
   float* found_inf_ptr = ptr<float>(found_inf);

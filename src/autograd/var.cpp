@@ -53,9 +53,9 @@ Var Var::from_op(const char* op, Tensor value, const std::vector<Var>& inputs, b
 }
 
 void Var::backward() const {
-  require(defined() && value().numel() == 1, "backward",
-          "backward() without a seed needs a one-element loss, got ",
-          defined() ? describe(value()) : std::string("an undefined Var"));
+  require(defined(), "backward", "called on an undefined Var");
+  require(value().numel() == 1, "backward",
+          "backward() without a seed needs a one-element loss, got ", describe(value()));
   backward(Tensor::full(value().shape(), 1.0f, value().dtype(), value().device()));
 }
 

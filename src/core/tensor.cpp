@@ -107,9 +107,11 @@ float Tensor::item() const {
   return to_vector()[0];
 }
 
-std::string describe(const Tensor& tensor) {
-  if (!tensor.defined()) return "undefined tensor";
-  return cat(tensor.dtype(), tensor.shape(), " on ", tensor.device());
+std::ostream& operator<<(std::ostream& out, const TensorDescription& description) {
+  if (!description.tensor) return out << "no tensor";
+  const Tensor& t = *description.tensor;
+  if (!t.defined()) return out << "undefined tensor";
+  return out << t.dtype() << t.shape() << " on " << t.device();
 }
 
 } // namespace minamp

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <ostream>
 #include <vector>
 
 #include "core/allocator.h"
@@ -61,7 +62,15 @@ private:
   Device device_ = Device::cpu;
 };
 
-// Describes a tensor for error messages: "f16[4, 8] on cpu".
-std::string describe(const Tensor& tensor);
+// A tensor as error messages show it ("f16[4, 8] on cpu"). Formatting happens only when the
+// description is streamed, i.e. when a check fails and its message is built, so a check that
+// passes costs nothing. Use it within one expression (it points at the tensor).
+struct TensorDescription {
+  const Tensor* tensor;
+};
+inline TensorDescription describe(const Tensor& tensor) { return {&tensor}; }
+// The same for an optional tensor: a null pointer reads "no tensor".
+inline TensorDescription describe(const Tensor* tensor) { return {tensor}; }
+std::ostream& operator<<(std::ostream& out, const TensorDescription& description);
 
 } // namespace minamp

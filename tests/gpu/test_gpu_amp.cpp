@@ -276,7 +276,7 @@ TEST(GpuOptim, OverflowSkipsTheStepAndBacksOffTheScale) {
   EXPECT_EQ(scale.item(), 32768.0f);
   EXPECT_EQ(tracker.item(), 0.0f);
   for (size_t i = 0; i < params.size(); ++i) {
-    const std::string name = describe(params[i].master);
+    const std::string name = cat(describe(params[i].master));
     expect_equal(params[i].g_master, before[i].master, name + " master");
     expect_equal(params[i].g_state0, before[i].state0, name + " state0");
     expect_equal(params[i].g_state1, before[i].state1, name + " state1");

@@ -14,7 +14,7 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
   for (Tensor* grad : grads) {
     require(grad && grad->defined() && grad->dtype() == DType::f32, "amp_unscale",
             "gradients must be defined f32 tensors, got ",
-            grad ? describe(*grad) : std::string("a null pointer"));
+            describe(grad));
     float* g = grad->data<float>();
     for (int64_t i = 0; i < grad->numel(); ++i) {
       g[i] *= inv_scale;
