@@ -51,22 +51,6 @@ int grid_for(int64_t n, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min(wanted, max_blocks)));
 }
 
-void require_floating(const char* op, const char* name, const Tensor& tensor) {
-  require(tensor.defined() && is_floating(tensor.dtype()), op, name,
-          " must be a defined f32 or f16 tensor, got ", describe(tensor));
-}
-
-void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel) {
-  require(tensor.defined() && tensor.dtype() == DType::f32 && tensor.numel() == numel, op, name,
-          " must be f32 with ", numel, " elements, got ", describe(tensor));
-}
-
-void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
-                        const Tensor& b) {
-  require(a.defined() && b.defined() && a.numel() == b.numel(), op, name_a, " and ", name_b,
-          " must have the same number of elements, got ", describe(a), " and ", describe(b));
-}
-
 namespace {
 
 size_t g_malloc_calls = 0;

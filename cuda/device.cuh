@@ -20,6 +20,7 @@ int sm_count();
 #include <cstdint>
 
 #include "common.cuh"
+#include "kernels/checks.h"
 
 namespace minamp::gpu {
 
@@ -30,14 +31,9 @@ template <class T> struct TypeTag { using type = T; };
 // for any other dtype.
 template <class F> void visit_floating(const Tensor& t, const char* op, F&& f) {
   switch (t.dtype()) {
-  case DType::f32:
-    f(TypeTag<float>{});
-    return;
-  case DType::f16:
-    f(TypeTag<__half>{});
-    return;
-  default:
-    throw Error(cat(op, ": expected an f32 or f16 tensor, got ", describe(t)));
+  case DType::f32: f(TypeTag<float>{}); return;
+  case DType::f16: f(TypeTag<__half>{}); return;
+  default: throw Error(cat(op, ": expected an f32 or f16 tensor, got ", describe(t)));
   }
 }
 
@@ -67,15 +63,6 @@ private:
   List list_;
   Launch launch_;
 };
-
-// Argument checks every op of the backend uses; each throws Error naming the op and the tensor.
-// Unless `tensor` is defined with a floating dtype:
-void require_floating(const char* op, const char* name, const Tensor& tensor);
-// Unless `tensor` is defined, f32 and has `numel` elements:
-void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel);
-// Unless both are defined and have the same number of elements:
-void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
-                        const Tensor& b);
 
 // Elements per chunk of a multi-tensor launch: one block walks one chunk.
 constexpr int64_t kChunkElements = 32768;

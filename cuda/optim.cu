@@ -78,27 +78,6 @@ __global__ void increment_step_kernel(float* step, const float* found_inf) {
   if (!step_skipped(found_inf)) step[0] += 1.0f;
 }
 
-// Checks a slot: master and grad f32 of one size, `states` state tensors f32 of that size, and
-// the f16 copy (if defined) of that size.
-void require_slot(const char* op, const ParamSlot& slot, int states) {
-  require(slot.master && slot.master->defined(), op, "every parameter needs a master tensor");
-  const int64_t n = slot.master->numel();
-  require_f32(op, "master", *slot.master, n);
-  require(slot.grad != nullptr, op, "parameter ", describe(*slot.master), " has no gradient");
-  require_f32(op, "grad", *slot.grad, n);
-  if (states > 0) {
-    require(slot.state0 != nullptr, op, "parameter ", describe(*slot.master), " has no state0");
-    require_f32(op, "state0", *slot.state0, n);
-  }
-  if (states > 1) {
-    require(slot.state1 != nullptr, op, "parameter ", describe(*slot.master), " has no state1");
-    require_f32(op, "state1", *slot.state1, n);
-  }
-  if (slot.half && slot.half->defined())
-    require(slot.half->dtype() == DType::f16 && slot.half->numel() == n, op, "the f16 copy of ",
-            describe(*slot.master), " must be f16 of the same size, got ", describe(*slot.half));
-}
-
 // found_inf's device pointer, or nullptr when it is undefined (the step is never skipped).
 const float* found_inf_ptr(const char* op, const Tensor& found_inf) {
   if (!found_inf.defined()) return nullptr;
@@ -133,7 +112,7 @@ void for_each_chunk_list(const std::vector<ParamSlot>& params, int states, Launc
 void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf) {
   const char* op = "sgd_step";
   const int states = sgd.momentum != 0.0f ? 1 : 0;
-  for (const ParamSlot& slot : params) require_slot(op, slot, states);
+  for (const ParamSlot& slot : params) require_param_slot(op, slot, states);
   const float* skip = found_inf_ptr(op, found_inf);
   for_each_chunk_list(params, states, [&](const ParamChunkList& list) {
     sgd_kernel<<<list.count, kThreads, 0, stream()>>>(list, sgd, skip);
@@ -145,7 +124,7 @@ void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Ten
                const Tensor& found_inf) {
   const char* op = "adam_step";
   require_f32(op, "step", step, 1);
-  for (const ParamSlot& slot : params) require_slot(op, slot, 2);
+  for (const ParamSlot& slot : params) require_param_slot(op, slot, 2);
   const float* skip = found_inf_ptr(op, found_inf);
   for_each_chunk_list(params, 2, [&](const ParamChunkList& list) {
     adam_kernel<<<list.count, kThreads, 0, stream()>>>(list, adam, ptr<const float>(step), skip);

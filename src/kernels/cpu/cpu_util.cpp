@@ -37,20 +37,4 @@ void apply_bias_relu(MatrixMap c, const GemmEpilogue& epilogue) {
   if (epilogue.relu) c = c.unaryExpr(&relu);
 }
 
-void require_floating(const char* op, const char* name, const Tensor& tensor) {
-  require(tensor.defined() && is_floating(tensor.dtype()), op, name,
-          " must be a defined f32 or f16 tensor, got ", describe(tensor));
-}
-
-void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel) {
-  require(tensor.defined() && tensor.dtype() == DType::f32 && tensor.numel() == numel, op, name,
-          " must be f32 with ", numel, " elements, got ", describe(tensor));
-}
-
-void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
-                        const Tensor& b) {
-  require(a.defined() && b.defined() && a.numel() == b.numel(), op, name_a, " and ", name_b,
-          " must have the same number of elements, got ", describe(a), " and ", describe(b));
-}
-
 } // namespace minamp::cpu

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/checks.h"
 #include "kernels/kernels.h"
 
 namespace minamp::cpu {
@@ -65,13 +66,5 @@ inline float relu(float v) { return v < 0.0f ? 0.0f : v; }
 
 // C = relu(C + bias[N]) on a [M, N] matrix, each part only when the epilogue asks for it.
 void apply_bias_relu(MatrixMap c, const GemmEpilogue& epilogue);
-
-// Throws Error naming `op` unless `tensor` is defined and has a floating dtype.
-void require_floating(const char* op, const char* name, const Tensor& tensor);
-// Throws Error naming `op` unless `tensor` is defined, f32 and has `numel` elements.
-void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel);
-// Throws Error naming `op` unless both tensors are defined and have the same number of elements.
-void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
-                        const Tensor& b);
 
 } // namespace minamp::cpu

@@ -16,27 +16,6 @@ bool step_overflowed(const char* op, const Tensor& found_inf) {
   return found_inf.data<float>()[0] != 0.0f;
 }
 
-// Checks a slot: master and grad f32 of one size, `states` state tensors f32 of that size,
-// and the f16 copy (if any) of that size.
-void require_slot(const char* op, const ParamSlot& slot, int states) {
-  require(slot.master && slot.master->defined(), op, "every parameter needs a master tensor");
-  const int64_t n = slot.master->numel();
-  require_f32(op, "master", *slot.master, n);
-  require(slot.grad != nullptr, op, "parameter ", describe(*slot.master), " has no gradient");
-  require_f32(op, "grad", *slot.grad, n);
-  if (states > 0) {
-    require(slot.state0 != nullptr, op, "parameter ", describe(*slot.master), " has no state0");
-    require_f32(op, "state0", *slot.state0, n);
-  }
-  if (states > 1) {
-    require(slot.state1 != nullptr, op, "parameter ", describe(*slot.master), " has no state1");
-    require_f32(op, "state1", *slot.state1, n);
-  }
-  if (slot.half && slot.half->defined())
-    require(slot.half->dtype() == DType::f16 && slot.half->numel() == n, op, "the f16 copy of ",
-            describe(*slot.master), " must be f16 of the same size, got ", describe(*slot.half));
-}
-
 // Rewrites the slot's f16 copy (when it has one) from the updated master.
 void refresh_half_copy(const ParamSlot& slot) {
   if (!slot.half || !slot.half->defined()) return;
@@ -50,7 +29,7 @@ void refresh_half_copy(const ParamSlot& slot) {
 void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf) {
   if (step_overflowed("sgd_step", found_inf)) return;
   const bool momentum = sgd.momentum != 0.0f;
-  for (const ParamSlot& slot : params) require_slot("sgd_step", slot, momentum ? 1 : 0);
+  for (const ParamSlot& slot : params) require_param_slot("sgd_step", slot, momentum ? 1 : 0);
   for (const ParamSlot& slot : params) {
     float* w = slot.master->data<float>();
     const float* g = slot.grad->data<float>();
@@ -72,7 +51,7 @@ void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Ten
                const Tensor& found_inf) {
   require_f32("adam_step", "step", step, 1);
   if (step_overflowed("adam_step", found_inf)) return;
-  for (const ParamSlot& slot : params) require_slot("adam_step", slot, 2);
+  for (const ParamSlot& slot : params) require_param_slot("adam_step", slot, 2);
   const float t = step.data<float>()[0] += 1.0f;
   const float bias_correction1 = 1.0f - std::pow(adam.beta1, t);
   const float bias_correction2 = 1.0f - std::pow(adam.beta2, t);
