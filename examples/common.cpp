@@ -1,19 +1,23 @@
-// The shared example harness: options, the AMP training loop, logs, comparison and diagnostics.
+// The shared example harness: options, the AMP training loop, per-epoch evaluation, the run's log
+// (metrics.csv, epochs.csv, plots), weights and training checkpoints, comparison, diagnostics.
 #include "common.h"
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "amp/autocast.h"
 #include "amp/diagnostics.h"
 #include "io/atomic_file.h"
+#include "io/checkpoint.h"
+#include "io/plot.h"
 #include "kernels/backend.h"
 #include "ops/ops.h"
 
@@ -28,9 +32,24 @@ double seconds_since(Clock::time_point start) {
 
 std::string mib(size_t bytes) { return cat(std::round(bytes / 1048576.0 * 100) / 100, " MiB"); }
 
+// The data-order generator's stream: apart from the weights' (stream 0), same seed.
+constexpr uint64_t kDataStream = 1;
+
 Var loss_of(LossKind kind, const Var& output, const Tensor& target) {
-  return kind == LossKind::mse ? ops::mse_loss(output, target)
-                               : ops::cross_entropy(output, target);
+  return kind == LossKind::mse ? ops::mse_loss(output, target) : ops::cross_entropy(output, target);
+}
+
+// How many rows of logits[N, K] have their largest value at labels[N] (a host read).
+int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  const std::vector<float> values = logits.to_vector();
+  const std::vector<float> truth = labels.to_vector();
+  const int64_t n = logits.shape()[0], k = logits.shape()[1];
+  int64_t correct = 0;
+  for (int64_t row = 0; row < n; ++row) {
+    const float* v = values.data() + row * k;
+    correct += std::max_element(v, v + k) - v == int64_t(truth[row]);
+  }
+  return correct;
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainSpec& spec, nn::Module& model,
@@ -40,31 +59,227 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainSpec& spec, nn::Modu
   return std::make_unique<optim::SGD>(model.parameters(), lr);
 }
 
+amp::GradScalerOptions scaler_options(const Options& options, bool amp) {
+  amp::GradScalerOptions scaler;
+  scaler.init_scale = options.init_scale;
+  scaler.growth_interval = options.growth_interval;
+  scaler.enabled = amp && !options.no_loss_scaling;
+  return scaler;
+}
+
 // Progress: one line rewritten in place on a terminal, plain lines every `every` steps otherwise.
 class Progress {
 public:
-  Progress(std::string label, int64_t total, int every)
-      : label_(std::move(label)), total_(total), every_(every), tty_(isatty(STDOUT_FILENO)),
-        start_(Clock::now()) {}
+  Progress(std::string label, int64_t first, int64_t total, int every, int64_t steps_per_epoch)
+      : label_(std::move(label)), first_(first), total_(total), every_(every),
+        steps_per_epoch_(steps_per_epoch), tty_(isatty(STDOUT_FILENO)), start_(Clock::now()) {}
   void update(int64_t step, double loss, double scale) {
     const bool last = step + 1 == total_;
     if (!last && (step + 1) % every_ != 0) return;
     const double elapsed = seconds_since(start_);
-    const double rate = (step + 1) / std::max(elapsed, 1e-9);
-    std::printf("%s[%s] step %lld/%lld  loss %.5g  scale %g  %.1f steps/s  ETA %.0fs%s",
-                tty_ ? "\r" : "", label_.c_str(), static_cast<long long>(step + 1),
+    const double rate = (step + 1 - first_) / std::max(elapsed, 1e-9);
+    const std::string epoch = steps_per_epoch_ > 0 ? cat("epoch ", step / steps_per_epoch_ + 1, "/",
+                                                         total_ / steps_per_epoch_, "  ")
+                                                   : "";
+    std::printf("%s[%s] %sstep %lld/%lld  loss %.5g  scale %g  %.1f steps/s  ETA %.0fs%s",
+                tty_ ? "\r" : "", label_.c_str(), epoch.c_str(), static_cast<long long>(step + 1),
                 static_cast<long long>(total_), loss, scale, rate, (total_ - step - 1) / rate,
                 tty_ && !last ? "" : "\n");
+    std::fflush(stdout);
+  }
+  // A line of its own (on a terminal it replaces the progress line, which the next update redraws).
+  void note(const std::string& line) {
+    std::printf("%s%s\n", tty_ ? "\r\033[K" : "", line.c_str());
     std::fflush(stdout);
   }
 
 private:
   std::string label_;
-  int64_t total_;
+  int64_t first_, total_;
   int every_;
+  int64_t steps_per_epoch_;
   bool tty_;
   Clock::time_point start_;
 };
+
+// ---- the run's log: what metrics.csv, epochs.csv and the plots show ----
+
+// Per step; `correct` counts right predictions in the batch (classifiers), `rows` the batch.
+struct StepRecord {
+  float loss = 0, wall_s = 0, scale = 1, skipped = 0, correct = 0, rows = 0;
+};
+struct EpochRecord {
+  float train_loss = 0, train_accuracy = 0, test_loss = 0, test_accuracy = 0, wall_s = 0;
+};
+
+// The whole run so far. Training checkpoints carry it (as f32 [steps, 6] and [epochs, 5]
+// tensors, one record a row), so a resumed run's logs and plots start at step 0.
+struct TrainLog {
+  std::vector<StepRecord> steps;
+  std::vector<EpochRecord> epochs;
+};
+
+constexpr int64_t kStepColumns = 6, kEpochColumns = 5;
+
+template <class Record, size_t Columns>
+Tensor records_to_tensor(const std::vector<Record>& records) {
+  static_assert(sizeof(Record) == Columns * sizeof(float), "a record is a row of floats");
+  Tensor t = Tensor::empty({int64_t(records.size()), int64_t(Columns)});
+  if (!records.empty()) std::memcpy(t.raw(), records.data(), t.nbytes());
+  return t;
+}
+
+template <class Record, size_t Columns>
+std::vector<Record> records_from_tensor(const std::string& path, const io::TrainingState& state,
+                                        const std::string& name, int64_t rows) {
+  for (const io::NamedTensor& t : state.logs) {
+    if (t.name != name) continue;
+    require(t.tensor.dtype() == DType::f32 && t.tensor.shape() == Shape{rows, int64_t(Columns)},
+            "--resume", path, ": 'log.", name, "' is ", describe(t.tensor), ", expected f32[", rows,
+            ", ", Columns, "]");
+    std::vector<Record> records(static_cast<size_t>(rows));
+    if (rows > 0) std::memcpy(records.data(), t.tensor.raw(), t.tensor.nbytes());
+    return records;
+  }
+  throw Error(cat("--resume: ", path, ": missing entry 'log.", name, "'"));
+}
+
+std::vector<io::NamedTensor> log_tensors(const TrainLog& log) {
+  return {{"steps", records_to_tensor<StepRecord, kStepColumns>(log.steps)},
+          {"epochs", records_to_tensor<EpochRecord, kEpochColumns>(log.epochs)}};
+}
+
+// Train loss and accuracy of epoch `epoch` from its step records.
+EpochRecord train_figures(const TrainLog& log, int64_t epoch, int64_t steps_per_epoch) {
+  double loss = 0, correct = 0, rows = 0;
+  for (int64_t s = epoch * steps_per_epoch; s < (epoch + 1) * steps_per_epoch; ++s) {
+    loss += log.steps[s].loss;
+    correct += log.steps[s].correct;
+    rows += log.steps[s].rows;
+  }
+  EpochRecord record;
+  record.train_loss = float(loss / double(steps_per_epoch));
+  record.train_accuracy = float(correct / std::max(rows, 1.0));
+  return record;
+}
+
+std::string metrics_csv(const TrainLog& log) {
+  std::string csv = "step,loss,wall_s,scale,skipped\n";
+  for (size_t i = 0; i < log.steps.size(); ++i) {
+    const StepRecord& r = log.steps[i];
+    csv += cat(i, ",", r.loss, ",", r.wall_s, ",", r.scale, ",", r.skipped, "\n");
+  }
+  return csv;
+}
+
+std::string epochs_csv(const TrainLog& log) {
+  std::string csv = "epoch,train_loss,train_accuracy,test_loss,test_accuracy,wall_s\n";
+  for (size_t i = 0; i < log.epochs.size(); ++i) {
+    const EpochRecord& r = log.epochs[i];
+    csv += cat(i + 1, ",", r.train_loss, ",", r.train_accuracy, ",", r.test_loss, ",",
+               r.test_accuracy, ",", r.wall_s, "\n");
+  }
+  return csv;
+}
+
+// loss.png (per step; with epochs also the epoch means and the test loss, x in epochs),
+// accuracy.png (with epochs) and loss_scale.png (when the scaler is on), next to metrics.csv.
+void write_plots(const std::string& dir, const std::string& title, const TrainLog& log,
+                 int64_t steps_per_epoch, bool scaler_enabled) {
+  const bool epochs = !log.epochs.empty();
+  io::PlotSeries step_loss{"train (per step)", {}, {}}, scale{"loss scale S", {}, {}};
+  for (size_t i = 0; i < log.steps.size(); ++i) {
+    const double x = epochs ? double(i + 1) / double(steps_per_epoch) : double(i + 1);
+    step_loss.x.push_back(x);
+    step_loss.y.push_back(log.steps[i].loss);
+    scale.x.push_back(double(i + 1));
+    scale.y.push_back(log.steps[i].scale);
+  }
+  io::PlotSeries train_loss{"train (epoch mean)", {}, {}}, test_loss{"test", {}, {}};
+  io::PlotSeries train_acc{"train", {}, {}}, test_acc{"test", {}, {}};
+  for (size_t e = 0; e < log.epochs.size(); ++e) {
+    for (io::PlotSeries* s : {&train_loss, &test_loss, &train_acc, &test_acc})
+      s->x.push_back(double(e + 1));
+    train_loss.y.push_back(log.epochs[e].train_loss);
+    test_loss.y.push_back(log.epochs[e].test_loss);
+    train_acc.y.push_back(100.0 * log.epochs[e].train_accuracy);
+    test_acc.y.push_back(100.0 * log.epochs[e].test_accuracy);
+  }
+  const std::string x_label = epochs ? "epoch" : "step";
+  if (epochs) {
+    io::save_line_plot(dir + "/loss.png", {step_loss, train_loss, test_loss},
+                       {title + ": loss", x_label, "loss", true});
+    io::save_line_plot(dir + "/accuracy.png", {train_acc, test_acc},
+                       {title + ": accuracy", x_label, "accuracy (%)"});
+  } else {
+    io::save_line_plot(dir + "/loss.png", {step_loss}, {title + ": loss", x_label, "loss", true});
+  }
+  if (scaler_enabled)
+    io::save_line_plot(dir + "/loss_scale.png", {scale},
+                       {title + ": loss scale", "step", "S (log scale)", true});
+}
+
+// ---- the data order ----
+
+// The generator spec.start_epoch shuffles with. A checkpoint stores the state this epoch's order
+// was drawn from (at an epoch boundary: the state the next one will be drawn from), so a resumed
+// run redraws the same order and continues it bit for bit.
+class DataOrder {
+public:
+  DataOrder(const TrainSpec& spec, uint64_t seed) : spec_(spec), rng_(seed, kDataStream) {}
+
+  // Before step `step`: draws a new epoch's order when one starts here.
+  void before_step(int64_t step) {
+    if (in_epoch(step) == 0) draw(step / spec_.steps_per_epoch);
+  }
+  Rng::State checkpoint_state(int64_t steps_done) const {
+    return in_epoch(steps_done) > 0 ? epoch_start_ : rng_.state();
+  }
+  void restore(Rng::State state, int64_t steps_done) {
+    rng_.set_state(state);
+    if (in_epoch(steps_done) > 0) draw(steps_done / spec_.steps_per_epoch);
+  }
+
+private:
+  // Steps into the epoch; -1 without epochs.
+  int64_t in_epoch(int64_t step) const {
+    return spec_.steps_per_epoch > 0 ? step % spec_.steps_per_epoch : -1;
+  }
+  void draw(int64_t epoch) {
+    epoch_start_ = rng_.state();
+    if (spec_.start_epoch) spec_.start_epoch(epoch, rng_);
+  }
+  const TrainSpec& spec_;
+  Rng rng_;
+  Rng::State epoch_start_;
+};
+
+// ---- evaluation, inference, diagnostics ----
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;
+};
+
+// Loss (and accuracy for cross-entropy) over the held-out batches, in eval mode, no graph.
+Evaluation evaluate(const TrainSpec& spec, nn::Sequential& model, Device device, bool amp) {
+  model.eval();
+  double loss_sum = 0;
+  int64_t correct = 0, rows = 0;
+  for (int64_t i = 0; i < spec.eval_batches; ++i) {
+    const Batch batch = spec.eval_batch(i, device);
+    NoGrad no_grad;
+    amp::Autocast autocast(amp);
+    const Var output = model(Var(batch.input));
+    const int64_t n = batch.input.shape()[0];
+    loss_sum += double(loss_of(spec.loss, output, batch.target).value().item()) * double(n);
+    if (spec.loss == LossKind::cross_entropy)
+      correct += count_correct(output.value(), batch.target);
+    rows += n;
+  }
+  model.train();
+  return {loss_sum / double(std::max<int64_t>(rows, 1)),
+          double(correct) / std::max<int64_t>(rows, 1)};
+}
 
 // Forward-only passes (no graph) over the first batch: time and peak memory of inference.
 void measure_inference(const TrainSpec& spec, nn::Sequential& model, Device device, bool amp,
@@ -90,12 +305,217 @@ void measure_inference(const TrainSpec& spec, nn::Sequential& model, Device devi
 void print_diagnostics(nn::Sequential& model, const amp::ActivationGradientProbe& probe,
                        float stored_scale, float target_scale) {
   const auto params = model.named_parameters();
-  std::cout << amp::format_range_reports("fp16 range of activation gradients (last step):",
-                                         probe.reports(), target_scale)
-            << amp::format_range_reports("fp16 range of weight gradients (last step):",
-                                         amp::weight_gradient_report(params, stored_scale,
-                                                                     target_scale),
-                                         target_scale);
+  std::cout << amp::format_range_reports(
+                   "fp16 range of activation gradients (last step):", probe.reports(), target_scale)
+            << amp::format_range_reports(
+                   "fp16 range of weight gradients (last step):",
+                   amp::weight_gradient_report(params, stored_scale, target_scale), target_scale);
+}
+
+// ---- one run ----
+
+// A training run: the model, optimizer, scaler, data order and log, i.e. everything a training
+// checkpoint saves, and the loop over steps.
+class Run {
+public:
+  Run(const TrainSpec& spec, const Options& options, Device device, bool amp)
+      : spec_(spec), options_(options), device_(device), amp_(amp),
+        precision_(amp ? "amp" : "fp32"), order_(spec, options.seed) {
+    Rng init_rng(options.seed);
+    model_ = spec.build_model(init_rng);
+    model_->to(device);
+    if (!options.load_weights.empty()) io::load_weights(options.load_weights, *model_);
+    opt_ = make_optimizer(spec, *model_, options.lr);
+    scaler_ = std::make_unique<amp::GradScaler>(scaler_options(options, amp), device);
+    if (!options.resume.empty()) resume(options.resume);
+  }
+
+  // Trains from the current step to spec.steps, writing into out_dir as it goes.
+  RunResult train(const std::string& out_dir);
+
+private:
+  // What a checkpoint must share with this run to resume it (saved as its metadata).
+  io::Metadata identity() const {
+    const bool unscaled = amp_ && !scaler_->is_enabled();
+    return {{"example", spec_.example},
+            {"precision", unscaled ? precision_ + " without loss scaling" : precision_},
+            {"optimizer", spec_.optimizer == OptimizerKind::adam ? "adam" : "sgd"},
+            {"steps_per_epoch", std::to_string(spec_.steps_per_epoch)}};
+  }
+  int64_t epochs_done(int64_t steps) const {
+    return spec_.steps_per_epoch > 0 ? steps / spec_.steps_per_epoch : 0;
+  }
+  bool evaluates() const { return spec_.steps_per_epoch > 0 && spec_.eval_batch != nullptr; }
+
+  void resume(const std::string& path);
+  void save_checkpoint(const std::string& path) const;
+  // One optimizer step on batch `step`; returns its record (wall_s left for the caller).
+  StepRecord step(int64_t step);
+  void finish_epoch(int64_t epoch, double wall_s, Progress& progress);
+  void write_outputs(const std::string& out_dir, const RunResult& result) const;
+
+  const TrainSpec& spec_;
+  const Options& options_;
+  Device device_;
+  bool amp_;
+  std::string precision_;
+  std::unique_ptr<nn::Sequential> model_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<amp::GradScaler> scaler_;
+  DataOrder order_;
+  TrainLog log_;
+  int64_t first_step_ = 0;
+};
+
+void Run::resume(const std::string& path) {
+  const io::TrainingState state =
+      io::load_training_checkpoint(path, *model_, *opt_, *scaler_, identity());
+  require(state.step <= spec_.steps, "--resume", path, ": the checkpoint is at step ", state.step,
+          ", past this run's ", spec_.steps, " steps");
+  require(state.epoch == epochs_done(state.step), "--resume", path, ": epoch ", state.epoch,
+          " does not match step ", state.step, " at ", spec_.steps_per_epoch, " steps per epoch");
+  log_.steps = records_from_tensor<StepRecord, kStepColumns>(path, state, "steps", state.step);
+  log_.epochs = records_from_tensor<EpochRecord, kEpochColumns>(path, state, "epochs",
+                                                                evaluates() ? state.epoch : 0);
+  order_.restore(state.data_rng, state.step);
+  first_step_ = state.step;
+}
+
+void Run::save_checkpoint(const std::string& path) const {
+  io::TrainingState state;
+  state.step = int64_t(log_.steps.size());
+  state.epoch = epochs_done(state.step);
+  state.data_rng = order_.checkpoint_state(state.step);
+  state.logs = log_tensors(log_);
+  state.metadata = identity();
+  io::save_training_checkpoint(path, *model_, *opt_, *scaler_, state);
+}
+
+StepRecord Run::step(int64_t step) {
+  const bool probe_this_step = options_.diagnose && step + 1 == spec_.steps;
+  const float scale_now = scaler_->get_scale();
+  std::unique_ptr<amp::ActivationGradientProbe> probe;
+  if (probe_this_step)
+    probe = std::make_unique<amp::ActivationGradientProbe>(scale_now, options_.init_scale);
+
+  order_.before_step(step);
+  const Batch batch = spec_.batch(step, device_);
+  opt_->zero_grad();
+  Var output, loss;
+  {
+    amp::Autocast autocast(amp_);
+    output = (*model_)(Var(batch.input));
+    loss = loss_of(spec_.loss, output, batch.target);
+  }
+  scaler_->scale(loss).backward();
+  if (probe_this_step) print_diagnostics(*model_, *probe, scale_now, options_.init_scale);
+  scaler_->step(*opt_);
+  scaler_->update();
+
+  StepRecord record;
+  record.skipped = scaler_->step_was_skipped(*opt_) ? 1.0f : 0.0f;
+  if (record.skipped != 0 && options_.diagnose) {
+    std::cout << "step " << step << ": overflow, step skipped; first non-finite gradient: "
+              << amp::first_nonfinite_parameter(model_->named_parameters()) << "\n";
+  }
+  record.loss = loss.value().item();
+  record.scale = scaler_->get_scale();
+  if (spec_.loss == LossKind::cross_entropy) {
+    record.correct = float(count_correct(output.value(), batch.target));
+    record.rows = float(batch.input.shape()[0]);
+  }
+  return record;
+}
+
+void Run::finish_epoch(int64_t epoch, double wall_s, Progress& progress) {
+  EpochRecord record = train_figures(log_, epoch, spec_.steps_per_epoch);
+  const Evaluation test = evaluate(spec_, *model_, device_, amp_);
+  record.test_loss = float(test.loss);
+  record.test_accuracy = float(test.accuracy);
+  record.wall_s = float(wall_s);
+  log_.epochs.push_back(record);
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "epoch %lld/%lld  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  (%.1f s)",
+                static_cast<long long>(epoch + 1),
+                static_cast<long long>(spec_.steps / spec_.steps_per_epoch), record.train_loss,
+                100.0 * record.train_accuracy, record.test_loss, 100.0 * record.test_accuracy,
+                wall_s);
+  progress.note(line);
+}
+
+RunResult Run::train(const std::string& out_dir) {
+  std::filesystem::create_directories(out_dir);
+  if (!options_.save_weights.empty()) std::filesystem::create_directories(options_.save_weights);
+  if (!options_.save_weights.empty() && first_step_ == 0)
+    io::save_weights(options_.save_weights + "/init.safetensors", *model_);
+
+  RunResult result;
+  result.precision = precision_;
+  const int every = options_.log_every > 0
+                        ? options_.log_every
+                        : static_cast<int>(std::max<int64_t>(1, spec_.steps / 10));
+  Progress progress(cat(spec_.example, " ", precision_, " ", device_), first_step_, spec_.steps,
+                    every, spec_.steps_per_epoch);
+  const double wall_before = log_.steps.empty() ? 0.0 : log_.steps.back().wall_s;
+  Allocator& allocator = allocator_for(device_);
+  allocator.reset_peak();
+  const auto start = Clock::now();
+  for (int64_t s = first_step_; s < spec_.steps; ++s) {
+    StepRecord record = step(s);
+    record.wall_s = float(wall_before + seconds_since(start));
+    log_.steps.push_back(record);
+    progress.update(s, record.loss, record.scale);
+    if (evaluates() && (s + 1) % spec_.steps_per_epoch == 0)
+      finish_epoch(s / spec_.steps_per_epoch, wall_before + seconds_since(start), progress);
+    if (options_.checkpoint_every > 0 && (s + 1) % options_.checkpoint_every == 0)
+      save_checkpoint(out_dir + "/checkpoint.safetensors");
+  }
+  backend::cuda_synchronize();
+  result.wall_s = seconds_since(start);
+  result.peak_bytes = allocator.peak_bytes();
+  if (!options_.save_weights.empty())
+    io::save_weights(options_.save_weights + "/final.safetensors", *model_);
+
+  for (const StepRecord& r : log_.steps) result.skipped_steps += r.skipped != 0;
+  if (!log_.steps.empty()) result.final_loss = log_.steps.back().loss;
+  if (!log_.epochs.empty()) {
+    result.test_loss = log_.epochs.back().test_loss;
+    result.test_accuracy = log_.epochs.back().test_accuracy;
+  }
+  result.final_scale = scaler_->get_scale();
+  measure_inference(spec_, *model_, device_, amp_, result);
+  if (spec_.finish) spec_.finish(*model_, device_, amp_, out_dir);
+  write_outputs(out_dir, result);
+  return result;
+}
+
+void Run::write_outputs(const std::string& out_dir, const RunResult& result) const {
+  nlohmann::json summary = {{"example", spec_.example},
+                            {"device", device_name(device_)},
+                            {"precision", result.precision},
+                            {"loss_scaling", scaler_->is_enabled()},
+                            {"steps", spec_.steps},
+                            {"seed", options_.seed},
+                            {"lr", options_.lr},
+                            {"final_loss", result.final_loss},
+                            {"wall_s", result.wall_s},
+                            {"peak_bytes", result.peak_bytes},
+                            {"skipped_steps", result.skipped_steps},
+                            {"final_scale", result.final_scale},
+                            {"inference_wall_s", result.inference_wall_s},
+                            {"inference_peak_bytes", result.inference_peak_bytes}};
+  if (first_step_ > 0) summary["resumed_at_step"] = first_step_;
+  if (evaluates()) {
+    summary["epochs"] = log_.epochs.size();
+    summary["test_loss"] = result.test_loss;
+    summary["test_accuracy"] = result.test_accuracy;
+    io::write_file_atomically(out_dir + "/epochs.csv", epochs_csv(log_));
+  }
+  io::write_file_atomically(out_dir + "/metrics.csv", metrics_csv(log_));
+  io::write_file_atomically(out_dir + "/summary.json", summary.dump(2) + "\n");
+  write_plots(out_dir, cat(spec_.example, " ", precision_), log_, spec_.steps_per_epoch,
+              scaler_->is_enabled());
 }
 
 } // namespace
@@ -122,95 +542,30 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
   app.add_flag("--no-loss-scaling", options.no_loss_scaling,
                "AMP without loss scaling (ablation: small gradients flush to zero)");
   app.add_option("--log-every", options.log_every, "progress line every N steps (0: auto)");
+  app.add_option("--save-weights", options.save_weights,
+                 "write DIR/init.safetensors before the first step and DIR/final.safetensors "
+                 "after the last (PyTorch state_dict names and layouts; with --compare, "
+                 "DIR/fp32 and DIR/amp)");
+  app.add_option("--load-weights", options.load_weights,
+                 "start from the weights in this safetensors file");
+  app.add_option("--checkpoint-every", options.checkpoint_every,
+                 "every N steps, write a training checkpoint to OUT/checkpoint.safetensors")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--resume", options.resume,
+                 "continue the run saved in this training checkpoint (same options)");
 }
 
 Device resolve_device(const std::string& name) {
   if (name == "auto") return cuda_available() ? Device::cuda : Device::cpu;
   const Device device = parse_device(name);
-  require(device != Device::cuda || cuda_available(), "--device cuda",
-          cuda_unavailable_reason());
+  require(device != Device::cuda || cuda_available(), "--device cuda", cuda_unavailable_reason());
   return device;
 }
 
 RunResult train(const TrainSpec& spec, const Options& options, Device device, bool amp,
                 const std::string& out_dir) {
-  std::filesystem::create_directories(out_dir);
-  RunResult result;
-  result.precision = amp ? "amp" : "fp32";
-
-  Rng init_rng(options.seed);
-  std::unique_ptr<nn::Sequential> model = spec.build_model(init_rng);
-  model->to(device);
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(spec, *model, options.lr);
-  amp::GradScalerOptions scaler_options;
-  scaler_options.init_scale = options.init_scale;
-  scaler_options.growth_interval = options.growth_interval;
-  scaler_options.enabled = amp && !options.no_loss_scaling;
-  amp::GradScaler scaler(scaler_options, device);
-
-  std::string csv = "step,loss,wall_s,scale,skipped\n";
-  const int every = options.log_every > 0 ? options.log_every
-                                          : static_cast<int>(std::max<int64_t>(1, spec.steps / 10));
-  Progress progress(cat(spec.example, " ", result.precision, " ", device), spec.steps, every);
-  Allocator& allocator = allocator_for(device);
-  allocator.reset_peak();
-  const auto start = Clock::now();
-  for (int64_t step = 0; step < spec.steps; ++step) {
-    const bool probe_this_step = options.diagnose && step + 1 == spec.steps;
-    const float scale_now = scaler.get_scale();
-    std::unique_ptr<amp::ActivationGradientProbe> probe;
-    if (probe_this_step)
-      probe = std::make_unique<amp::ActivationGradientProbe>(scale_now, options.init_scale);
-
-    const Batch batch = spec.batch(step, device);
-    opt->zero_grad();
-    Var loss;
-    {
-      amp::Autocast autocast(amp);
-      Var output = (*model)(Var(batch.input));
-      loss = loss_of(spec.loss, output, batch.target);
-    }
-    scaler.scale(loss).backward();
-    if (probe_this_step) print_diagnostics(*model, *probe, scale_now, options.init_scale);
-    scaler.step(*opt);
-    scaler.update();
-
-    const bool skipped = scaler.step_was_skipped(*opt);
-    if (skipped && options.diagnose) {
-      std::cout << "step " << step << ": overflow, step skipped; first non-finite gradient: "
-                << amp::first_nonfinite_parameter(model->named_parameters()) << "\n";
-    }
-    result.skipped_steps += skipped;
-    result.final_loss = loss.value().item();
-    const double scale = scaler.get_scale();
-    csv += cat(step, ",", result.final_loss, ",", seconds_since(start), ",", scale, ",",
-               skipped ? 1 : 0, "\n");
-    progress.update(step, result.final_loss, scale);
-  }
-  backend::cuda_synchronize();
-  result.wall_s = seconds_since(start);
-  result.peak_bytes = allocator.peak_bytes();
-  result.final_scale = scaler.get_scale();
-  measure_inference(spec, *model, device, amp, result);
-  if (spec.finish) spec.finish(*model, device, amp, out_dir);
-
-  nlohmann::json summary = {{"example", spec.example},
-                            {"device", device_name(device)},
-                            {"precision", result.precision},
-                            {"loss_scaling", scaler.is_enabled()},
-                            {"steps", spec.steps},
-                            {"seed", options.seed},
-                            {"lr", options.lr},
-                            {"final_loss", result.final_loss},
-                            {"wall_s", result.wall_s},
-                            {"peak_bytes", result.peak_bytes},
-                            {"skipped_steps", result.skipped_steps},
-                            {"final_scale", result.final_scale},
-                            {"inference_wall_s", result.inference_wall_s},
-                            {"inference_peak_bytes", result.inference_peak_bytes}};
-  io::write_file_atomically(out_dir + "/metrics.csv", csv);
-  io::write_file_atomically(out_dir + "/summary.json", summary.dump(2) + "\n");
-  return result;
+  Run run(spec, options, device, amp);
+  return run.train(out_dir);
 }
 
 namespace {
@@ -224,6 +579,13 @@ void print_comparison(const std::string& what, double fp32_s, double amp_s, size
               amp ? cat(amp->final_loss).c_str() : "");
   std::printf("  time saved: %.1f%%   memory saved: %.1f%%\n", 100.0 * (1.0 - amp_s / fp32_s),
               100.0 * (1.0 - double(amp_bytes) / double(fp32_bytes)));
+}
+
+// The options of one precision's run under --compare: weights go to their own subdirectory.
+Options options_for(const Options& options, const std::string& precision) {
+  Options run = options;
+  if (!run.save_weights.empty()) run.save_weights += "/" + precision;
+  return run;
 }
 } // namespace
 
@@ -239,8 +601,10 @@ int run_example(const TrainSpec& spec, const Options& options) {
     std::printf("wrote %s/metrics.csv and %s/summary.json\n", out.c_str(), out.c_str());
     return 0;
   }
-  const RunResult fp32 = train(spec, options, device, false, out + "/fp32");
-  const RunResult amp = train(spec, options, device, true, out + "/amp");
+  require(options.resume.empty(), "--resume",
+          "resumes one run; it cannot be combined with --compare");
+  const RunResult fp32 = train(spec, options_for(options, "fp32"), device, false, out + "/fp32");
+  const RunResult amp = train(spec, options_for(options, "amp"), device, true, out + "/amp");
   std::printf("\n%s on %s, %lld steps (same init and data)%s", spec.example.c_str(),
               device_name(device), static_cast<long long>(spec.steps),
               device == Device::cpu ? " — CPU f16 is an emulation for study: the speed claim "

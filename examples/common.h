@@ -1,6 +1,7 @@
 // What every example shares: the command-line options, device selection, the training loop
-// (written to sit next to PyTorch's autocast + GradScaler loop), metrics.csv / summary.json, the
-// FP32-vs-AMP comparison table, and the fp16 range diagnostics.
+// (written to sit next to PyTorch's autocast + GradScaler loop), per-epoch evaluation, weights
+// and training checkpoints with resume, metrics.csv / epochs.csv / summary.json and their plots,
+// the FP32-vs-AMP comparison table, and the fp16 range diagnostics.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -27,7 +28,11 @@ struct Options {
   float init_scale = 65536.0f;
   int growth_interval = 2000;
   bool no_loss_scaling = false;
-  int log_every = 0; // progress lines; 0 picks a default from the step count
+  int log_every = 0;            // progress lines; 0 picks a default from the step count
+  std::string save_weights;     // directory for init.safetensors and final.safetensors
+  std::string load_weights;     // a weights file to start from
+  int64_t checkpoint_every = 0; // steps between training checkpoints; 0: none
+  std::string resume;           // a training checkpoint to continue from
 };
 
 // Registers the common options on `app`; `default_lr` is the example's default learning rate.
@@ -52,6 +57,16 @@ struct TrainSpec {
   LossKind loss = LossKind::mse;
   OptimizerKind optimizer = OptimizerKind::sgd;
   int64_t steps = 0;
+  // Epochs (classifiers): steps_per_epoch > 0 makes the run spec.steps / steps_per_epoch epochs.
+  // start_epoch is called before an epoch's first step with the data-order generator (seeded
+  // from --seed and saved in training checkpoints), e.g. to reshuffle the training set; the
+  // order must follow from the generator's state alone (a resumed run redraws it). After
+  // each epoch the eval_batches held-out batches are evaluated (loss, and accuracy for
+  // cross-entropy) when eval_batch is set.
+  int64_t steps_per_epoch = 0;
+  std::function<void(int64_t epoch, Rng& rng)> start_epoch;
+  int64_t eval_batches = 0;
+  std::function<Batch(int64_t index, Device device)> eval_batch;
   // Called after the last step with the trained model (e.g. to write images); `amp` says
   // whether this run trained with mixed precision.
   std::function<void(nn::Sequential& model, Device device, bool amp, const std::string& out_dir)>
@@ -67,11 +82,14 @@ struct RunResult {
   double final_scale = 1;
   double inference_wall_s = 0;
   size_t inference_peak_bytes = 0;
+  double test_loss = 0, test_accuracy = 0; // after the last epoch, when the spec evaluates
 };
 
-// Trains spec.steps steps in FP32 or AMP, writes out_dir/metrics.csv and summary.json, prints
-// progress, and returns the figures. The model is built from `options.seed`, so two runs
-// start from the same weights.
+// Trains spec.steps steps in FP32 or AMP (from --load-weights or --resume when given), writes
+// out_dir/metrics.csv, summary.json, loss.png (and for AMP loss_scale.png; with evaluation
+// epochs.csv and accuracy.png), weights and checkpoints as the options say, prints progress,
+// and returns the figures. The model is built from `options.seed`, so two runs start from the
+// same weights.
 RunResult train(const TrainSpec& spec, const Options& options, Device device, bool amp,
                 const std::string& out_dir);
 

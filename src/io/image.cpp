@@ -147,10 +147,10 @@ Tensor load_image(const std::string& path, int channels) {
   const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
   const int length = int(bytes.size());
   int width = 0, height = 0, file_channels = 0;
-  require(stbi_info_from_memory(data, length, &width, &height, &file_channels) == 1, "load_image",
-          path, ": not a readable PNG or JPEG (", stbi_failure_reason(), ")");
   require(jpeg_huffman_tables_fit(bytes), "load_image", path,
           ": corrupt JPEG (a Huffman table has more than 256 codes)");
+  require(stbi_info_from_memory(data, length, &width, &height, &file_channels) == 1, "load_image",
+          path, ": not a readable PNG or JPEG (", stbi_failure_reason(), ")");
   require(int64_t(width) * height <= kMaxPixels, "load_image", path, ": ", width, "x", height,
           " pixels is more than ", kMaxPixels);
   stbi_uc* pixels = stbi_load_from_memory(data, length, &width, &height, &file_channels, channels);

@@ -1,6 +1,6 @@
 // Module: a layer or a container of layers, with PyTorch-style names for its parameters and
 // buffers ("0.weight", "1.running_mean") so checkpoints map one-to-one onto a PyTorch
-// nn.Sequential. Layers: Linear, Conv2d, BatchNorm, ReLU, GlobalAvgPool, Flatten; Sequential.
+// nn.Sequential. Layers: Linear, Conv2d, BatchNorm, ReLU, GlobalAvgPool; Sequential.
 #pragma once
 
 #include <memory>

@@ -1,4 +1,5 @@
-// The example programs as a user meets them: --help, bad flags, devices, and what a run writes.
+// The example programs as a user meets them: --help, bad flags, devices, what a run writes,
+// weights in and out, and resuming from a training checkpoint bit for bit.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -10,52 +11,38 @@
 #include <sstream>
 
 #include "core/allocator.h"
+#include "io/safetensors.h"
+#include "test_program.h"
 
 namespace {
 
-struct ProgramRun {
-  int status;
-  std::string output; // stdout and stderr together
-};
-
-// Runs an example binary from the build directory with `args`, capturing its output.
-ProgramRun run_example(const std::string& name, const std::string& args) {
-  const std::string command = std::string(MINAMP_BINARY_DIR) + "/" + name + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> chunk;
-  while (size_t n = fread(chunk.data(), 1, chunk.size(), pipe)) output.append(chunk.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "minamp_" + name;
-  std::filesystem::remove_all(dir);
-  return dir;
-}
+using minamp::test::fresh_dir;
+using minamp::test::ProgramRun;
+using minamp::test::run_program;
 
 TEST(Examples, HelpListsTheCommonOptions) {
-  for (const char* name : {"mlp", "sine"}) {
-    const ProgramRun run = run_example(name, "--help");
+  for (const char* name : {"mlp", "sine", "classify"}) {
+    const ProgramRun run = run_program(name, "--help");
     EXPECT_EQ(run.status, 0) << name;
-    for (const char* option : {"--device", "--seed", "--lr", "--out", "--amp", "--compare",
-                               "--init-scale", "--growth-interval", "--no-loss-scaling"})
+    for (const char* option :
+         {"--device", "--seed", "--lr", "--out", "--amp", "--compare", "--init-scale",
+          "--growth-interval", "--no-loss-scaling", "--save-weights", "--load-weights",
+          "--checkpoint-every", "--resume"})
       EXPECT_NE(run.output.find(option), std::string::npos) << name << " --help lacks " << option;
   }
 }
 
 TEST(Examples, UnknownFlagIsAUsageErrorNamingIt) {
-  const ProgramRun run = run_example("mlp", "--bogus-flag");
+  const ProgramRun run = run_program("mlp", "--bogus-flag");
   EXPECT_NE(run.status, 0);
   EXPECT_NE(run.output.find("--bogus-flag"), std::string::npos) << run.output;
 }
 
 TEST(Examples, BadValuesAreOneLineErrors) {
-  ProgramRun run = run_example("mlp", "--widths 16,x --out " + fresh_dir("bad_widths"));
+  ProgramRun run = run_program("mlp", "--widths 16,x --out " + fresh_dir("bad_widths"));
   EXPECT_NE(run.status, 0);
   EXPECT_NE(run.output.find("--widths"), std::string::npos) << run.output;
-  run = run_example("sine", "--device tpu");
+  run = run_program("sine", "--device tpu");
   EXPECT_NE(run.status, 0);
   EXPECT_NE(run.output.find("--device"), std::string::npos) << run.output;
 }
@@ -63,14 +50,14 @@ TEST(Examples, BadValuesAreOneLineErrors) {
 TEST(Examples, CudaWithoutAGpuSaysWhy) {
   if (minamp::cuda_available()) GTEST_SKIP() << "a GPU is present";
   const ProgramRun run =
-      run_example("mlp", "--device cuda --epochs 1 --out " + fresh_dir("nocuda"));
+      run_program("mlp", "--device cuda --epochs 1 --out " + fresh_dir("nocuda"));
   EXPECT_NE(run.status, 0);
   EXPECT_NE(run.output.find(minamp::cuda_unavailable_reason()), std::string::npos) << run.output;
 }
 
 TEST(Examples, SineWritesMetricsSummaryAndImage) {
   const std::string out = fresh_dir("sine");
-  const ProgramRun run = run_example("sine", "--size 8 --hidden 8 --steps 6 --amp --out " + out);
+  const ProgramRun run = run_program("sine", "--size 8 --hidden 8 --steps 6 --amp --out " + out);
   ASSERT_EQ(run.status, 0) << run.output;
   std::ifstream csv(out + "/metrics.csv");
   std::string header, line;
@@ -91,7 +78,7 @@ TEST(Examples, SineWritesMetricsSummaryAndImage) {
 
 TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
   const std::string out = fresh_dir("mlp");
-  const ProgramRun run = run_example("mlp", "--compare --epochs 4 --out " + out);
+  const ProgramRun run = run_program("mlp", "--compare --epochs 4 --out " + out);
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("memory saved"), std::string::npos) << run.output;
   for (const char* precision : {"fp32", "amp"}) {
@@ -106,6 +93,56 @@ TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
     for (int i = 0; i < 50; ++i) first += losses[i], last += losses[150 + i];
     EXPECT_LT(last, first) << precision;
   }
+}
+
+TEST(Examples, MlpAndSineResumeBitForBitInFp32AndAmp) {
+  // mlp: SGD, 20 steps, resumed at 12; sine: Adam + BatchNorm, 20 steps, resumed at 12, AMP with
+  // a growing scale (interval 3) so the growth tracker is mid-count at the checkpoint.
+  minamp::test::expect_resume_equals_uninterrupted("mlp", "--epochs 2 --batches 10", 12,
+                                                   "mlp_fp32");
+  minamp::test::expect_resume_equals_uninterrupted("mlp", "--epochs 2 --batches 10 --amp", 12,
+                                                   "mlp_amp");
+  const std::string sine = "--size 8 --hidden 8 --steps 20";
+  minamp::test::expect_resume_equals_uninterrupted("sine", sine, 12, "sine_fp32");
+  minamp::test::expect_resume_equals_uninterrupted("sine", sine + " --amp --growth-interval 5", 12,
+                                                   "sine_amp");
+}
+
+TEST(Examples, WeightsSavedByOneRunStartAnother) {
+  const std::string first = fresh_dir("weights_first"), second = fresh_dir("weights_second");
+  ProgramRun run = run_program("sine", "--size 8 --hidden 8 --steps 3 --out " + first +
+                                           " --save-weights " + first + "/w");
+  ASSERT_EQ(run.status, 0) << run.output;
+  const minamp::io::SafetensorsFile final =
+      minamp::io::load_safetensors(first + "/w/final.safetensors");
+  EXPECT_EQ(final.tensor("0.weight").shape(), (minamp::Shape{8, 2, 1, 1})); // [Cout, Cin, kh, kw]
+  EXPECT_EQ(final.int64s_named("1.num_batches_tracked").values, std::vector<int64_t>{3});
+
+  run = run_program("sine", "--size 8 --hidden 8 --steps 3 --seed 9 --out " + second +
+                                " --load-weights " + first +
+                                "/w/final.safetensors --save-weights " + second + "/w");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_EQ(minamp::io::read_file(second + "/w/init.safetensors"),
+            minamp::io::read_file(first + "/w/final.safetensors"));
+
+  run = run_program("mlp", "--epochs 1 --out " + second + "_mlp --load-weights " + first +
+                               "/w/final.safetensors");
+  EXPECT_NE(run.status, 0);
+  EXPECT_NE(
+      run.output.find("final.safetensors: '0.weight' has shape [8, 2, 1, 1], expected [16, 8]"),
+      std::string::npos)
+      << run.output;
+  EXPECT_FALSE(std::filesystem::exists(second + "_mlp")) << "a failed run wrote output";
+}
+
+TEST(Examples, RunsWritePlotsNextToTheirMetrics) {
+  const std::string out = fresh_dir("plots");
+  const ProgramRun run = run_program("mlp", "--compare --epochs 1 --batches 5 --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_TRUE(std::filesystem::exists(out + "/fp32/loss.png"));
+  EXPECT_FALSE(std::filesystem::exists(out + "/fp32/loss_scale.png")) << "no scaler in FP32";
+  EXPECT_TRUE(std::filesystem::exists(out + "/amp/loss.png"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/amp/loss_scale.png"));
 }
 
 } // namespace

@@ -1,0 +1,66 @@
+// Checkpoints as safetensors files in PyTorch's state_dict names and layouts, of two kinds:
+//
+// Weights (a model's state_dict, what torch's nn.Sequential.load_state_dict reads):
+//   "<i>.weight", "<i>.bias"        parameters, F32
+//   "<i>.running_mean/running_var"  BatchNorm buffers, F32
+//   "<i>.num_batches_tracked"       BatchNorm counters, 0-d I64
+// Every 4-D tensor is a conv weight: [Cout, kh, kw, Cin] inside minamp (channels-last),
+// [Cout, Cin, kh, kw] in the file; Linear [out, in] and 1-D tensors are stored as they are.
+//
+// Training checkpoints: the weights, plus what resuming needs, under prefixes that cannot
+// clash with module names (which start with a digit):
+//   "optimizer.<name>"   each tensor of Optimizer::named_state() (Adam "step", "exp_avg.<i>",
+//                        "exp_avg_sq.<i>"; SGD "momentum_buffer.<i>"), 4-D ones permuted
+//                        like their parameter
+//   "scaler.<key>"       GradScaler.state_dict() key for key (only when the scaler is enabled):
+//                        scale, growth_factor, backoff_factor (0-d F32), growth_interval,
+//                        _growth_tracker (0-d I64)
+//   "train.step", "train.epoch"                      0-d I64: steps and epochs completed
+//   "train.data_rng.state", "train.data_rng.increment"  0-d I64: the data-order Rng (bits as is)
+//   "log.<name>"         any tensors the trainer keeps with the run (its log so far)
+//
+// Loading is strict, as PyTorch's load_state_dict(strict=True): every expected name must be
+// there with the expected dtype and shape, and no other name may be. Everything is checked
+// before anything is changed, so a bad file leaves the model and optimizer as they were.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "amp/grad_scaler.h"
+#include "core/rng.h"
+#include "io/safetensors.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+
+namespace minamp::io {
+
+// Writes the model's state_dict to `path` atomically.
+void save_weights(const std::string& path, nn::Module& model);
+
+// Loads a state_dict written by save_weights (or by PyTorch's safetensors for the equivalent
+// module) into `model`. Throws Error naming the file and the first problem found.
+void load_weights(const std::string& path, nn::Module& model);
+
+// What a training checkpoint holds besides the model, optimizer and scaler.
+struct TrainingState {
+  int64_t step = 0;  // optimizer steps completed
+  int64_t epoch = 0; // epochs completed
+  Rng::State data_rng;
+  std::vector<NamedTensor> logs; // names without the "log." prefix
+  Metadata metadata;             // strings describing the run
+};
+
+// Writes model, optimizer, scaler and `state` to `path` atomically.
+void save_training_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,
+                              const amp::GradScaler& scaler, const TrainingState& state);
+
+// Loads a checkpoint written by save_training_checkpoint into model, opt and scaler (built as
+// for the run that wrote it) and returns the rest. The file's metadata must hold every key of
+// `required` with the same value (e.g. the example and precision of this run). Throws Error
+// naming the file and the problem.
+TrainingState load_training_checkpoint(const std::string& path, nn::Module& model,
+                                       optim::Optimizer& opt, amp::GradScaler& scaler,
+                                       const Metadata& required = {});
+
+} // namespace minamp::io

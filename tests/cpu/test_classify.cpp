@@ -1,0 +1,235 @@
+// The classify example end to end on small data: a synthetic Fashion-MNIST-shaped data set
+// written here as gzipped IDX files, and the image-folder fixture in data/. It learns, reports
+// per-epoch figures, writes plots and weights, resumes bit for bit in FP32 and AMP, and turns a
+// missing or corrupt data set and bad checkpoints into one-line errors with no output written.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "core/rng.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+#include "test_program.h"
+
+namespace minamp {
+namespace {
+
+namespace fs = std::filesystem;
+using test::fresh_dir;
+using test::ProgramRun;
+using test::run_program;
+
+// Writes a gzipped u8 IDX file: magic, big-endian dimensions, values.
+void write_idx_gz(const std::string& path, const std::vector<uint32_t>& dims,
+                  const std::vector<uint8_t>& values) {
+  std::string bytes{0, 0, 0x08, char(dims.size())};
+  for (uint32_t d : dims)
+    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(char((d >> shift) & 0xff));
+  bytes.append(values.begin(), values.end());
+  gzFile file = gzopen(path.c_str(), "wb");
+  ASSERT_NE(file, nullptr) << path;
+  ASSERT_EQ(gzwrite(file, bytes.data(), unsigned(bytes.size())), int(bytes.size()));
+  gzclose(file);
+}
+
+// One split of a 10-class, 28x28 data set that a tiny CNN separates in a few steps: class k is a
+// bright 3-row band at rows 2k+2 .. 2k+4, on noise. `labels` (count of them) overrides the
+// drawn labels.
+void write_split(const std::string& dir, const std::string& prefix, uint32_t count, Rng& rng,
+                 std::vector<uint8_t> labels = {}) {
+  std::vector<uint8_t> pixels;
+  const bool draw_labels = labels.empty();
+  for (uint32_t i = 0; i < count; ++i) {
+    if (draw_labels) labels.push_back(uint8_t(rng.below(10)));
+    for (uint32_t row = 0; row < 28; ++row)
+      for (uint32_t col = 0; col < 28; ++col) {
+        const bool band = row >= 2u * labels[i] + 2 && row < 2u * labels[i] + 5;
+        pixels.push_back(uint8_t(band ? 200 + rng.below(56) : rng.below(60)));
+      }
+  }
+  write_idx_gz(dir + "/" + prefix + "-images-idx3-ubyte.gz", {count, 28, 28}, pixels);
+  write_idx_gz(dir + "/" + prefix + "-labels-idx1-ubyte.gz", {uint32_t(labels.size())}, labels);
+}
+
+// A synthetic data set in a new directory: 384 training images (12 batches of 32), 100 test.
+std::string synthetic_data(const std::string& name) {
+  const std::string dir = fresh_dir(name);
+  fs::create_directories(dir);
+  Rng rng(11);
+  write_split(dir, "train", 384, rng);
+  write_split(dir, "t10k", 100, rng);
+  return dir;
+}
+
+// The synthetic data set of the running test, written once (ctest runs tests in parallel, each
+// in its own process, so each test has its own copy).
+const std::string& data() {
+  static const std::string dir =
+      synthetic_data(std::string("classify_data_") +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  return dir;
+}
+
+// --data, a tiny model (width 4 by default) and batch 32 (by default: 12 steps per epoch).
+std::string small_run(const std::string& data_dir, int epochs, int batch_size = 32, int width = 4) {
+  return "--data " + data_dir + " --epochs " + std::to_string(epochs) + " --batch-size " +
+         std::to_string(batch_size) + " --width " + std::to_string(width);
+}
+
+// Expects a failed run with exactly one error line, containing each of `fragments` (stderr
+// reaches the pipe before buffered stdout, so the line's position is not checked).
+void expect_one_line_error(const ProgramRun& run, const std::vector<std::string>& fragments) {
+  EXPECT_NE(run.status, 0) << run.output;
+  std::istringstream lines(run.output);
+  std::vector<std::string> errors;
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("error") != std::string::npos) errors.push_back(line);
+  ASSERT_EQ(errors.size(), 1u) << run.output;
+  EXPECT_EQ(errors[0].rfind("error: ", 0), 0u) << run.output;
+  for (const std::string& f : fragments)
+    EXPECT_NE(errors[0].find(f), std::string::npos) << f << "\n" << run.output;
+}
+
+bool is_png(const std::string& path) {
+  return fs::exists(path) && io::read_file(path).rfind("\x89PNG\r\n\x1a\n", 0) == 0;
+}
+
+nlohmann::json summary_of(const std::string& out) {
+  return nlohmann::json::parse(io::read_file(out + "/summary.json"));
+}
+
+TEST(Classify, LearnsAndWritesEpochFiguresPlotsAndPyTorchWeights) {
+  const std::string out = fresh_dir("classify_learns");
+  const ProgramRun run = run_program("classify", small_run(data(), 3) + " --amp --out " + out +
+                                                     " --save-weights " + out + "/weights");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("384 training and 100 test images, 10 classes"), std::string::npos)
+      << run.output;
+  for (const char* line : {"epoch 1/3  train loss", "epoch 3/3  train loss"})
+    EXPECT_NE(run.output.find(line), std::string::npos) << run.output;
+
+  const nlohmann::json summary = summary_of(out);
+  EXPECT_EQ(summary["epochs"], 3);
+  EXPECT_EQ(summary["steps"], 36);
+  EXPECT_GT(summary["test_accuracy"].get<double>(), 0.6) << "chance is 0.1";
+  EXPECT_EQ(test::csv_without_column(out + "/epochs.csv", 99).size(), 4u);
+  EXPECT_EQ(test::csv_without_column(out + "/metrics.csv", 99).size(), 37u);
+  for (const char* plot : {"loss.png", "accuracy.png", "loss_scale.png"})
+    EXPECT_TRUE(is_png(out + "/" + plot)) << plot;
+
+  const io::SafetensorsFile init = io::load_safetensors(out + "/weights/init.safetensors");
+  const io::SafetensorsFile final = io::load_safetensors(out + "/weights/final.safetensors");
+  EXPECT_EQ(final.tensor("0.weight").shape(), (Shape{4, 1, 3, 3})); // [Cout, Cin, kh, kw]
+  EXPECT_EQ(final.tensor("9.weight").shape(), (Shape{8, 8, 3, 3}));
+  EXPECT_EQ(final.tensor("13.weight").shape(), (Shape{10, 8 * 7 * 7})); // Linear [out, in]
+  EXPECT_FALSE(final.has_tensor("0.bias")) << "convs before BN have no bias";
+  EXPECT_EQ(init.int64s_named("10.num_batches_tracked").values, std::vector<int64_t>{0});
+  EXPECT_EQ(final.int64s_named("10.num_batches_tracked").values, std::vector<int64_t>{36});
+  EXPECT_NE(init.tensor("13.weight").to_vector(), final.tensor("13.weight").to_vector());
+}
+
+TEST(Classify, ResumeEqualsUninterruptedBitForBit) {
+  // 36 steps of 12 per epoch: a checkpoint in mid-epoch (step 20) and at an epoch's end (24).
+  // AMP with a short growth interval, so that the scale grows, overflows and backs off.
+  const std::string amp = " --amp --init-scale 1048576 --growth-interval 3";
+  for (int at : {20, 24}) {
+    test::expect_resume_equals_uninterrupted("classify", small_run(data(), 3), at,
+                                             "classify_fp32_" + std::to_string(at));
+    const std::string whole = test::expect_resume_equals_uninterrupted(
+        "classify", small_run(data(), 3) + amp, at, "classify_amp_" + std::to_string(at));
+    EXPECT_GT(summary_of(whole)["skipped_steps"].get<int>(), 0) << "AMP should back off here";
+  }
+}
+
+TEST(Classify, TrainsOnTheImageFolderFixture) {
+  const std::string out = fresh_dir("classify_folder");
+  const ProgramRun run = run_program(
+      "classify", std::string("--images ") + MINAMP_SOURCE_DIR +
+                      "/data/tiny-images --image-size 16 --batch-size 2 --width 4 --epochs 2 "
+                      "--holdout-every 3 --out " +
+                      out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("6 training and 3 test images, 3 classes"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(summary_of(out)["epochs"], 2);
+}
+
+TEST(Classify, DataProblemsAreOneLineErrorsWithNoOutput) {
+  const std::string out = fresh_dir("classify_bad_data");
+  expect_one_line_error(run_program("classify", "--data /nonexistent/fm --out " + out),
+                        {"/nonexistent/fm", "dataset-fashion-mnist"});
+  expect_one_line_error(run_program("classify", "--images /nonexistent/img --out " + out),
+                        {"/nonexistent/img", "not a directory"});
+  expect_one_line_error(run_program("classify", small_run(data(), 1, 1000) + " --out " + out),
+                        {"--batch-size", "384 training images"});
+
+  const std::string bad = synthetic_data("classify_corrupt");
+  const std::string images = bad + "/train-images-idx3-ubyte.gz";
+  const std::string whole = io::read_file(images);
+  io::write_file_atomically(images, whole.substr(0, whole.size() / 2));
+  expect_one_line_error(run_program("classify", small_run(bad, 1) + " --out " + out), {images});
+
+  Rng rng(3);
+  write_split(bad, "train", 40, rng);
+  write_idx_gz(bad + "/train-labels-idx1-ubyte.gz", {39}, std::vector<uint8_t>(39, 1));
+  expect_one_line_error(run_program("classify", small_run(bad, 1) + " --out " + out),
+                        {"train-labels-idx1-ubyte.gz", "39 labels for the 40 images"});
+  std::vector<uint8_t> labels(40, 2);
+  labels[7] = 12;
+  write_split(bad, "train", 40, rng, labels);
+  expect_one_line_error(run_program("classify", small_run(bad, 1) + " --out " + out),
+                        {"train-labels-idx1-ubyte.gz", "label 12 of image 7"});
+  EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
+}
+
+TEST(Classify, BadCheckpointsAreOneLineErrorsWithNoOutput) {
+  const std::string source = fresh_dir("classify_ckpt_source");
+  ASSERT_EQ(
+      run_program("classify", small_run(data(), 1) + " --amp --checkpoint-every 12 --out " + source)
+          .status,
+      0);
+  const std::string checkpoint = source + "/checkpoint.safetensors";
+  const std::string out = fresh_dir("classify_bad_ckpt");
+
+  expect_one_line_error(
+      run_program("classify", small_run(data(), 2) + " --resume " + checkpoint + " --out " + out),
+      {checkpoint, "precision 'amp', this run has 'fp32'"});
+  expect_one_line_error(run_program("classify", small_run(data(), 2, 16) + " --amp " + "--resume " +
+                                                    checkpoint + " --out " + out),
+                        {checkpoint, "steps_per_epoch '12', this run has '24'"});
+  expect_one_line_error(run_program("classify", small_run(data(), 2, 32, 8) + " --amp " +
+                                                    "--resume " + checkpoint + " --out " + out),
+                        {checkpoint, "'0.weight' has shape [4, 1, 3, 3], expected [8, 1, 3, 3]"});
+  expect_one_line_error(run_program("classify", small_run(data(), 2) + " --load-weights " +
+                                                    checkpoint + " --out " + out),
+                        {checkpoint, "unexpected entry"});
+
+  const std::string truncated = fresh_dir("classify_truncated.safetensors");
+  io::write_file_atomically(truncated, io::read_file(checkpoint).substr(0, 1000));
+  expect_one_line_error(run_program("classify", small_run(data(), 2) + " --amp --resume " +
+                                                    truncated + " --out " + out),
+                        {truncated});
+  EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
+}
+
+TEST(Classify, LoadWeightsStartsFromThem) {
+  const std::string first = fresh_dir("classify_weights_a"),
+                    second = fresh_dir("classify_weights_b");
+  ASSERT_EQ(
+      run_program("classify", small_run(data(), 1) + " --out " + first + " --save-weights " + first)
+          .status,
+      0);
+  const ProgramRun run = run_program("classify", small_run(data(), 1) + " --seed 5 --out " +
+                                                     second + " --load-weights " + first +
+                                                     "/final.safetensors --save-weights " + second);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_EQ(io::read_file(second + "/init.safetensors"),
+            io::read_file(first + "/final.safetensors"));
+}
+
+} // namespace
+} // namespace minamp

@@ -1,0 +1,94 @@
+// Helpers for tests that run the example programs as a user does: running a binary from the
+// build directory with its output captured, fresh output directories, CSV columns, and the check
+// that a run resumed from a training checkpoint ends exactly where the uninterrupted run does.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "io/atomic_file.h"
+
+namespace minamp::test {
+
+struct ProgramRun {
+  int status;
+  std::string output; // stdout and stderr together
+};
+
+// Runs an example binary from the build directory with `args`, capturing its output.
+inline ProgramRun run_program(const std::string& name, const std::string& args) {
+  const std::string command = std::string(MINAMP_BINARY_DIR) + "/" + name + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  std::array<char, 4096> chunk;
+  while (size_t n = fread(chunk.data(), 1, chunk.size(), pipe)) output.append(chunk.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+// A path under the test temp dir for `name` (tests that run in parallel use different names).
+inline std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "minamp_" + name;
+}
+
+// temp_path(name), removed first if it exists.
+inline std::string fresh_dir(const std::string& name) {
+  const std::string dir = temp_path(name);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// The lines of a CSV file with column `drop` removed (e.g. a wall-clock column).
+inline std::vector<std::string> csv_without_column(const std::string& path, size_t drop) {
+  std::istringstream in(io::read_file(path));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    std::string kept;
+    size_t column = 0;
+    for (std::string field; std::getline(fields, field, ','); ++column)
+      if (column != drop) kept += field + ",";
+    lines.push_back(kept);
+  }
+  return lines;
+}
+
+// Runs `program args` uninterrupted with --checkpoint-every `at` (the run must be shorter than
+// 2 * at, so that the checkpoint left behind is the one at step `at`), then resumes a second run
+// from that checkpoint. Both must end with the same bytes in final.safetensors, the same losses,
+// scales and skips in metrics.csv and (when written) the same epochs.csv, wall times aside.
+// Returns the uninterrupted run's output directory.
+inline std::string expect_resume_equals_uninterrupted(const std::string& program,
+                                                      const std::string& args, int at,
+                                                      const std::string& name) {
+  const std::string whole = fresh_dir(name + "_whole"), resumed = fresh_dir(name + "_resumed");
+  const std::string checkpoint = fresh_dir(name + ".safetensors");
+  const std::string every = " --checkpoint-every " + std::to_string(at);
+  ProgramRun run = run_program(program, args + every + " --out " + whole + " --save-weights " +
+                                            whole + "/weights");
+  EXPECT_EQ(run.status, 0) << run.output;
+  std::filesystem::copy_file(whole + "/checkpoint.safetensors", checkpoint);
+  run = run_program(program, args + every + " --out " + resumed + " --resume " + checkpoint +
+                                 " --save-weights " + resumed + "/weights");
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_FALSE(std::filesystem::exists(resumed + "/weights/init.safetensors"))
+      << "a resumed run does not start from initial weights";
+  EXPECT_EQ(io::read_file(whole + "/weights/final.safetensors"),
+            io::read_file(resumed + "/weights/final.safetensors"))
+      << name << ": resumed at step " << at << ", the final weights differ";
+  EXPECT_EQ(csv_without_column(whole + "/metrics.csv", 2),
+            csv_without_column(resumed + "/metrics.csv", 2));
+  if (std::filesystem::exists(whole + "/epochs.csv")) {
+    EXPECT_EQ(csv_without_column(whole + "/epochs.csv", 5),
+              csv_without_column(resumed + "/epochs.csv", 5));
+  }
+  return whole;
+}
+
+} // namespace minamp::test
