@@ -1,0 +1,215 @@
+"""The PyTorch peer of bench_train: the same three models (models.py), eager FP32 and eager AMP
+(torch.autocast + torch.amp.GradScaler), timed the same way — warm-up steps, then each step
+timed by the wall clock with the device synchronised before each clock read; median, p10, p90 —
+plus forward-only inference, peak memory and the final loss. Writes JSON with the torch
+version, the TF32 flags and the thread count."""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+
+def percentile(sorted_values, q):
+    """Linear interpolation between order statistics (numpy.percentile's default)."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (pos - lo) * (sorted_values[hi] - sorted_values[lo])
+
+
+def summarize_ms(ms):
+    s = sorted(ms)
+    return {"median": percentile(s, 0.5), "p10": percentile(s, 0.1), "p90": percentile(s, 0.9),
+            "min": s[0], "max": s[-1], "mean": sum(s) / len(s), "n": len(s)}
+
+
+class Device:
+    """Synchronisation and peak-memory counters of one device."""
+
+    def __init__(self, name):
+        self.name = name
+        self.cuda = name == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def reset_peak(self):
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak_bytes(self, data_bytes):
+        """Peak allocated bytes minus the resident batches; None on the CPU (PyTorch keeps no
+        allocator statistics there)."""
+        return torch.cuda.max_memory_allocated() - data_bytes if self.cuda else None
+
+
+def time_each(iterations, body, device):
+    ms = []
+    for i in range(iterations):
+        start = time.perf_counter()
+        body(i)
+        device.sync()
+        ms.append((time.perf_counter() - start) * 1e3)
+    return ms
+
+
+def training_step(w, opt, scaler, amp, device):
+    def step(i):
+        b = i % len(w.inputs)
+        opt.zero_grad()
+        with torch.autocast(device.name, dtype=torch.float16, enabled=amp):
+            loss = w.loss(w.model(w.inputs[b]), w.targets[b])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss.detach()
+
+    return step
+
+
+def train_run(w, amp, args, device, label):
+    opt = w.make_optimizer(w.model.parameters())
+    scaler = torch.amp.GradScaler(device.name, enabled=amp)
+    step = training_step(w, opt, scaler, amp, device)
+    print(f"  {label:<22} train: {args.warmup} warm-up + {args.steps} timed steps", flush=True)
+    for i in range(args.warmup):
+        step(i)
+    device.sync()
+    device.reset_peak()
+    losses = []
+    ms = time_each(args.steps, lambda i: losses.append(step(args.warmup + i)), device)
+    peak = device.peak_bytes(w.data_bytes())
+    tail = [float(x) for x in losses[-10:]]
+    return {"model": w.name, "precision": "amp" if amp else "fp32", "mode": "train",
+            "warmup": args.warmup, "steps": args.steps, "step_ms": summarize_ms(ms),
+            "peak_bytes": peak, "data_bytes": w.data_bytes(), "final_loss": float(losses[-1]),
+            "loss_last10_mean": sum(tail) / len(tail), "final_scale": scaler.get_scale()}
+
+
+def inference_run(w, amp, args, device, label):
+    print(f"  {label:<22} inference: 3 warm-up + {args.infer_steps} timed passes", flush=True)
+    w.model.eval()
+
+    def forward(_):
+        with torch.no_grad(), torch.autocast(device.name, dtype=torch.float16, enabled=amp):
+            w.model(w.inputs[0])
+
+    for i in range(3):
+        forward(i)
+    device.sync()
+    device.reset_peak()
+    ms = time_each(args.infer_steps, forward, device)
+    peak = device.peak_bytes(w.data_bytes())
+    w.model.train()
+    return {"model": w.name, "precision": "amp" if amp else "fp32", "mode": "infer",
+            "warmup": 3, "steps": args.infer_steps, "step_ms": summarize_ms(ms),
+            "peak_bytes": peak, "data_bytes": w.data_bytes()}
+
+
+def print_run(run):
+    ms = run["step_ms"]
+    peak = "n/a" if run["peak_bytes"] is None else f"{run['peak_bytes'] / 1048576:8.2f} MiB"
+    line = (f"  {run['model']:<8} {run['precision']:<4} {run['mode']:<5} median "
+            f"{ms['median']:9.3f} ms  (p10 {ms['p10']:.3f}, p90 {ms['p90']:.3f})  peak {peak}")
+    if "final_loss" in run:
+        line += f"  loss {run['final_loss']:.6g} (last-10 mean {run['loss_last10_mean']:.6g})"
+    print(line, flush=True)
+
+
+def run_error(name, precision, error):
+    return {"model": name, "precision": precision, "mode": "train", "error": str(error)}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--models", default="mlp,sine,classify")
+    p.add_argument("--precisions", default="fp32,amp")
+    p.add_argument("--steps", type=int, default=100, help="timed training steps")
+    p.add_argument("--warmup", type=int, default=10, help="untimed training steps first")
+    p.add_argument("--infer-steps", type=int, default=20, help="timed forward-only passes")
+    p.add_argument("--size", type=int, default=0, help="sine grid (0: 512 on cuda, 64 on cpu)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
+    p.add_argument("--json", help="write the results to this JSON file")
+    args = p.parse_args()
+    for option, value, accepted in (("--models", args.models, ("mlp", "sine", "classify")),
+                                    ("--precisions", args.precisions, ("fp32", "amp"))):
+        unknown = [v for v in value.split(",") if v not in accepted]
+        if unknown:
+            p.error(f"{option}: unknown value {unknown[0]!r} (expected {', '.join(accepted)})")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.size == 0:
+        args.size = 512 if args.device == "cuda" else 64
+    return args
+
+
+def environment(args):
+    env = {"framework": "pytorch", "torch_version": torch.__version__,
+           "device": args.device, "threads": torch.get_num_threads(),
+           "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+           "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+           "float32_matmul_precision": torch.get_float32_matmul_precision(),
+           "cuda_matmul_fp32_precision": getattr(torch.backends.cuda.matmul, "fp32_precision",
+                                                 None),
+           "cudnn_benchmark": torch.backends.cudnn.benchmark,
+           "mode": "eager", "memory_format": "channels_last for sine and classify",
+           "sine_size": args.size, "seed": args.seed,
+           "timing": "wall clock per step, device synchronised before each clock read",
+           "peak_memory": ("torch.cuda.max_memory_allocated over the timed steps, minus the "
+                           "resident batches" if args.device == "cuda"
+                           else "n/a: PyTorch keeps no CPU allocator statistics")}
+    if args.device == "cuda":
+        env["device_name"] = torch.cuda.get_device_name()
+        env["cuda_version"] = torch.version.cuda
+        env["cudnn_version"] = torch.backends.cudnn.version()
+    return env
+
+
+def run_all(args, device):
+    runs, info = [], {}
+    for name in args.models.split(","):
+        for precision in args.precisions.split(","):
+            amp = precision == "amp"
+            label = f"{name} {precision} {args.device}"
+            w = models.build(name, args.device, args.seed, args.size)
+            info[name] = {"description": w.description, "optimizer": w.optimizer}
+            try:
+                runs.append(train_run(w, amp, args, device, label))
+                print_run(runs[-1])
+                runs.append(inference_run(w, amp, args, device, label))
+                print_run(runs[-1])
+            except RuntimeError as error:  # e.g. an op without an f16 kernel on this device
+                print(f"  {label}: failed: {error}", flush=True)
+                runs.append(run_error(name, precision, error))
+    return info, runs
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    device = Device(args.device)
+    print(f"pytorch {torch.__version__} on {args.device} ({torch.get_num_threads()} threads): "
+          f"{args.warmup} warm-up + {args.steps} timed steps, sine {args.size}x{args.size}",
+          flush=True)
+    info, runs = run_all(args, device)
+    result = dict(environment(args), models=info, runs=runs)
+    if args.json:
+        with open(args.json + ".tmp", "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+        os.replace(args.json + ".tmp", args.json)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

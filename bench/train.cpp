@@ -1,0 +1,393 @@
+// bench_train: per-step time (median, p10, p90 after warm-up), peak memory and final loss of
+// three models — mlp (the seed config), sine (the ROCm blog's conv net) and classify (this
+// benchmark's own small CNN) — in FP32 and AMP, for training steps and forward-only inference,
+// on the CPU or a GPU. bench/pytorch/ holds the same models in PyTorch, timed the same way.
+#include <CLI/CLI.hpp>
+#include <Eigen/Core>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <utility>
+
+#include "amp/autocast.h"
+#include "amp/grad_scaler.h"
+#include "io/atomic_file.h"
+#include "kernels/backend.h"
+#include "nn/module.h"
+#include "ops/ops.h"
+#include "optim/optimizer.h"
+#include "sine_data.h"
+
+using namespace minamp;
+using json = nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Config {
+  Device device = Device::cpu;
+  int64_t steps = 100;
+  int64_t warmup = 10;
+  int64_t infer_steps = 20;
+  int64_t size = 0; // sine grid; 0: 512 on a GPU, 64 on the CPU
+  uint64_t seed = 0;
+};
+
+enum class LossKind { mse, cross_entropy };
+
+// One benchmark model with its data, already on the device. Built afresh from the seed for each
+// precision, so FP32 and AMP start from the same weights and see the same batches.
+struct Workload {
+  Workload(std::string name, std::string description, std::string optimizer)
+      : name(std::move(name)), description(std::move(description)),
+        optimizer(std::move(optimizer)) {}
+  std::string name, description, optimizer;
+  std::unique_ptr<nn::Sequential> model;
+  std::vector<Tensor> inputs, targets; // batch i % size() at step i
+  LossKind loss = LossKind::mse;
+  std::function<std::unique_ptr<optim::Optimizer>(std::vector<Parameter*>)> make_optimizer;
+
+  size_t data_bytes() const {
+    size_t bytes = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) bytes += inputs[i].nbytes() + targets[i].nbytes();
+    return bytes;
+  }
+};
+
+std::vector<float> normal_values(Rng& rng, int64_t n) {
+  std::vector<float> values(static_cast<size_t>(n));
+  for (float& v : values) v = rng.normal();
+  return values;
+}
+
+// mlp: Linear(8->16)-ReLU-Linear(16->16)-ReLU-Linear(16->1), MSE, SGD lr 1e-3, batch 512,
+// 50 random batches (the seed tutorial's configuration, as examples/mlp.cpp).
+Workload mlp(const Config& cfg) {
+  const int64_t batch = 512, batches = 50;
+  Workload w{"mlp", "Linear(8,16)-ReLU-Linear(16,16)-ReLU-Linear(16,1), MSE, batch 512",
+             "SGD lr 1e-3"};
+  Rng init(cfg.seed), data(cfg.seed + 1);
+  w.model = std::make_unique<nn::Sequential>();
+  w.model->emplace<nn::Linear>(8, 16, init).emplace<nn::ReLU>();
+  w.model->emplace<nn::Linear>(16, 16, init).emplace<nn::ReLU>();
+  w.model->emplace<nn::Linear>(16, 1, init);
+  for (int64_t b = 0; b < batches; ++b) {
+    w.inputs.push_back(
+        Tensor::from_vector(normal_values(data, batch * 8), {batch, 8}, DType::f32, cfg.device));
+    w.targets.push_back(
+        Tensor::from_vector(normal_values(data, batch), {batch, 1}, DType::f32, cfg.device));
+  }
+  w.make_optimizer = [](std::vector<Parameter*> p) {
+    return std::make_unique<optim::SGD>(std::move(p), 1e-3f);
+  };
+  return w;
+}
+
+// sine: 1x1 Conv(2->256)+BN+ReLU, 2 x [1x1 Conv(256->256)+BN+ReLU], 1x1 Conv(256->1) on the
+// [1, S, S, 2] coordinate grid, MSE against the quantized sine, Adam lr 1e-3.
+Workload sine(const Config& cfg) {
+  const int64_t s = cfg.size, hidden = 256;
+  Workload w{
+      "sine",
+      cat("1x1 Conv(2,256)+BN+ReLU, 2x[Conv(256,256)+BN+ReLU], Conv(256,1), MSE, grid ", s, "x", s),
+      "Adam lr 1e-3"};
+  Rng init(cfg.seed);
+  w.model = std::make_unique<nn::Sequential>();
+  int64_t in = 2;
+  for (int layer = 0; layer < 3; ++layer) {
+    w.model->emplace<nn::Conv2d>(in, hidden, 1, init)
+        .emplace<nn::BatchNorm>(hidden)
+        .emplace<nn::ReLU>();
+    in = hidden;
+  }
+  w.model->emplace<nn::Conv2d>(hidden, 1, 1, init);
+  const std::vector<float> grid = examples::coordinate_grid(s);
+  w.inputs.push_back(Tensor::from_vector(grid, {1, s, s, 2}, DType::f32, cfg.device));
+  w.targets.push_back(
+      Tensor::from_vector(examples::quantized_sine(grid), {1, s, s, 1}, DType::f32, cfg.device));
+  w.make_optimizer = [](std::vector<Parameter*> p) {
+    return std::make_unique<optim::Adam>(std::move(p), 1e-3f);
+  };
+  return w;
+}
+
+// classify (this benchmark's definition, mirrored in bench/pytorch/models.py): on 28x28 grey
+// images, Conv3x3(1->32)+BN+ReLU, Conv3x3(32->32, stride 2)+BN+ReLU, Conv3x3(32->64)+BN+ReLU,
+// Conv3x3(64->64, stride 2)+BN+ReLU (convs without bias, padding 1), GlobalAvgPool,
+// Linear(64->10), cross-entropy, SGD lr 0.01 momentum 0.9, batch 128, 4 random batches.
+Workload classify(const Config& cfg) {
+  const int64_t batch = 128, batches = 4, classes = 10;
+  Workload w{"classify",
+             "Conv3x3(1,32)+BN+ReLU, Conv3x3(32,32,s2)+BN+ReLU, Conv3x3(32,64)+BN+ReLU, "
+             "Conv3x3(64,64,s2)+BN+ReLU, GAP, Linear(64,10), CE, batch 128, 28x28x1 (benchmark's "
+             "own definition, random data)",
+             "SGD lr 0.01 momentum 0.9"};
+  Rng init(cfg.seed), data(cfg.seed + 1);
+  w.model = std::make_unique<nn::Sequential>();
+  const int64_t channels[5] = {1, 32, 32, 64, 64};
+  for (int i = 0; i < 4; ++i) {
+    const int stride = i % 2 == 1 ? 2 : 1;
+    w.model->emplace<nn::Conv2d>(channels[i], channels[i + 1], 3, init, stride, 1, false)
+        .emplace<nn::BatchNorm>(channels[i + 1])
+        .emplace<nn::ReLU>();
+  }
+  w.model->emplace<nn::GlobalAvgPool>().emplace<nn::Linear>(64, classes, init);
+  for (int64_t b = 0; b < batches; ++b) {
+    std::vector<float> labels(static_cast<size_t>(batch));
+    for (float& label : labels) label = static_cast<float>(data.below(classes));
+    w.inputs.push_back(Tensor::from_vector(normal_values(data, batch * 28 * 28), {batch, 28, 28, 1},
+                                           DType::f32, cfg.device));
+    w.targets.push_back(Tensor::from_vector(labels, {batch}, DType::i32, cfg.device));
+  }
+  w.loss = LossKind::cross_entropy;
+  w.make_optimizer = [](std::vector<Parameter*> p) {
+    return std::make_unique<optim::SGD>(std::move(p), 0.01f, 0.9f);
+  };
+  return w;
+}
+
+// The model called `name` (one of mlp, sine, classify: checked by parse_list).
+Workload build(const std::string& name, const Config& cfg) {
+  if (name == "mlp") return mlp(cfg);
+  if (name == "sine") return sine(cfg);
+  return classify(cfg);
+}
+
+// Linear interpolation between order statistics, as numpy.percentile's default.
+double percentile(const std::vector<double>& sorted, double q) {
+  const double pos = q * double(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(pos), hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (pos - double(lo)) * (sorted[hi] - sorted[lo]);
+}
+
+json summarize_ms(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  double sum = 0;
+  for (double v : ms) sum += v;
+  return {{"median", percentile(ms, 0.5)},
+          {"p10", percentile(ms, 0.1)},
+          {"p90", percentile(ms, 0.9)},
+          {"min", ms.front()},
+          {"max", ms.back()},
+          {"mean", sum / double(ms.size())},
+          {"n", ms.size()}};
+}
+
+// Times `body` once per iteration with the device drained before each clock read.
+std::vector<double> time_each(int64_t iterations, const std::function<void(int64_t)>& body) {
+  std::vector<double> ms;
+  for (int64_t i = 0; i < iterations; ++i) {
+    const auto start = Clock::now();
+    body(i);
+    backend::cuda_synchronize();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  return ms;
+}
+
+Var loss_of(const Workload& w, const Var& output, size_t batch) {
+  return w.loss == LossKind::mse ? ops::mse_loss(output, w.targets[batch])
+                                 : ops::cross_entropy(output, w.targets[batch]);
+}
+
+// The training loop of the README, one step per call; returns the loss tensor (not read).
+std::function<Tensor(int64_t)> training_step(Workload& w, optim::Optimizer& opt,
+                                             amp::GradScaler& scaler, bool amp) {
+  return [&w, &opt, &scaler, amp](int64_t step) {
+    const size_t batch = static_cast<size_t>(step) % w.inputs.size();
+    opt.zero_grad();
+    Var loss;
+    {
+      amp::Autocast autocast(amp);
+      loss = loss_of(w, (*w.model)(Var(w.inputs[batch])), batch);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+    return loss.value();
+  };
+}
+
+void progress(const std::string& label, const char* what) {
+  std::printf("  %-22s %s\n", label.c_str(), what);
+  std::fflush(stdout);
+}
+
+json train_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
+  std::unique_ptr<optim::Optimizer> opt = w.make_optimizer(w.model->parameters());
+  amp::GradScalerOptions options;
+  options.enabled = amp;
+  amp::GradScaler scaler(options, cfg.device);
+  const auto step = training_step(w, *opt, scaler, amp);
+
+  progress(label, cat("train: ", cfg.warmup, " warm-up + ", cfg.steps, " timed steps").c_str());
+  for (int64_t i = 0; i < cfg.warmup; ++i) step(i);
+  backend::cuda_synchronize();
+  Allocator& allocator = allocator_for(cfg.device);
+  allocator.reset_peak();
+  std::vector<Tensor> losses;
+  const auto ms = time_each(cfg.steps, [&](int64_t i) { losses.push_back(step(cfg.warmup + i)); });
+  const size_t peak = allocator.peak_bytes();
+
+  double last10 = 0;
+  const size_t tail = std::min<size_t>(10, losses.size());
+  for (size_t i = losses.size() - tail; i < losses.size(); ++i) last10 += losses[i].item();
+  return {{"model", w.name},
+          {"precision", amp ? "amp" : "fp32"},
+          {"mode", "train"},
+          {"warmup", cfg.warmup},
+          {"steps", cfg.steps},
+          {"step_ms", summarize_ms(ms)},
+          {"peak_bytes", peak - w.data_bytes()},
+          {"data_bytes", w.data_bytes()},
+          {"final_loss", losses.back().item()},
+          {"loss_last10_mean", last10 / double(tail)},
+          {"final_scale", scaler.get_scale()}};
+}
+
+json inference_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
+  progress(label, cat("inference: 3 warm-up + ", cfg.infer_steps, " timed passes").c_str());
+  w.model->eval();
+  const auto forward = [&](int64_t) {
+    NoGrad no_grad;
+    amp::Autocast autocast(amp);
+    (*w.model)(Var(w.inputs[0]));
+  };
+  for (int64_t i = 0; i < 3; ++i) forward(i);
+  backend::cuda_synchronize();
+  Allocator& allocator = allocator_for(cfg.device);
+  allocator.reset_peak();
+  const auto ms = time_each(cfg.infer_steps, forward);
+  const size_t peak = allocator.peak_bytes();
+  w.model->train();
+  return {{"model", w.name},
+          {"precision", amp ? "amp" : "fp32"},
+          {"mode", "infer"},
+          {"warmup", 3},
+          {"steps", cfg.infer_steps},
+          {"step_ms", summarize_ms(ms)},
+          {"peak_bytes", peak - w.data_bytes()},
+          {"data_bytes", w.data_bytes()}};
+}
+
+void print_run(const json& run) {
+  const json& ms = run["step_ms"];
+  std::printf("  %-8s %-4s %-5s median %9.3f ms  (p10 %.3f, p90 %.3f)  peak %8.2f MiB",
+              run["model"].get<std::string>().c_str(), run["precision"].get<std::string>().c_str(),
+              run["mode"].get<std::string>().c_str(), ms["median"].get<double>(),
+              ms["p10"].get<double>(), ms["p90"].get<double>(),
+              run["peak_bytes"].get<double>() / 1048576.0);
+  if (run.contains("final_loss"))
+    std::printf("  loss %.6g (last-10 mean %.6g)", run["final_loss"].get<double>(),
+                run["loss_last10_mean"].get<double>());
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// The comma-separated items of an option, each checked against the accepted values.
+std::vector<std::string> parse_list(const std::string& text, const char* option,
+                                    const std::vector<std::string>& accepted) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    require(std::find(accepted.begin(), accepted.end(), item) != accepted.end(), option,
+            "unknown value '", item, "'");
+    items.push_back(item);
+  }
+  require(!items.empty(), option, "expected at least one value, got '", text, "'");
+  return items;
+}
+
+json model_info(const Workload& w) {
+  return {{"description", w.description}, {"optimizer", w.optimizer}};
+}
+
+json run_all(const std::vector<std::string>& models, const std::vector<std::string>& precisions,
+             const Config& cfg) {
+  json runs = json::array(), info = json::object();
+  for (const std::string& name : models) {
+    for (const std::string& precision : precisions) {
+      const bool amp = precision == "amp";
+      const std::string label = cat(name, " ", precision, " ", device_name(cfg.device));
+      Workload w = build(name, cfg);
+      w.model->to(cfg.device);
+      info[name] = model_info(w);
+      runs.push_back(train_run(w, amp, cfg, label));
+      print_run(runs.back());
+      runs.push_back(inference_run(w, amp, cfg, label));
+      print_run(runs.back());
+    }
+  }
+  return {{"models", info}, {"runs", runs}};
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"minamp bench_train: step time, peak memory and final loss of mlp, sine and "
+               "classify, FP32 and AMP, training and inference"};
+  Config cfg;
+  std::string device = "auto", models = "mlp,sine,classify", precisions = "fp32,amp", json_path;
+  app.add_option("--device", device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--models", models, "comma-separated: mlp, sine, classify")->capture_default_str();
+  app.add_option("--precisions", precisions, "comma-separated: fp32, amp")->capture_default_str();
+  app.add_option("--steps", cfg.steps, "timed training steps (after warm-up)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--warmup", cfg.warmup, "untimed training steps first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--infer-steps", cfg.infer_steps, "timed forward-only passes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--size", cfg.size, "sine grid size S (default 512 on a GPU, 64 on the CPU)")
+      ->check(CLI::Range(2, 8192));
+  app.add_option("--seed", cfg.seed, "seed of the weights and data")->capture_default_str();
+  app.add_option("--json", json_path, "write the results to this JSON file");
+  CLI11_PARSE(app, argc, argv);
+
+  const auto model_names = parse_list(models, "--models", {"mlp", "sine", "classify"});
+  const auto precision_names = parse_list(precisions, "--precisions", {"fp32", "amp"});
+  if (device == "auto") device = cuda_available() ? "cuda" : "cpu";
+  cfg.device = parse_device(device);
+  require(cfg.device != Device::cuda || cuda_available(), "--device cuda",
+          cuda_unavailable_reason());
+  if (cfg.size == 0) cfg.size = cfg.device == Device::cuda ? 512 : 64;
+
+  std::printf("bench_train on %s (%d threads): %lld warm-up + %lld timed steps, sine %lldx%lld\n",
+              device_name(cfg.device), Eigen::nbThreads(), static_cast<long long>(cfg.warmup),
+              static_cast<long long>(cfg.steps), static_cast<long long>(cfg.size),
+              static_cast<long long>(cfg.size));
+  json result = run_all(model_names, precision_names, cfg);
+  result["framework"] = "minamp";
+  result["device"] = device_name(cfg.device);
+  result["threads"] = Eigen::nbThreads();
+  result["sine_size"] = cfg.size;
+  result["seed"] = cfg.seed;
+  result["timing"] = "wall clock per step, device synchronised before each clock read";
+  result["peak_memory"] = "allocator peak over the timed steps, minus the resident batches";
+  if (!json_path.empty()) {
+    io::write_file_atomically(json_path, result.dump(2) + "\n");
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train: error: %s\n", e.what());
+    return 1;
+  }
+}
