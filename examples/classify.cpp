@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
                  "(softmax cross-entropy, Adam)"};
     examples::Options options;
     examples::add_common_options(app, options, 1e-3f);
-    int64_t batch_size = 128, epochs = 10, width = 32, image_size = 28, holdout_every = 5;
+    int64_t batch_size = 128, epochs = 5, width = 32, image_size = 28, holdout_every = 5;
     int64_t subset = 0, eval_batch_size = 1000;
     int channels = 3;
     std::string data_dir = "/usr/share/datasets/fashion-mnist", images_root;
