@@ -32,6 +32,7 @@ build: configure
 
 demo: build
 	@$(BUILD)/sine --compare --out out/sine
+	@echo "images (target left, prediction right): out/sine/fp32/sine.png out/sine/amp/sine.png"
 
 # ctest hides the output of skipped tests, so say once why the GPU tests skip (if they do).
 test: build

@@ -15,18 +15,21 @@ using namespace minamp;
 
 namespace {
 
-// Writes [S, 2S + gap] grey: the target on the left, the model's prediction on the right.
+// Writes [Z, 2Z + gap] grey with Z = S * zoom: the target on the left, the model's prediction on
+// the right, each pixel repeated zoom x zoom times so that small grids stay visible (Z >= 256).
 void write_side_by_side(const std::string& path, const std::vector<float>& target,
                         const std::vector<float>& prediction, int64_t size) {
-  const int64_t gap = std::max<int64_t>(2, size / 32), width = 2 * size + gap;
-  std::vector<float> pixels(static_cast<size_t>(size * width), 1.0f);
-  for (int64_t row = 0; row < size; ++row) {
-    for (int64_t col = 0; col < size; ++col) {
-      pixels[row * width + col] = target[row * size + col];
-      pixels[row * width + size + gap + col] = prediction[row * size + col];
+  const int64_t zoom = std::max<int64_t>(1, 256 / size), side = size * zoom;
+  const int64_t gap = std::max<int64_t>(2, side / 32), width = 2 * side + gap;
+  std::vector<float> pixels(static_cast<size_t>(side * width), 1.0f);
+  for (int64_t row = 0; row < side; ++row) {
+    for (int64_t col = 0; col < side; ++col) {
+      const int64_t source = (row / zoom) * size + col / zoom;
+      pixels[row * width + col] = target[source];
+      pixels[row * width + side + gap + col] = prediction[source];
     }
   }
-  io::save_png(path, Tensor::from_vector(pixels, {size, width, 1}));
+  io::save_png(path, Tensor::from_vector(pixels, {side, width, 1}));
 }
 
 } // namespace
