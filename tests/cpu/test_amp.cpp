@@ -227,6 +227,14 @@ TEST(GradScaler, NanAlsoCountsAsOverflow) {
   EXPECT_EQ(scaler.get_scale(), 32768.0f);
 }
 
+// PyTorch's defaults except the initial scale and the growth interval.
+amp::GradScalerOptions options_with(float init_scale, int growth_interval) {
+  amp::GradScalerOptions options;
+  options.init_scale = init_scale;
+  options.growth_interval = growth_interval;
+  return options;
+}
+
 // Runs `n` clean steps of `p` with `scaler`.
 void clean_steps(Problem& p, optim::Optimizer& opt, amp::GradScaler& scaler, int n) {
   for (int i = 0; i < n; ++i) {
@@ -241,10 +249,7 @@ void clean_steps(Problem& p, optim::Optimizer& opt, amp::GradScaler& scaler, int
 TEST(GradScaler, GrowsExactlyAfterGrowthIntervalCleanSteps) {
   Problem p;
   optim::SGD sgd(p.model.parameters(), 0.01f);
-  amp::GradScalerOptions options;
-  options.init_scale = 1024.0f;
-  options.growth_interval = 3;
-  amp::GradScaler scaler(options);
+  amp::GradScaler scaler(options_with(1024.0f, 3));
   clean_steps(p, sgd, scaler, 2);
   EXPECT_EQ(scaler.get_scale(), 1024.0f);
   EXPECT_EQ(scaler.state_dict()->growth_tracker, 2);
@@ -258,10 +263,7 @@ TEST(GradScaler, GrowsExactlyAfterGrowthIntervalCleanSteps) {
 TEST(GradScaler, OverflowResetsTheGrowthCount) {
   Problem p;
   optim::SGD sgd(p.model.parameters(), 0.01f);
-  amp::GradScalerOptions options;
-  options.init_scale = 1024.0f;
-  options.growth_interval = 3;
-  amp::GradScaler scaler(options);
+  amp::GradScaler scaler(options_with(1024.0f, 3));
   clean_steps(p, sgd, scaler, 2);
   sgd.zero_grad();
   scaler.scale(p.loss(true)).backward();
@@ -278,10 +280,7 @@ TEST(GradScaler, OverflowResetsTheGrowthCount) {
 TEST(GradScaler, GrowthIsRefusedWhenTheGrownScaleWouldBeInfinite) {
   Problem p;
   optim::SGD sgd(p.model.parameters(), 0.0f);
-  amp::GradScalerOptions options;
-  options.init_scale = 3e38f; // finite; 6e38 is not
-  options.growth_interval = 1;
-  amp::GradScaler scaler(options);
+  amp::GradScaler scaler(options_with(3e38f, 1)); // 3e38 is finite; 6e38 is not
   // Gradients must stay finite at this scale: use a zero loss (exact zero gradients).
   sgd.zero_grad();
   scaler.scale(ops::mul_scalar(p.loss(false), Tensor::zeros({1}))).backward();
