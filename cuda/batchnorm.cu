@@ -20,21 +20,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
-struct BatchNormDims {
+// [rows, C] with C as the int the kernels index channels with.
+struct ChannelDims {
   int64_t rows;
   int channels;
 };
-
-// Checks x [rows, C], gamma and beta f32 [C]; returns the dims.
-BatchNormDims batchnorm_dims(const char* op, const Tensor& x, const Tensor& gamma,
-                             const Tensor& beta) {
-  require_floating(op, "x", x);
-  require(x.shape().rank() >= 2, op, "expects x [rows, C] or [N, H, W, C], got ", describe(x));
-  const BatchNormDims d{x.shape().rows(), int(x.shape().last())};
-  require_f32(op, "gamma", gamma, d.channels);
-  require_f32(op, "beta", beta, d.channels);
-  return d;
-}
+ChannelDims channel_dims(const BatchNormDims& d) { return {d.rows, int(d.channels)}; }
 
 // The per-channel parameters and statistics every kernel below reads, all f32 [C].
 struct ChannelParams {
@@ -172,14 +163,8 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,
                        const BatchNormParams& bn) {
   const char* op = "batchnorm_forward";
-  const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
-  require(y.defined() && y.dtype() == x.dtype() && y.shape() == x.shape(), op,
-          "expects y shaped and typed like x ", describe(x), ", got ", describe(y));
-  for (const Tensor* t :
-       std::initializer_list<const Tensor*>{&mean, &invstd, &running_mean, &running_var})
-    require_f32(op, "mean, invstd, running_mean and running_var", *t, d.channels);
-  require(!bn.training || d.rows > 1, op, "training needs more than one value per channel, got ",
-          describe(x));
+  const ChannelDims d = channel_dims(
+      require_batchnorm_forward(x, gamma, beta, y, mean, invstd, running_mean, running_var, bn));
   if (d.channels == 0) return;
 
   visit_floating(x, op, [&](auto type) {
@@ -212,14 +197,8 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
                         const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
                         Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn) {
   const char* op = "batchnorm_backward";
-  const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
-  require_floating(op, "dy", dy);
-  require(dy.shape() == x.shape() && dx.defined() && is_floating(dx.dtype()) &&
-              dx.shape() == x.shape(),
-          op, "expects dy and dx shaped like x ", describe(x), ", got dy ", describe(dy), ", dx ",
-          describe(dx));
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&mean, &invstd, &dgamma, &dbeta})
-    require_f32(op, "mean, invstd, dgamma and dbeta", *t, d.channels);
+  const ChannelDims d =
+      channel_dims(require_batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta));
   if (d.channels == 0) return;
 
   const ChannelParams p{ptr<const float>(gamma), ptr<const float>(beta), ptr<const float>(mean),

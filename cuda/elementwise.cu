@@ -97,15 +97,9 @@ void launch_map(const char* op_name, TOut* out, int64_t n, const Op& op, const T
 // Calls f(TypeTag<T>) for the storage type of any dtype (f32, f16, i32).
 template <class F> void visit_storage(const Tensor& t, F&& f) {
   switch (t.dtype()) {
-  case DType::f32:
-    f(TypeTag<float>{});
-    return;
-  case DType::f16:
-    f(TypeTag<__half>{});
-    return;
-  case DType::i32:
-    f(TypeTag<int32_t>{});
-    return;
+  case DType::f32: f(TypeTag<float>{}); return;
+  case DType::f16: f(TypeTag<__half>{}); return;
+  case DType::i32: f(TypeTag<int32_t>{}); return;
   }
 }
 
@@ -227,21 +221,6 @@ void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 
 namespace {
 
-struct PoolDims {
-  int64_t n, pixels, channels; // pixels = H * W
-};
-
-PoolDims pool_dims(const char* op, const Tensor& x) {
-  require(x.shape().rank() == 4, op, "expects x [N, H, W, C], got ", describe(x));
-  return {x.shape()[0], x.shape()[1] * x.shape()[2], x.shape()[3]};
-}
-
-void require_pooled(const char* op, const char* name, const Tensor& pooled, const PoolDims& d) {
-  require_floating(op, name, pooled);
-  require(pooled.numel() == d.n * d.channels && pooled.shape().last() == d.channels, op, "expects ",
-          name, " [", d.n, ", ", d.channels, "], got ", describe(pooled));
-}
-
 // y[s, c] = mean over pixels p of x[s, p, c]: one thread per output, consecutive threads take
 // consecutive channels so every pixel's load is coalesced.
 template <class TIn, class TOut>
@@ -274,11 +253,7 @@ __global__ void __launch_bounds__(kThreads)
 } // namespace
 
 void avgpool_forward(const Tensor& x, Tensor& y) {
-  require_floating("avgpool_forward", "x", x);
-  const PoolDims d = pool_dims("avgpool_forward", x);
-  require_pooled("avgpool_forward", "y", y, d);
-  require(y.dtype() == x.dtype(), "avgpool_forward", "expects y of x's dtype, got x ", describe(x),
-          ", y ", describe(y));
+  const PoolDims d = require_avgpool_forward(x, y);
   if (y.numel() == 0) return;
   visit_floating(x, "avgpool_forward", [&](auto type) {
     using T = typename decltype(type)::type;
@@ -289,9 +264,7 @@ void avgpool_forward(const Tensor& x, Tensor& y) {
 }
 
 void avgpool_backward(const Tensor& dy, Tensor& dx) {
-  require_floating("avgpool_backward", "dx", dx);
-  const PoolDims d = pool_dims("avgpool_backward", dx);
-  require_pooled("avgpool_backward", "dy", dy, d);
+  const PoolDims d = require_avgpool_backward(dy, dx);
   if (dx.numel() == 0) return;
   visit_floating(dx, "avgpool_backward", [&](auto out) {
     visit_floating(dy, "avgpool_backward", [&](auto in) {

@@ -110,21 +110,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-struct LogitDims {
-  int64_t rows, classes; // logits [N, K]
-};
-
-// Checks logits [N, K] and labels i32 [N]; returns N and K.
-LogitDims logit_dims(const char* op, const Tensor& logits, const Tensor& labels) {
-  require_floating(op, "logits", logits);
-  require(logits.shape().rank() == 2, op, "expects logits [N, K], got ", describe(logits));
-  const LogitDims d{logits.shape()[0], logits.shape()[1]};
-  require(labels.defined() && labels.dtype() == DType::i32 && labels.numel() == d.rows, op,
-          "expects labels i32 [", d.rows, "] for logits ", describe(logits), ", got ",
-          describe(labels));
-  return d;
-}
-
 } // namespace
 
 void mse_forward(const Tensor& pred, const Tensor& target, Tensor& loss) {
@@ -169,7 +154,7 @@ void mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss,
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, Tensor& loss) {
   const char* op = "cross_entropy_forward";
-  const LogitDims d = logit_dims(op, logits, labels);
+  const LogitDims d = require_logits_and_labels(op, logits, labels);
   require_f32(op, "loss", loss, 1);
   const int blocks = grid_for(d.rows * 32, kThreads);
   Tensor partials = Tensor::empty({blocks}, DType::f32, Device::cuda);
@@ -187,7 +172,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& labels, Tensor& l
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss,
                             Tensor& dlogits) {
   const char* op = "cross_entropy_backward";
-  const LogitDims d = logit_dims(op, logits, labels);
+  const LogitDims d = require_logits_and_labels(op, logits, labels);
   require_f32(op, "dloss", dloss, 1);
   require(dlogits.defined() && is_floating(dlogits.dtype()) && dlogits.shape() == logits.shape(),
           op, "expects dlogits shaped like logits ", describe(logits), ", got ", describe(dlogits));

@@ -38,4 +38,88 @@ void require_param_slot(const char* op, const ParamSlot& slot, int states) {
             describe(*slot.master), " must be f16 of the same size, got ", describe(*slot.half));
 }
 
+namespace {
+
+// Checks x [rows, C], gamma and beta f32 [C]; returns the dims.
+BatchNormDims batchnorm_dims(const char* op, const Tensor& x, const Tensor& gamma,
+                             const Tensor& beta) {
+  require_floating(op, "x", x);
+  require(x.shape().rank() >= 2, op, "expects x [rows, C] or [N, H, W, C], got ", describe(x));
+  const BatchNormDims d{x.shape().rows(), x.shape().last()};
+  require_f32(op, "gamma", gamma, d.channels);
+  require_f32(op, "beta", beta, d.channels);
+  return d;
+}
+
+PoolDims pool_dims(const char* op, const Tensor& x) {
+  require(x.shape().rank() == 4, op, "expects x [N, H, W, C], got ", describe(x));
+  return {x.shape()[0], x.shape()[1] * x.shape()[2], x.shape()[3]};
+}
+
+// Throws Error unless `pooled` holds [N, C] values.
+void require_pooled(const char* op, const char* name, const Tensor& pooled, const PoolDims& d) {
+  require_floating(op, name, pooled);
+  require(pooled.numel() == d.n * d.channels && pooled.shape().last() == d.channels, op, "expects ",
+          name, " [", d.n, ", ", d.channels, "], got ", describe(pooled));
+}
+
+} // namespace
+
+BatchNormDims require_batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                        const Tensor& y, const Tensor& mean, const Tensor& invstd,
+                                        const Tensor& running_mean, const Tensor& running_var,
+                                        const BatchNormParams& bn) {
+  const char* op = "batchnorm_forward";
+  const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
+  require(y.defined() && y.dtype() == x.dtype() && y.shape() == x.shape(), op,
+          "expects y shaped and typed like x ", describe(x), ", got ", describe(y));
+  for (const Tensor* t : {&mean, &invstd, &running_mean, &running_var})
+    require_f32(op, "mean, invstd, running_mean and running_var", *t, d.channels);
+  require(!bn.training || d.rows > 1, op, "training needs more than one value per channel, got ",
+          describe(x));
+  return d;
+}
+
+BatchNormDims require_batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                         const Tensor& mean, const Tensor& invstd, const Tensor& dy,
+                                         const Tensor& dx, const Tensor& dgamma,
+                                         const Tensor& dbeta) {
+  const char* op = "batchnorm_backward";
+  const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
+  require_floating(op, "dy", dy);
+  require(dy.shape() == x.shape() && dx.defined() && is_floating(dx.dtype()) &&
+              dx.shape() == x.shape(),
+          op, "expects dy and dx shaped like x ", describe(x), ", got dy ", describe(dy), ", dx ",
+          describe(dx));
+  for (const Tensor* t : {&mean, &invstd, &dgamma, &dbeta})
+    require_f32(op, "mean, invstd, dgamma and dbeta", *t, d.channels);
+  return d;
+}
+
+PoolDims require_avgpool_forward(const Tensor& x, const Tensor& y) {
+  require_floating("avgpool_forward", "x", x);
+  const PoolDims d = pool_dims("avgpool_forward", x);
+  require_pooled("avgpool_forward", "y", y, d);
+  require(y.dtype() == x.dtype(), "avgpool_forward", "expects y of x's dtype, got x ", describe(x),
+          ", y ", describe(y));
+  return d;
+}
+
+PoolDims require_avgpool_backward(const Tensor& dy, const Tensor& dx) {
+  require_floating("avgpool_backward", "dx", dx);
+  const PoolDims d = pool_dims("avgpool_backward", dx);
+  require_pooled("avgpool_backward", "dy", dy, d);
+  return d;
+}
+
+LogitDims require_logits_and_labels(const char* op, const Tensor& logits, const Tensor& labels) {
+  require_floating(op, "logits", logits);
+  require(logits.shape().rank() == 2, op, "expects logits [N, K], got ", describe(logits));
+  const LogitDims d{logits.shape()[0], logits.shape()[1]};
+  require(labels.defined() && labels.dtype() == DType::i32 && labels.numel() == d.rows, op,
+          "expects labels i32 [", d.rows, "] for logits ", describe(logits), ", got ",
+          describe(labels));
+  return d;
+}
+
 } // namespace minamp

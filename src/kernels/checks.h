@@ -17,4 +17,30 @@ void require_same_numel(const char* op, const char* name_a, const Tensor& a, con
 // 2) f32 of that size, and an f16 copy of that size when it has one:
 void require_param_slot(const char* op, const ParamSlot& slot, int states);
 
+// The per-op checks (what kernel_list.h promises about each argument), shared by both backends.
+
+struct BatchNormDims {
+  int64_t rows, channels; // x viewed as [rows, C]
+};
+BatchNormDims require_batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                        const Tensor& y, const Tensor& mean, const Tensor& invstd,
+                                        const Tensor& running_mean, const Tensor& running_var,
+                                        const BatchNormParams& bn);
+BatchNormDims require_batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                         const Tensor& mean, const Tensor& invstd, const Tensor& dy,
+                                         const Tensor& dx, const Tensor& dgamma,
+                                         const Tensor& dbeta);
+
+struct PoolDims {
+  int64_t n, pixels, channels; // [N, H, W, C] with pixels = H * W
+};
+PoolDims require_avgpool_forward(const Tensor& x, const Tensor& y);
+PoolDims require_avgpool_backward(const Tensor& dy, const Tensor& dx);
+
+struct LogitDims {
+  int64_t rows, classes; // logits [N, K]
+};
+// Checks logits [N, K] (floating) and labels i32 [N]; returns N and K.
+LogitDims require_logits_and_labels(const char* op, const Tensor& logits, const Tensor& labels);
+
 } // namespace minamp

@@ -12,21 +12,6 @@ namespace minamp::cpu {
 
 namespace {
 
-struct BatchNormDims {
-  int64_t rows, channels;
-};
-
-// Checks x [rows, C], gamma and beta f32 [C]; returns the dims.
-BatchNormDims batchnorm_dims(const char* op, const Tensor& x, const Tensor& gamma,
-                             const Tensor& beta) {
-  require_floating(op, "x", x);
-  require(x.shape().rank() >= 2, op, "expects x [rows, C] or [N, H, W, C], got ", describe(x));
-  const BatchNormDims d{x.shape().rows(), x.shape().last()};
-  require_f32(op, "gamma", gamma, d.channels);
-  require_f32(op, "beta", beta, d.channels);
-  return d;
-}
-
 // Per-channel batch mean and biased variance of x [rows, C], accumulated in double.
 void batch_moments(const FloatInput& x, const BatchNormDims& d, std::vector<double>& mean,
                    std::vector<double>& var) {
@@ -74,15 +59,8 @@ void eval_statistics(const BatchNormDims& d, const BatchNormParams& bn, const fl
 void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                        Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,
                        const BatchNormParams& bn) {
-  const char* op = "batchnorm_forward";
-  const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
-  require(y.defined() && y.dtype() == x.dtype() && y.shape() == x.shape(), op,
-          "expects y shaped and typed like x ", describe(x), ", got ", describe(y));
-  for (const Tensor* t :
-       std::initializer_list<const Tensor*>{&mean, &invstd, &running_mean, &running_var})
-    require_f32(op, "mean, invstd, running_mean and running_var", *t, d.channels);
-  require(!bn.training || d.rows > 1, op, "training needs more than one value per channel, got ",
-          describe(x));
+  const BatchNormDims d =
+      require_batchnorm_forward(x, gamma, beta, y, mean, invstd, running_mean, running_var, bn);
 
   const FloatInput x_values(x);
   float* mu = mean.data<float>();
@@ -109,15 +87,8 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                         const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
                         Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn) {
-  const char* op = "batchnorm_backward";
-  const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
-  require_floating(op, "dy", dy);
-  require(dy.shape() == x.shape() && dx.defined() && is_floating(dx.dtype()) &&
-              dx.shape() == x.shape(),
-          op, "expects dy and dx shaped like x ", describe(x), ", got dy ", describe(dy), ", dx ",
-          describe(dx));
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&mean, &invstd, &dgamma, &dbeta})
-    require_f32(op, "mean, invstd, dgamma and dbeta", *t, d.channels);
+  const BatchNormDims d =
+      require_batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta);
 
   const FloatInput x_values(x), dy_values(dy);
   const float* g = gamma.data<float>();

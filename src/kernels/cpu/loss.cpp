@@ -10,21 +10,6 @@ namespace minamp::cpu {
 
 namespace {
 
-struct LogitDims {
-  int64_t rows, classes; // logits [N, K]
-};
-
-// Checks logits [N, K] and labels i32 [N]; returns N and K.
-LogitDims logit_dims(const char* op, const Tensor& logits, const Tensor& labels) {
-  require_floating(op, "logits", logits);
-  require(logits.shape().rank() == 2, op, "expects logits [N, K], got ", describe(logits));
-  const LogitDims d{logits.shape()[0], logits.shape()[1]};
-  require(labels.defined() && labels.dtype() == DType::i32 && labels.numel() == d.rows, op,
-          "expects labels i32 [", d.rows, "] for logits ", describe(logits), ", got ",
-          describe(labels));
-  return d;
-}
-
 // The label of `row`, checked to lie in [0, K).
 int64_t checked_label(const char* op, const int32_t* labels, int64_t row, const LogitDims& d) {
   const int32_t label = labels[row];
@@ -78,7 +63,7 @@ void mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss,
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, Tensor& loss) {
   const char* op = "cross_entropy_forward";
-  const LogitDims d = logit_dims(op, logits, labels);
+  const LogitDims d = require_logits_and_labels(op, logits, labels);
   require_f32(op, "loss", loss, 1);
   const FloatInput z(logits);
   const int32_t* y = labels.data<int32_t>();
@@ -96,7 +81,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& labels, Tensor& l
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss,
                             Tensor& dlogits) {
   const char* op = "cross_entropy_backward";
-  const LogitDims d = logit_dims(op, logits, labels);
+  const LogitDims d = require_logits_and_labels(op, logits, labels);
   require_f32(op, "dloss", dloss, 1);
   require(dlogits.defined() && is_floating(dlogits.dtype()) && dlogits.shape() == logits.shape(),
           op, "expects dlogits shaped like logits ", describe(logits), ", got ", describe(dlogits));

@@ -7,32 +7,8 @@
 
 namespace minamp::cpu {
 
-namespace {
-
-struct PoolDims {
-  int64_t n, pixels, channels; // pixels = H * W
-};
-
-PoolDims pool_dims(const char* op, const Tensor& x) {
-  require(x.shape().rank() == 4, op, "expects x [N, H, W, C], got ", describe(x));
-  return {x.shape()[0], x.shape()[1] * x.shape()[2], x.shape()[3]};
-}
-
-// Throws Error unless `pooled` holds [N, C] values.
-void require_pooled(const char* op, const char* name, const Tensor& pooled, const PoolDims& d) {
-  require_floating(op, name, pooled);
-  require(pooled.numel() == d.n * d.channels && pooled.shape().last() == d.channels, op, "expects ",
-          name, " [", d.n, ", ", d.channels, "], got ", describe(pooled));
-}
-
-} // namespace
-
 void avgpool_forward(const Tensor& x, Tensor& y) {
-  require_floating("avgpool_forward", "x", x);
-  const PoolDims d = pool_dims("avgpool_forward", x);
-  require_pooled("avgpool_forward", "y", y, d);
-  require(y.dtype() == x.dtype(), "avgpool_forward", "expects y of x's dtype, got x ", describe(x),
-          ", y ", describe(y));
+  const PoolDims d = require_avgpool_forward(x, y);
   const FloatInput in(x);
   FloatOutput out(y, false);
   std::vector<double> sums(static_cast<size_t>(d.channels));
@@ -47,9 +23,7 @@ void avgpool_forward(const Tensor& x, Tensor& y) {
 }
 
 void avgpool_backward(const Tensor& dy, Tensor& dx) {
-  require_floating("avgpool_backward", "dx", dx);
-  const PoolDims d = pool_dims("avgpool_backward", dx);
-  require_pooled("avgpool_backward", "dy", dy, d);
+  const PoolDims d = require_avgpool_backward(dy, dx);
   const FloatInput grad_out(dy);
   FloatOutput grad_in(dx, false);
   const float share = 1.0f / static_cast<float>(d.pixels);
