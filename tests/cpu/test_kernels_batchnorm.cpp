@@ -1,7 +1,12 @@
 // Tests of the CPU batch-norm kernels (minamp::cpu::batchnorm_forward / batchnorm_backward):
 // forward against a double reference in training and eval mode, with and without the fused
 // ReLU; PyTorch's running-statistics update (unbiased variance); dx, dgamma, dbeta by finite
-// differences; the f16 emulation; and the error messages.
+// differences; a batch of many row blocks (the threaded path) against double references and
+// across thread counts; the f16 emulation; and the error messages.
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -162,6 +167,75 @@ TEST(CpuBatchNorm, BackwardMatchesFiniteDifferences) {
         EXPECT_LT(relative_error_to(dgamma, num_dgamma), kGradientTolerance) << what;
         EXPECT_LT(relative_error_to(dbeta, num_dbeta), kGradientTolerance) << what;
       }
+}
+
+// The gradients of L = sum(dy .* batchnorm(x)) in training mode, in double from the analytic
+// formulas: dgamma = sum(dy_hat xhat), dbeta = sum(dy_hat) and
+// dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat)), dy_hat = dy masked by y >
+// 0.
+struct BatchNormGradients {
+  Doubles dx, dgamma, dbeta;
+};
+BatchNormGradients batchnorm_backward_reference(const Doubles& x, const Doubles& dy,
+                                                int64_t channels, const Doubles& gamma,
+                                                const BatchNormReference& forward, bool relu) {
+  const int64_t size = static_cast<int64_t>(x.size()), rows = size / channels;
+  const Doubles invstd = invstd_of(forward.var);
+  Doubles xhat(x.size()), dy_hat(x.size()), sum_dy(channels, 0.0), sum_dy_xhat(channels, 0.0);
+  for (int64_t i = 0; i < size; ++i) {
+    const int64_t c = i % channels;
+    xhat[i] = (x[i] - forward.mean[c]) * invstd[c];
+    dy_hat[i] = relu && !(forward.y[i] > 0.0) ? 0.0 : dy[i];
+    sum_dy[c] += dy_hat[i];
+    sum_dy_xhat[c] += dy_hat[i] * xhat[i];
+  }
+  Doubles dx(x.size());
+  for (int64_t i = 0; i < size; ++i) {
+    const int64_t c = i % channels;
+    dx[i] = gamma[c] * invstd[c] / rows * (rows * dy_hat[i] - sum_dy[c] - xhat[i] * sum_dy_xhat[c]);
+  }
+  return {dx, sum_dy_xhat, sum_dy};
+}
+
+// 4800 rows x 24 channels: many row blocks, summed on several threads where OpenMP is on. The
+// outputs match double references, and are bit-for-bit the same on one thread and on four.
+TEST(CpuBatchNorm, ManyRowBlocksMatchReferencesOnAnyThreadCount) {
+  Rng rng(36);
+  const Shape shape{3, 40, 40, 24};
+  const BatchNormLayer layer(rng, shape);
+  const Tensor dy = random_tensor(rng, shape);
+  auto run = [&] {
+    Tensor y = poisoned(shape), dx = poisoned(shape);
+    Tensor mean = poisoned({24}), invstd = poisoned({24});
+    Tensor rm = layer.running_mean.clone(), rv = layer.running_var.clone();
+    Tensor dgamma = Tensor::zeros({24}), dbeta = Tensor::zeros({24});
+    cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, rm, rv,
+                           params(true, true));
+    cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma, dbeta,
+                            params(true, true));
+    return std::vector<Tensor>{y, mean, invstd, dx, dgamma, dbeta};
+  };
+#ifdef _OPENMP
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<Tensor> one_thread = run();
+  omp_set_num_threads(4);
+  const std::vector<Tensor> outputs = run();
+  omp_set_num_threads(threads);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    EXPECT_EQ(outputs[i].to_vector(), one_thread[i].to_vector()) << "output " << i;
+#else
+  const std::vector<Tensor> outputs = run();
+#endif
+  const BatchNormReference ref = layer.reference(true, true);
+  EXPECT_LT(relative_error_to(outputs[0], ref.y), kF32Tolerance);
+  EXPECT_LT(relative_error_to(outputs[1], ref.mean), kF32Tolerance);
+  EXPECT_LT(relative_error_to(outputs[2], invstd_of(ref.var)), kF32Tolerance);
+  const BatchNormGradients grads = batchnorm_backward_reference(
+      to_doubles(layer.x), to_doubles(dy), 24, to_doubles(layer.gamma), ref, true);
+  EXPECT_LT(relative_error_to(outputs[3], grads.dx), 1e-5); // fp32 dx: three terms cancel
+  EXPECT_LT(relative_error_to(outputs[4], grads.dgamma), kF32Tolerance);
+  EXPECT_LT(relative_error_to(outputs[5], grads.dbeta), kF32Tolerance);
 }
 
 // f16 x: y and dx are the fp32 results on the widened values rounded to f16; the statistics

@@ -1,9 +1,11 @@
 // CPU reference of batch normalisation (+ optional fused ReLU) over x[rows, C], an NHWC activation
 // viewed as [N*H*W, C], with PyTorch's semantics: biased batch variance to normalise, unbiased
 // variance in the running estimate, eps inside the square root. Per-channel sums accumulate in
-// double; the saved mean / invstd and the affine math are fp32.
+// double; the saved mean / invstd and the affine math are fp32. Rows are processed in fixed blocks
+// on every OpenMP thread; the block sums add in block order, so results never depend on the
+// number of threads.
+#include <algorithm>
 #include <cmath>
-#include <initializer_list>
 #include <vector>
 
 #include "kernels/cpu/cpu_util.h"
@@ -12,20 +14,44 @@ namespace minamp::cpu {
 
 namespace {
 
-// Per-channel batch mean and biased variance of x [rows, C], accumulated in double.
+constexpr int64_t kRowBlock = 256;           // rows per block of the per-channel sums
+constexpr int64_t kParallelElements = 32768; // smaller tensors stay on one thread
+
+// The per-channel sums of x [rows, C] as `width` doubles: block_sums(begin, end, sums) adds rows
+// [begin, end) into sums[width]; blocks run in parallel and their sums add in block order.
+template <class BlockSums>
+std::vector<double> channel_sums(int64_t rows, int64_t width, const BlockSums& block_sums) {
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks * width), 0.0); // [blocks, width]
+#pragma omp parallel for schedule(static) if (rows * width >= kParallelElements)
+  for (int64_t b = 0; b < blocks; ++b)
+    block_sums(b * kRowBlock, std::min(rows, (b + 1) * kRowBlock), partial.data() + b * width);
+  std::vector<double> total(static_cast<size_t>(width), 0.0);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t k = 0; k < width; ++k) total[k] += partial[b * width + k];
+  return total;
+}
+
+// Per-channel batch mean and biased variance of x [rows, C] (two passes, double).
 void batch_moments(const FloatInput& x, const BatchNormDims& d, std::vector<double>& mean,
                    std::vector<double>& var) {
-  mean.assign(static_cast<size_t>(d.channels), 0.0);
-  var.assign(static_cast<size_t>(d.channels), 0.0);
-  for (int64_t r = 0; r < d.rows; ++r)
-    for (int64_t c = 0; c < d.channels; ++c) mean[c] += x[r * d.channels + c];
-  for (double& m : mean) m /= static_cast<double>(d.rows);
-  for (int64_t r = 0; r < d.rows; ++r)
-    for (int64_t c = 0; c < d.channels; ++c) {
-      const double centred = x[r * d.channels + c] - mean[c];
-      var[c] += centred * centred;
-    }
-  for (double& v : var) v /= static_cast<double>(d.rows);
+  const int64_t channels = d.channels;
+  const double n = static_cast<double>(d.rows);
+  mean = channel_sums(d.rows, channels, [&](int64_t begin, int64_t end, double* sums) {
+    for (int64_t r = begin; r < end; ++r)
+#pragma omp simd
+      for (int64_t c = 0; c < channels; ++c) sums[c] += x[r * channels + c];
+  });
+  for (double& m : mean) m /= n;
+  var = channel_sums(d.rows, channels, [&](int64_t begin, int64_t end, double* sums) {
+    for (int64_t r = begin; r < end; ++r)
+#pragma omp simd
+      for (int64_t c = 0; c < channels; ++c) {
+        const double centred = x[r * channels + c] - mean[c];
+        sums[c] += centred * centred;
+      }
+  });
+  for (double& v : var) v /= n;
 }
 
 // Training mode: mean/invstd from the batch; running = (1 - momentum) running + momentum batch,
@@ -73,13 +99,18 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 
   const float* g = gamma.data<float>();
   const float* b = beta.data<float>();
+  const float* xs = x_values.data();
   FloatOutput out(y, false);
+  float* ys = out.data();
+  const int64_t channels = d.channels;
+#pragma omp parallel for schedule(static) if (d.rows * channels >= kParallelElements)
   for (int64_t r = 0; r < d.rows; ++r)
-    for (int64_t c = 0; c < d.channels; ++c) {
-      const int64_t i = r * d.channels + c;
-      const float xhat = (x_values[i] - mu[c]) * inv[c];
+#pragma omp simd
+    for (int64_t c = 0; c < channels; ++c) {
+      const int64_t i = r * channels + c;
+      const float xhat = (xs[i] - mu[c]) * inv[c];
       const float normalised = g[c] * xhat + b[c]; // the backward recomputes exactly this
-      out[i] = bn.relu ? relu(normalised) : normalised;
+      ys[i] = bn.relu ? relu(normalised) : normalised;
     }
   out.store();
 }
@@ -95,39 +126,57 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   const float* b = beta.data<float>();
   const float* mu = mean.data<float>();
   const float* inv = invstd.data<float>();
-  // xhat[rows, C] and dy_hat[rows, C]: dy with the ReLU mask (y > 0) recomputed from x.
-  const int64_t size = d.rows * d.channels;
-  std::vector<float> xhat(static_cast<size_t>(size)), dy_hat(static_cast<size_t>(size));
-  std::vector<double> sum_dy(d.channels, 0.0), sum_dy_xhat(d.channels, 0.0);
-  for (int64_t r = 0; r < d.rows; ++r)
-    for (int64_t c = 0; c < d.channels; ++c) {
-      const int64_t i = r * d.channels + c;
-      xhat[i] = (x_values[i] - mu[c]) * inv[c];
-      const bool masked = bn.relu && !(g[c] * xhat[i] + b[c] > 0.0f);
-      dy_hat[i] = masked ? 0.0f : dy_values[i];
-      sum_dy[c] += dy_hat[i];
-      sum_dy_xhat[c] += static_cast<double>(dy_hat[i]) * xhat[i];
-    }
+  const int64_t channels = d.channels;
+  const float* xs = x_values.data();
+  const float* dys = dy_values.data();
+  // dy with the ReLU mask (y > 0) recomputed from x, as the forward computed y.
+  const auto masked_dy = [=](int64_t i, int64_t c, float xhat) {
+    const bool masked = bn.relu && !(g[c] * xhat + b[c] > 0.0f);
+    return masked ? 0.0f : dys[i];
+  };
+  // sums[0, C): sum(dy_hat); sums[C, 2C): sum(dy_hat * xhat).
+  const std::vector<double> sums =
+      channel_sums(d.rows, 2 * channels, [=](int64_t begin, int64_t end, double* block) {
+        for (int64_t r = begin; r < end; ++r)
+#pragma omp simd
+          for (int64_t c = 0; c < channels; ++c) {
+            const int64_t i = r * channels + c;
+            const float xhat = (xs[i] - mu[c]) * inv[c];
+            const float dy_hat = masked_dy(i, c, xhat);
+            block[c] += dy_hat;
+            block[channels + c] += static_cast<double>(dy_hat) * xhat;
+          }
+      });
+  std::vector<float> sum_dy(channels), sum_dy_xhat(channels);
+  for (int64_t c = 0; c < channels; ++c) {
+    sum_dy[c] = static_cast<float>(sums[c]);
+    sum_dy_xhat[c] = static_cast<float>(sums[channels + c]);
+  }
 
   // Training: dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat));
   // eval: the statistics are constants and dx = gamma invstd dy_hat.
   const float n = static_cast<float>(d.rows);
+  const float* sdy = sum_dy.data();
+  const float* sdyx = sum_dy_xhat.data();
   FloatOutput grad_in(dx, false);
+  float* dxs = grad_in.data();
+#pragma omp parallel for schedule(static) if (d.rows * channels >= kParallelElements)
   for (int64_t r = 0; r < d.rows; ++r)
-    for (int64_t c = 0; c < d.channels; ++c) {
-      const int64_t i = r * d.channels + c;
-      grad_in[i] = bn.training ? g[c] * inv[c] / n *
-                                     (n * dy_hat[i] - static_cast<float>(sum_dy[c]) -
-                                      xhat[i] * static_cast<float>(sum_dy_xhat[c]))
-                               : g[c] * inv[c] * dy_hat[i];
+#pragma omp simd
+    for (int64_t c = 0; c < channels; ++c) {
+      const int64_t i = r * channels + c;
+      const float xhat = (xs[i] - mu[c]) * inv[c];
+      const float dy_hat = masked_dy(i, c, xhat);
+      dxs[i] = bn.training ? g[c] * inv[c] / n * (n * dy_hat - sdy[c] - xhat * sdyx[c])
+                           : g[c] * inv[c] * dy_hat;
     }
   grad_in.store();
 
   float* dg = dgamma.data<float>();
   float* db = dbeta.data<float>();
   for (int64_t c = 0; c < d.channels; ++c) {
-    dg[c] += static_cast<float>(sum_dy_xhat[c]);
-    db[c] += static_cast<float>(sum_dy[c]);
+    dg[c] += sum_dy_xhat[c];
+    db[c] += sum_dy[c];
   }
 }
 
