@@ -1,7 +1,12 @@
 // Tests of the CPU convolution kernels (minamp::cpu::conv2d_forward / conv2d_backward): forward
 // against the definition in double (1x1 shortcut, stride 2 with padding, odd channel counts,
-// batch 1, bias + ReLU epilogue), dx and dw by finite differences, dw accumulation, the f16
-// emulation, and the error messages.
+// batch 1, bias + ReLU epilogue), dx and dw by finite differences, dw accumulation, batches of
+// several image groups (the threaded path) against double references and across thread counts,
+// the f16 emulation, and the error messages.
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -87,6 +92,70 @@ TEST(CpuConv, BackwardMatchesFiniteDifferences) {
     for (size_t i = 0; i < num_dw.size(); ++i) num_dw[i] += dw_old[i];
     EXPECT_LT(relative_error_to(dx, num_dx), kGradientTolerance) << name(c);
     EXPECT_LT(relative_error_to(dw, num_dw), kGradientTolerance) << name(c);
+  }
+}
+
+// dx and dw of L = sum(dy .* conv(x, w)) from the definition, in double: every tap that reads
+// input pixel (s, ih, iw) sends dy * w to dx there and dy * x to dw.
+struct ConvGradients {
+  Doubles dx, dw;
+};
+ConvGradients conv_backward_reference(const Doubles& x, const Doubles& w, const Doubles& dy,
+                                      const ConvCase& c) {
+  ConvGradients g{Doubles(x.size(), 0.0), Doubles(w.size(), 0.0)};
+  for (int64_t s = 0; s < c.n; ++s)
+    for (int64_t oh = 0; oh < c.ho(); ++oh)
+      for (int64_t ow = 0; ow < c.wo(); ++ow)
+        for (int64_t o = 0; o < c.cout; ++o) {
+          const double grad = dy[((s * c.ho() + oh) * c.wo() + ow) * c.cout + o];
+          for (int64_t i = 0; i < c.kh; ++i)
+            for (int64_t j = 0; j < c.kw; ++j) {
+              const int64_t ih = oh * c.stride - c.pad + i, iw = ow * c.stride - c.pad + j;
+              if (ih < 0 || ih >= c.h || iw < 0 || iw >= c.w) continue;
+              for (int64_t q = 0; q < c.cin; ++q) {
+                const int64_t xi = ((s * c.h + ih) * c.w + iw) * c.cin + q;
+                const int64_t wi = ((o * c.kh + i) * c.kw + j) * c.cin + q;
+                g.dx[xi] += grad * w[wi];
+                g.dw[wi] += grad * x[xi];
+              }
+            }
+        }
+  return g;
+}
+
+// Batches whose im2col runs in several groups of images (about 2048 output pixels each, the last
+// one partial): forward, dx and dw match double references, bit for bit on 1 and on 4 threads.
+TEST(CpuConv, ImageGroupsMatchReferencesOnAnyThreadCount) {
+  Rng rng(25);
+  for (const ConvCase& c : {ConvCase{5, 24, 24, 3, 4, 3, 3, 1, 1},    // groups of 3 images: 3 + 2
+                            ConvCase{4, 50, 50, 2, 3, 3, 3, 2, 1}}) { // stride 2: 3 + 1
+    const Tensor x = random_tensor(rng, c.x_shape());
+    const Tensor w = random_tensor(rng, c.w_shape());
+    const Tensor dy = random_tensor(rng, c.y_shape());
+    auto run = [&] {
+      Tensor y = poisoned(c.y_shape()), dx = poisoned(c.x_shape());
+      Tensor dw = Tensor::zeros(c.w_shape());
+      cpu::conv2d_forward(x, w, y, params(c), {});
+      cpu::conv2d_backward(x, w, dy, dx, dw, params(c));
+      return std::vector<Tensor>{y, dx, dw};
+    };
+#ifdef _OPENMP
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const std::vector<Tensor> one_thread = run();
+    omp_set_num_threads(4);
+    const std::vector<Tensor> outputs = run();
+    omp_set_num_threads(threads);
+    for (size_t i = 0; i < outputs.size(); ++i)
+      EXPECT_EQ(outputs[i].to_vector(), one_thread[i].to_vector()) << name(c) << " output " << i;
+#else
+    const std::vector<Tensor> outputs = run();
+#endif
+    const Doubles x0 = to_doubles(x), w0 = to_doubles(w);
+    const ConvGradients ref = conv_backward_reference(x0, w0, to_doubles(dy), c);
+    EXPECT_LT(relative_error_to(outputs[0], conv_reference(x0, w0, c)), kF32Tolerance) << name(c);
+    EXPECT_LT(relative_error_to(outputs[1], ref.dx), kF32Tolerance) << name(c);
+    EXPECT_LT(relative_error_to(outputs[2], ref.dw), kF32Tolerance) << name(c);
   }
 }
 

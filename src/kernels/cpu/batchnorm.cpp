@@ -32,24 +32,34 @@ std::vector<double> channel_sums(int64_t rows, int64_t width, const BlockSums& b
   return total;
 }
 
+// dy with the fused ReLU's mask: zero where the forward's normalised value (before the ReLU) was
+// not positive. Everything is computed unconditionally, so that the loops vectorise.
+inline float relu_masked(bool relu, float dy, float normalised) {
+  return relu && !(normalised > 0.0f) ? 0.0f : dy;
+}
+
 // Per-channel batch mean and biased variance of x [rows, C] (two passes, double).
 void batch_moments(const FloatInput& x, const BatchNormDims& d, std::vector<double>& mean,
                    std::vector<double>& var) {
   const int64_t channels = d.channels;
   const double n = static_cast<double>(d.rows);
   mean = channel_sums(d.rows, channels, [&](int64_t begin, int64_t end, double* sums) {
-    for (int64_t r = begin; r < end; ++r)
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = x.data() + r * channels;
 #pragma omp simd
-      for (int64_t c = 0; c < channels; ++c) sums[c] += x[r * channels + c];
+      for (int64_t c = 0; c < channels; ++c) sums[c] += row[c];
+    }
   });
   for (double& m : mean) m /= n;
   var = channel_sums(d.rows, channels, [&](int64_t begin, int64_t end, double* sums) {
-    for (int64_t r = begin; r < end; ++r)
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = x.data() + r * channels;
 #pragma omp simd
       for (int64_t c = 0; c < channels; ++c) {
-        const double centred = x[r * channels + c] - mean[c];
+        const double centred = row[c] - mean[c];
         sums[c] += centred * centred;
       }
+    }
   });
   for (double& v : var) v /= n;
 }
@@ -104,14 +114,16 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   float* ys = out.data();
   const int64_t channels = d.channels;
 #pragma omp parallel for schedule(static) if (d.rows * channels >= kParallelElements)
-  for (int64_t r = 0; r < d.rows; ++r)
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const float* x_row = xs + r * channels;
+    float* y_row = ys + r * channels;
 #pragma omp simd
     for (int64_t c = 0; c < channels; ++c) {
-      const int64_t i = r * channels + c;
-      const float xhat = (xs[i] - mu[c]) * inv[c];
+      const float xhat = (x_row[c] - mu[c]) * inv[c];
       const float normalised = g[c] * xhat + b[c]; // the backward recomputes exactly this
-      ys[i] = bn.relu ? relu(normalised) : normalised;
+      y_row[c] = bn.relu ? relu(normalised) : normalised;
     }
+  }
   out.store();
 }
 
@@ -129,23 +141,20 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   const int64_t channels = d.channels;
   const float* xs = x_values.data();
   const float* dys = dy_values.data();
-  // dy with the ReLU mask (y > 0) recomputed from x, as the forward computed y.
-  const auto masked_dy = [=](int64_t i, int64_t c, float xhat) {
-    const bool masked = bn.relu && !(g[c] * xhat + b[c] > 0.0f);
-    return masked ? 0.0f : dys[i];
-  };
   // sums[0, C): sum(dy_hat); sums[C, 2C): sum(dy_hat * xhat).
   const std::vector<double> sums =
       channel_sums(d.rows, 2 * channels, [=](int64_t begin, int64_t end, double* block) {
-        for (int64_t r = begin; r < end; ++r)
+        for (int64_t r = begin; r < end; ++r) {
+          const float* x_row = xs + r * channels;
+          const float* dy_row = dys + r * channels;
 #pragma omp simd
           for (int64_t c = 0; c < channels; ++c) {
-            const int64_t i = r * channels + c;
-            const float xhat = (xs[i] - mu[c]) * inv[c];
-            const float dy_hat = masked_dy(i, c, xhat);
+            const float xhat = (x_row[c] - mu[c]) * inv[c];
+            const float dy_hat = relu_masked(bn.relu, dy_row[c], g[c] * xhat + b[c]);
             block[c] += dy_hat;
             block[channels + c] += static_cast<double>(dy_hat) * xhat;
           }
+        }
       });
   std::vector<float> sum_dy(channels), sum_dy_xhat(channels);
   for (int64_t c = 0; c < channels; ++c) {
@@ -161,15 +170,18 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   FloatOutput grad_in(dx, false);
   float* dxs = grad_in.data();
 #pragma omp parallel for schedule(static) if (d.rows * channels >= kParallelElements)
-  for (int64_t r = 0; r < d.rows; ++r)
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const float* x_row = xs + r * channels;
+    const float* dy_row = dys + r * channels;
+    float* dx_row = dxs + r * channels;
 #pragma omp simd
     for (int64_t c = 0; c < channels; ++c) {
-      const int64_t i = r * channels + c;
-      const float xhat = (xs[i] - mu[c]) * inv[c];
-      const float dy_hat = masked_dy(i, c, xhat);
-      dxs[i] = bn.training ? g[c] * inv[c] / n * (n * dy_hat - sdy[c] - xhat * sdyx[c])
-                           : g[c] * inv[c] * dy_hat;
+      const float xhat = (x_row[c] - mu[c]) * inv[c];
+      const float dy_hat = relu_masked(bn.relu, dy_row[c], g[c] * xhat + b[c]);
+      dx_row[c] = bn.training ? g[c] * inv[c] / n * (n * dy_hat - sdy[c] - xhat * sdyx[c])
+                              : g[c] * inv[c] * dy_hat;
     }
+  }
   grad_in.store();
 
   float* dg = dgamma.data<float>();
