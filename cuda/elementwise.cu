@@ -131,8 +131,9 @@ struct ReluGrad { // dy where the forward output y > 0
 
 void fill(Tensor& dst, float value) {
   require(dst.defined(), "fill", "dst is an undefined tensor");
-  require(dst.dtype() != DType::i32 || std::isfinite(value), "fill", "an i32 tensor cannot hold ",
-          value, ", got ", describe(dst));
+  // As the CPU reference: an i32 fill must truncate to an int32 (no NaN, inf or |value| >= 2^31).
+  require(dst.dtype() != DType::i32 || (value >= -2147483648.0f && value < 2147483648.0f), "fill",
+          "an i32 tensor cannot hold ", value, ", got ", describe(dst));
   visit_storage(dst, [&](auto out) {
     using TOut = typename decltype(out)::type;
     launch_map("fill", ptr<TOut>(dst), dst.numel(), Constant{value});

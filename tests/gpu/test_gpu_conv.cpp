@@ -1,6 +1,7 @@
 // GPU conv2d (implicit GEMM forward and weight gradient, GEMM + col2im input gradient) against
-// the CPU reference: 1x1, 3x3 stride 1 and 2, 5x5, batch 1, Cin 1 and 3, odd spatial sizes, f16
-// and f32. y and dx start as NaN poison; dw starts random because it accumulates.
+// the CPU reference: 1x1, 3x3 stride 1 and 2, 5x5, batch 1, Cin 1 and 3, odd spatial sizes, input
+// pixels no tap reads, f16 and f32. y and dx start as NaN poison; dw starts random because it
+// accumulates.
 #include <string>
 #include <vector>
 
@@ -38,6 +39,8 @@ const std::vector<ConvCase> kCases = {
     {1, 5, 5, 4, 7, 3, 3, 1, 0},    // Cin 4: 16-byte gathers for f32 only
     {3, 8, 8, 32, 40, 3, 3, 1, 1},  // several K steps
     {2, 96, 97, 8, 32, 3, 3, 1, 1}, // enough tiles for the large GEMM configuration
+    {2, 10, 8, 8, 16, 3, 3, 2, 0},  // stride 2, last input row and column never read: dx 0 there
+    {1, 11, 10, 4, 6, 2, 2, 3, 0},  // stride 3 > kernel 2: rows and columns between taps get dx 0
 };
 
 // f16 inputs (or outputs) round to f16: compare at the f16 tolerance.
