@@ -176,10 +176,15 @@ inline int max_dynamic_smem() {
 }
 
 // True when a configuration with BM x BN tiles and `smem_bytes` of shared memory gives every SM
-// at least one block and fits the device; otherwise the smaller configuration is used.
+// at least one block, pads C by at most 25% more than BM/2 x BN/2 tiles would (a thin N = 32
+// would waste 3/4 of every 128-wide tile) and fits the device (sm_75 opts in to 64 KB only);
+// otherwise the smaller configuration is used.
 inline bool prefer_large_tiles(const GemmArgs& args, int bm, int bn, int smem_bytes) {
+  const auto padded = [](int64_t size, int tile) { return (size + tile - 1) / tile * tile; };
   const int64_t blocks = ((args.m + bm - 1) / bm) * ((args.n + bn - 1) / bn);
-  return blocks >= sm_count() && smem_bytes <= max_dynamic_smem();
+  const int64_t area = padded(args.m, bm) * padded(args.n, bn);
+  const int64_t half_area = padded(args.m, bm / 2) * padded(args.n, bn / 2);
+  return blocks >= sm_count() && 4 * area <= 5 * half_area && smem_bytes <= max_dynamic_smem();
 }
 
 // The grid of BM x BN tiles over C: x walks M, y walks N (y is limited to 65535).

@@ -2,8 +2,9 @@
 //
 // Tiling. Each block computes a BM x BN tile of C with (BM / TM) x (BN / TN) threads, each
 // holding a TM x TN block of fp32 accumulators in registers (128x128 tiles with 8x8 per thread
-// for large problems, 64x64 with 4x4 when the large tiles would leave SMs idle). Warps are
-// 8 threads along N by 4 along M, so a warp reads few distinct shared-memory words per step.
+// for large problems, 64x64 with 4x4 when the large tiles would leave SMs idle or pad a thin C,
+// see prefer_large_tiles). Warps are 8 threads along N by 4 along M, so a warp reads few
+// distinct shared-memory words per step.
 //
 // Pipeline. Identical to the WMMA kernel (gemm_wmma.cu): BK = 16, STAGES = 3 rotating shared
 // buffers filled by 16-byte cp.async chunks (plain loads before sm_80), one commit group per

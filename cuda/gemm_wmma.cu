@@ -8,7 +8,7 @@
 // (BM / WARPS_M) x (BN / WARPS_N) warp tile, held as FRAG_M x FRAG_N fp32 accumulator
 // fragments of 16x16. The large configuration is 128x128 with 8 warps of 64x32 (8 fragments,
 // 64 accumulator registers per thread); a 64x64 configuration with 4 warps of 32x32 is chosen
-// when the large one would leave most SMs idle (thin or small problems).
+// when the large one would leave SMs idle, pad a thin C, or not fit (see prefer_large_tiles).
 //
 // Pipeline. K is walked in steps of BK = 32. Each step needs an A tile [BM, BK] and a B tile
 // [BK, BN] in shared memory; STAGES (3) buffers of both rotate. Copies are cp.async 16-byte

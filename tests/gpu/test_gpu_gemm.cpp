@@ -117,20 +117,22 @@ TEST(GpuGemm, EpilogueAlphaBetaBiasRelu) {
 }
 
 // Shapes with enough 128x128 tiles to select the large configuration (>= one block per SM on
-// an H100), with ragged edges: K = 72 takes the 16-byte copy path, K = 37 the element path.
+// an H100), with ragged edges: with K = 72 every operand but a transposed A (rows of M = 4099)
+// takes the 16-byte copy path, with K = 37 only an untransposed B (rows of N = 520) does.
 TEST(GpuGemm, LargeTilesWithEdges) {
   MINAMP_REQUIRE_GPU();
   uint64_t seed = 5000;
-  for (DType ab : {DType::f16, DType::f32})
+  for (const DTypePair& d : kDTypePairs)
     for (int64_t k : {72, 37})
       for (bool trans_a : {false, true})
         for (bool trans_b : {false, true}) {
-          GemmCase g{4099, 520, k, trans_a, trans_b, ab, ab, 1.0f, 0.5f, true, true};
+          GemmCase g{4099, 520, k, trans_a, trans_b, d.ab, d.c, 1.0f, 0.5f, true, true};
           expect_matches_cpu(g, ++seed);
         }
 }
 
-// The shape of the sine example's 1x1 convs: many rows, few channels.
+// The shape of the sine example's 1x1 convs: many rows, few channels (64x64 tiles: 128-wide ones
+// would be 3/4 padding).
 TEST(GpuGemm, TallThin) {
   MINAMP_REQUIRE_GPU();
   uint64_t seed = 6000;
