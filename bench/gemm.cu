@@ -5,7 +5,8 @@
 // matrix, and a few entries of both with an fp64 sum on the host. Times come from CUDA events on
 // minamp's stream (cuBLAS runs on it too): warm-up, then the median of many runs, the two
 // libraries interleaved in rounds, inputs rotated over enough buffers to leave the L2 cold when
-// one set would fit in it.
+// one set would fit in it; a short spin kernel ahead of each timed series keeps the host's launch
+// rate out of the times. The JSON also records minamp's peak device bytes.
 #include <CLI/CLI.hpp>
 #include <cublas_v2.h>
 #include <nlohmann/json.hpp>
@@ -164,7 +165,19 @@ json check(cublasHandle_t handle, const GemmShape& s, Operands& x, const std::ve
           {"ok", ok}};
 }
 
-// Event-timed runs: run(i) is launched `reps` times, each between its own pair of events.
+// Keeps the GPU busy for `ns` nanoseconds while the host queues the timed runs behind it, so
+// they start back to back and the events time the GPU, not the host's launch rate (the small
+// shapes take a few microseconds, about as long as queueing one run).
+__global__ void spin_kernel(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+// Event-timed runs: run(i) is launched `reps` times, each between its own pair of events, queued
+// behind a spin of 20 us per run.
 class EventTimer {
 public:
   explicit EventTimer(int reps) : start_(reps), stop_(reps) {
@@ -183,6 +196,8 @@ public:
   EventTimer& operator=(const EventTimer&) = delete;
 
   std::vector<double> time(const std::function<void(int)>& run) {
+    spin_kernel<<<1, 1, 0, gpu::stream()>>>(20000ull * start_.size());
+    CUDA_CHECK_LAUNCH("spin_kernel");
     for (size_t i = 0; i < start_.size(); ++i) {
       CUDA_CHECK(cudaEventRecord(start_[i], gpu::stream()), "cudaEventRecord");
       run(int(i));
@@ -362,8 +377,10 @@ int run(int argc, char** argv) {
                        {"device", device},
                        {"cublas_version", cublas_version},
                        {"cublas_math_mode", "default (Sgemm is plain fp32, no TF32)"},
-                       {"timing", "CUDA events per run on one stream, median; minamp and cuBLAS "
-                                  "alternate in 2 rounds after 5 warm-up runs each"},
+                       {"minamp_peak_device_bytes", allocator_for(Device::cuda).peak_bytes()},
+                       {"timing", "CUDA events per run on one stream, queued behind a spin kernel, "
+                                  "median; minamp and cuBLAS alternate in 2 rounds after 5 "
+                                  "warm-up runs each"},
                        {"rows", rows}};
   if (!json_path.empty()) {
     io::write_file_atomically(json_path, result.dump(2) + "\n");

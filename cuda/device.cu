@@ -109,7 +109,7 @@ class CudaCachingAllocator final : public Allocator {
       (void)cudaGetLastError(); // clear the (non-sticky) error so later checks do not see it
       return nullptr;
     }
-    CUDA_CHECK(status, "cuda allocator: cudaMalloc");
+    CUDA_CHECK(status, cat("cuda allocator: cudaMalloc of ", size, " bytes").c_str());
     return block;
   }
 

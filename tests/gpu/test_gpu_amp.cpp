@@ -83,6 +83,26 @@ TEST(GpuAmp, UnscaleFlagsAnyNonFiniteAcrossManyLaunches) {
   EXPECT_EQ(found_inf.item(), 1.0f);
 }
 
+// NaN counts as well as inf, here at the very end of one gradient that needs two launches by
+// itself (241 chunks), so the second launch must continue at the right offset.
+TEST(GpuAmp, UnscaleFlagsNaNAtTheEndOfAGradientSpanningLaunches) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(63);
+  const int64_t n = 240 * 32768 + 5;
+  std::vector<float> values = random_tensor(rng, {n}).to_vector();
+  values.back() = NAN;
+  Tensor cpu_grad = Tensor::from_vector(values, {n});
+  Tensor gpu_grad = gpu(cpu_grad);
+  const Tensor scale = Tensor::full({1}, 1024.0f);
+  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
+  kernels::amp_unscale({&gpu_grad}, gpu(scale), found_inf);
+  Tensor found_inf_ref = Tensor::zeros({1});
+  kernels::amp_unscale({&cpu_grad}, scale, found_inf_ref);
+  EXPECT_EQ(found_inf.item(), 1.0f);
+  EXPECT_EQ(found_inf_ref.item(), 1.0f);
+  expect_equal(gpu_grad, cpu_grad, "gradient with a NaN");
+}
+
 TEST(GpuAmp, UnscaleWithNoGradientsOrEmptyGradients) {
   MINAMP_REQUIRE_GPU();
   Tensor empty = Tensor::empty({0}, DType::f32, Device::cuda);

@@ -1,6 +1,7 @@
 // GPU tests of the device plumbing: host/device copies round-trip every dtype bit for bit, the
-// caching allocator makes no cudaMalloc call once a step's sizes have been seen, and (the one
-// test that needs no GPU) a cuda tensor without a device fails with an Error saying why.
+// caching allocator makes no cudaMalloc call once a step's sizes have been seen, reports
+// out-of-memory with the bytes requested and survives frees at exit, and (the one test that
+// needs no GPU) a cuda tensor without a device fails with an Error saying why.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -66,6 +67,30 @@ TEST(GpuAllocator, SteadyStateMakesNoCudaMallocCall) {
   EXPECT_EQ(gpu::cuda_malloc_calls(), calls_after_warm_up);
   EXPECT_EQ(allocator.live_bytes(), live_before);
   EXPECT_GE(allocator.peak_bytes(), live_before + (size_t(4) << 20) * 4);
+}
+
+// An impossible request fails with an Error naming the bytes asked for; the device stays usable.
+TEST(GpuAllocator, OutOfMemoryIsAnErrorNamingTheBytes) {
+  MINAMP_REQUIRE_GPU();
+  const int64_t n = int64_t(1) << 40; // 4 TiB of f32
+  try {
+    Tensor::empty({n}, DType::f32, Device::cuda);
+    FAIL() << "a 4 TiB cuda allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(n * 4) + " bytes"), std::string::npos)
+        << e.what();
+  }
+  const Tensor after = Tensor::full({1000}, 3.0f, DType::f32, Device::cuda);
+  EXPECT_EQ(after.to_vector()[999], 3.0f);
+}
+
+// A cuda tensor with static storage duration is freed after main returns, possibly after the
+// CUDA runtime has been torn down: the free must make no CUDA call (the test binary would
+// crash or print an error at exit).
+TEST(GpuAllocator, TensorFreedAtProgramExit) {
+  MINAMP_REQUIRE_GPU();
+  static const Tensor kept = Tensor::full({4096}, 1.0f, DType::f32, Device::cuda);
+  EXPECT_EQ(kept.to_vector()[4095], 1.0f);
 }
 
 // Kernels with workspaces (two-stage reductions) also reach a steady state after one step.
