@@ -49,7 +49,8 @@ private:
 } // namespace
 
 Allocator& allocator_for(Device device) {
-  static CpuAllocator cpu;
+  // Never destroyed, like the CUDA one: a tensor with static storage may be freed at exit.
+  static CpuAllocator& cpu = *new CpuAllocator;
   if (device == Device::cpu) return cpu;
   return backend::cuda_allocator();
 }

@@ -183,6 +183,7 @@ void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef) {
 void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf) {
   Device device = common_device("amp_unscale", {&scale, &found_inf});
   for (const Tensor* g : grads) {
+    require(g != nullptr && g->defined(), "amp_unscale", "every gradient must be a defined tensor");
     require(g->dtype() == DType::f32, "amp_unscale", "gradients must be f32, got ", describe(*g));
     require(g->device() == device, "amp_unscale", "gradient ", describe(*g), " is not on ", device,
             " with the scale");

@@ -177,6 +177,14 @@ TEST(CpuAmpUnscale, MultipliesByInverseScaleAndFlagsInfAndNaN) {
   EXPECT_EQ(found_inf.item(), 1.0f);
 }
 
+// The dispatcher names the problem instead of reading an undefined gradient.
+TEST(CpuAmpUnscale, UndefinedGradientIsAnError) {
+  Tensor undefined;
+  Tensor found_inf = flag(0.0f);
+  expect_error([&] { kernels::amp_unscale({&undefined}, flag(2.0f), found_inf); }, "amp_unscale",
+               "every gradient must be a defined tensor");
+}
+
 // One amp_update_scale call from (scale, tracker) with the flag; returns the new pair.
 std::pair<float, int> update(float scale, int tracker, float found_inf,
                              const ScalerParams& params) {
