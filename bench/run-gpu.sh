@@ -3,8 +3,9 @@
 # carried (scripts/gather-deps.sh): uses the configured build in $BUILD (default build-gpu, as
 # scripts/gpu-check.sh leaves it) or configures one from deps/ for sm_90, builds bench_gemm and
 # bench_train, then runs bench_gemm (WMMA / fp32 GEMMs vs cuBLAS), bench_train --device cuda
-# (mlp, sine 512x512, classify; FP32 and AMP) and bench/pytorch/train.py --device cuda with the
-# GPU machine's python3. Writes bench/results/gpu-<device>-<date>-<commit>.{json,log,md} and
+# (mlp, sine 512x512, classify; FP32 and AMP), bench/pytorch/train.py --device cuda with the
+# GPU machine's python3, and the examples' own FP32-vs-AMP tables (sine --compare at 512x512, mlp
+# --compare; images and metrics under the parts folder). Writes bench/results/gpu-<device>-<date>-<commit>.{json,log,md} and
 # copies them to ${OUT:-/tmp} (the log and the per-tool JSON parts are written there as they
 # come). Every stage has a time limit, and all of them together stay within $BUDGET_S seconds
 # (default 540), so a result comes back even when one hangs; expect 3-5 minutes on an H100.
@@ -53,7 +54,7 @@ configure() {
 
 # shellcheck disable=SC2317
 build_benches() {
-  configure && cmake --build "$build" --target bench_train bench_gemm -j16
+  configure && cmake --build "$build" --target bench_train bench_gemm sine mlp -j16
 }
 export build gtest_prefix
 export -f configure build_benches
@@ -84,6 +85,13 @@ run_minamp() {
   done
 }
 
+# The examples' own FP32-vs-AMP tables on the GPU (sine at the blog's 512x512, hidden 256, 512
+# steps; mlp's seed config), with their images and metrics under $work.
+run_examples() {
+  stage "sine --compare" 120 "$build/sine" --compare --device cuda --out "$work/sine"
+  stage "mlp --compare" 60 "$build/mlp" --compare --device cuda --out "$work/mlp"
+}
+
 run_pytorch() {
   for m in "${models[@]}"; do
     # shellcheck disable=SC2086
@@ -102,6 +110,7 @@ main() {
   stage "bench_gemm" 120 "$build/bench_gemm" --json "$work/gemm.json"
   run_minamp
   run_pytorch
+  run_examples
   echo "== report"
   "$python" bench/report.py --platform gpu --minamp "$work"/minamp-*.json \
     --pytorch "$work"/pytorch-*.json --gemm "$work/gemm.json" --commit "$commit" --log "$log" \

@@ -3,13 +3,16 @@
 # scripts/gather-deps.sh): builds GoogleTest into /tmp/prefix, configures and builds minamp for
 # sm_90, runs the whole test binary (GPU tests included), then compute-sanitizer memcheck on the
 # GPU tests and racecheck on the GEMM and reduction tests. Full logs go to ${OUT:-/tmp/minamp-gpu}.
-# Every stage runs and is recorded even when an earlier one failed; a pass/fail table ends the
-# output and the exit status is non-zero when any stage failed.
+# Every stage runs and is recorded even when an earlier one failed; each has a time limit, cut so
+# that all of them stay within $BUDGET_S seconds (default 560, under the device tool's 600 s per
+# call), so the summary always prints. A pass/fail table ends the output and the exit status is
+# non-zero when any stage failed or timed out.
 #
 # Extra arguments are run afterwards as one more stage, from the repository root, e.g.
 #   scripts/gpu-check.sh build-gpu/sine --compare --out "$OUT/sine"
+# shellcheck disable=SC2317 # the stage functions run through run_stage (bash -c)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 out=${OUT:-/tmp/minamp-gpu}
 build=${BUILD:-build-gpu}
@@ -17,22 +20,30 @@ gtest_prefix=/tmp/prefix
 export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin"
 mkdir -p "$out"
 
+budget=${BUDGET_S:-560}
 stage_names=()
 stage_results=()
 
-# run_stage NAME LOG COMMAND...: runs COMMAND with its output in $out/LOG, shows the log's tail
-# and records pass or fail with the time taken.
+# run_stage NAME LOG SECONDS COMMAND...: runs COMMAND with its output in $out/LOG under a time
+# limit (cut to what is left of the budget, less 10 s for the summary), shows the log's tail and
+# records pass, fail or timeout with the time taken.
 run_stage() {
-  local name=$1 log=$out/$2
-  shift 2
-  echo "== $name (log: $log)"
-  local start=$SECONDS rc
-  "$@" >"$log" 2>&1
+  local name=$1 log=$out/$2 limit=$3
+  shift 3
+  local left=$((budget - 10 - SECONDS)) start=$SECONDS rc
+  [ "$left" -lt "$limit" ] && limit=$left
+  stage_names+=("$name")
+  if [ "$limit" -le 0 ]; then
+    stage_results+=("SKIPPED (time budget spent)")
+    return
+  fi
+  echo "== $name (limit $limit s, log: $log)"
+  timeout "$limit" bash -c '"$@"' stage "$@" >"$log" 2>&1
   rc=$?
   tail -n 15 "$log"
   local result=pass
-  [ "$rc" -eq 0 ] || result="FAIL (exit $rc)"
-  stage_names+=("$name")
+  [ "$rc" -eq 124 ] && result="TIMEOUT after $limit s"
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && result="FAIL (exit $rc)"
   stage_results+=("$result, $((SECONDS - start)) s")
 }
 
@@ -59,14 +70,16 @@ racecheck() {
     --gtest_filter='GpuGemm*:GpuConv*:GpuReduce*:GpuLoss*:GpuBatchNorm.Small*'
 }
 
-run_stage "device" device.log nvidia-smi -L
-run_stage "googletest build" googletest.log build_googletest
-run_stage "configure" configure.log configure
-run_stage "build" build.log cmake --build "$build" -j16
-run_stage "tests" tests.log run_tests
-run_stage "memcheck (Gpu*)" memcheck.log memcheck
-run_stage "racecheck (GEMM, reductions)" racecheck.log racecheck
-[ $# -gt 0 ] && run_stage "extra: $*" extra.log "$@"
+export build gtest_prefix out
+export -f build_googletest configure run_tests memcheck racecheck
+run_stage "device" device.log 30 nvidia-smi -L
+run_stage "googletest build" googletest.log 120 build_googletest
+run_stage "configure" configure.log 60 configure
+run_stage "build" build.log 300 cmake --build "$build" -j16
+run_stage "tests" tests.log 150 run_tests
+run_stage "memcheck (Gpu*)" memcheck.log 200 memcheck
+run_stage "racecheck (GEMM, reductions)" racecheck.log 150 racecheck
+[ $# -gt 0 ] && run_stage "extra: $*" extra.log 600 "$@"
 
 echo
 echo "== summary (logs in $out)"
