@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU benchmark (`make bench`): builds bench_train in BUILD_DIR, runs minamp's mlp, sine
-# (64x64) and classify in FP32 and AMP, then the same models in PyTorch CPU eager from a
-# virtual environment in bench/.venv (created here, torch from PyPI; if that fails the minamp
+# (64x64) and classify in FP32 and AMP, each followed by the same model in PyTorch CPU eager from
+# a virtual environment in bench/.venv (created here, torch from PyPI; if that fails the minamp
 # half is still written), with the same thread count. Writes
 # bench/results/cpu-<date>-<commit>.{json,log,md} and prints the table with targets and ratios.
 #
@@ -41,13 +41,14 @@ declare -A pytorch_amp_steps=(
 )
 models=(mlp sine classify)
 
+build_minamp() {
+  cmake --build "$build" --target bench_train -j "$threads"
+}
+
 run_minamp() {
-  echo "== minamp (bench_train, $threads threads)"
-  cmake --build "$build" --target bench_train -j "$threads" || return 1
-  for m in "${models[@]}"; do
-    # shellcheck disable=SC2086
-    "$build/bench_train" --device cpu --models "$m" ${steps[$m]} --json "$work/minamp-$m.json"
-  done
+  echo "== minamp $1 (bench_train, $threads threads)"
+  # shellcheck disable=SC2086
+  "$build/bench_train" --device cpu --models "$1" ${steps[$1]} --json "$work/minamp-$1.json"
 }
 
 # Creates the venv and installs torch (CPU use; PyPI's wheel) unless it is there already.
@@ -59,30 +60,37 @@ ensure_torch() {
 }
 
 run_pytorch() {
-  echo "== PyTorch CPU eager ($threads threads)"
-  for m in "${models[@]}"; do
-    # shellcheck disable=SC2086
-    "$venv/bin/python" bench/pytorch/train.py --device cpu --threads "$threads" --models "$m" \
-      --precisions fp32 ${steps[$m]} --json "$work/pytorch-$m-fp32.json" &&
-      "$venv/bin/python" bench/pytorch/train.py --device cpu --threads "$threads" --models "$m" \
-        --precisions amp ${pytorch_amp_steps[$m]} --json "$work/pytorch-$m-amp.json" || return 1
-  done
+  echo "== PyTorch CPU eager $1 ($threads threads)"
+  # shellcheck disable=SC2086
+  "$venv/bin/python" bench/pytorch/train.py --device cpu --threads "$threads" --models "$1" \
+    --precisions fp32 ${steps[$1]} --json "$work/pytorch-$1-fp32.json" &&
+    "$venv/bin/python" bench/pytorch/train.py --device cpu --threads "$threads" --models "$1" \
+      --precisions amp ${pytorch_amp_steps[$1]} --json "$work/pytorch-$1-amp.json"
 }
 
+# Model by model, minamp then PyTorch, so that each pair is measured minutes apart at most: the
+# 2-core host's speed drifts between modes (bench/NOTES.md).
 main() {
   echo "minamp CPU benchmark $name: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)," \
     "$(nproc) cores, $threads threads, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-  run_minamp || {
-    echo "bench: bench_train failed; nothing to report"
+  build_minamp || {
+    echo "bench: bench_train did not build; nothing to report"
     return 1
   }
   local status=ran
   if ! ensure_torch; then
     status="torch could not be installed from PyPI (see the log)"
     echo "bench: $status; writing the minamp half only"
-  elif ! run_pytorch; then
-    status="the PyTorch benchmark failed (see the log)"
   fi
+  for m in "${models[@]}"; do
+    run_minamp "$m" || {
+      echo "bench: bench_train failed on $m; nothing to report"
+      return 1
+    }
+    if [ "$status" = ran ] && ! run_pytorch "$m"; then
+      status="the PyTorch benchmark failed on $m (see the log)"
+    fi
+  done
   echo "== report"
   python3 bench/report.py --platform cpu --minamp "$work"/minamp-*.json \
     --pytorch "$work"/pytorch-*.json --pytorch-status "$status" --commit "$commit" \
