@@ -64,8 +64,7 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
   require_f32(op, "found_inf", found_inf, 1);
   for (const Tensor* grad : grads)
     require(grad && grad->defined() && grad->dtype() == DType::f32, op,
-            "gradients must be defined f32 tensors, got ",
-            describe(grad));
+            "gradients must be defined f32 tensors, got ", describe(grad));
 
   const float* scale_ptr = ptr<const float>(scale);
   float* found_inf_ptr = ptr<float>(found_inf);

@@ -27,11 +27,14 @@ inline __half* half_ptr(const Tensor& t) { return static_cast<__half*>(t.raw());
 __device__ __forceinline__ float load_f(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float load_f(const __half* p, int64_t i) { return __half2float(p[i]); }
 __device__ __forceinline__ void store_f(float* p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store_f(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+__device__ __forceinline__ void store_f(__half* p, int64_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
 
 } // namespace minamp::gpu
 
 // Checks a CUDA runtime call: CUDA_CHECK(cudaMemcpyAsync(...), "copy").
 #define CUDA_CHECK(call, what) ::minamp::gpu::check_cuda((call), (what), __FILE__, __LINE__)
 // Checks the last launch: call right after kernel<<<...>>>(...).
-#define CUDA_CHECK_LAUNCH(what) ::minamp::gpu::check_cuda(cudaGetLastError(), (what), __FILE__, __LINE__)
+#define CUDA_CHECK_LAUNCH(what)                                                                    \
+  ::minamp::gpu::check_cuda(cudaGetLastError(), (what), __FILE__, __LINE__)

@@ -170,8 +170,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
   require_output_shape("conv2d_forward", "y", y, g, out_channels);
   const Tensor* bias = epilogue.bias;
   require(!bias || (bias->dtype() == DType::f32 && bias->numel() == out_channels), "conv2d_forward",
-          "bias must be f32 [", out_channels, "], got ",
-          describe(bias));
+          "bias must be f32 [", out_channels, "], got ", describe(bias));
 
   const DType dtype = common_dtype({&x, &w});
   const Tensor x_in = as_dtype(x, dtype), w_in = as_dtype(w, dtype);

@@ -32,12 +32,9 @@ void check_file(bool ok, const std::string& path, const Parts&... message) {
 
 const char* safetensors_dtype(DType dtype) {
   switch (dtype) {
-  case DType::f32:
-    return "F32";
-  case DType::f16:
-    return "F16";
-  case DType::i32:
-    return "I32";
+  case DType::f32: return "F32";
+  case DType::f16: return "F16";
+  case DType::i32: return "I32";
   }
   return "?";
 }
@@ -71,16 +68,11 @@ bool product_within(const std::vector<int64_t>& dims, uint64_t limit, uint64_t& 
 
 Shape shape_from_dims(const std::vector<int64_t>& d) {
   switch (d.size()) {
-  case 0:
-    return Shape{};
-  case 1:
-    return Shape{d[0]};
-  case 2:
-    return Shape{d[0], d[1]};
-  case 3:
-    return Shape{d[0], d[1], d[2]};
-  default:
-    return Shape{d[0], d[1], d[2], d[3]};
+  case 0: return Shape{};
+  case 1: return Shape{d[0]};
+  case 2: return Shape{d[0], d[1]};
+  case 3: return Shape{d[0], d[1], d[2]};
+  default: return Shape{d[0], d[1], d[2], d[3]};
   }
 }
 

@@ -13,8 +13,7 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
   bool overflow = false;
   for (Tensor* grad : grads) {
     require(grad && grad->defined() && grad->dtype() == DType::f32, "amp_unscale",
-            "gradients must be defined f32 tensors, got ",
-            describe(grad));
+            "gradients must be defined f32 tensors, got ", describe(grad));
     float* g = grad->data<float>();
     for (int64_t i = 0; i < grad->numel(); ++i) {
       g[i] *= inv_scale;

@@ -15,12 +15,8 @@ bool fits_int32(float value) { return value >= -2147483648.0f && value < 2147483
 void fill(Tensor& dst, float value) {
   const int64_t n = dst.numel();
   switch (dst.dtype()) {
-  case DType::f32:
-    std::fill_n(dst.data<float>(), n, value);
-    break;
-  case DType::f16:
-    std::fill_n(dst.data<half>(), n, half(value));
-    break;
+  case DType::f32: std::fill_n(dst.data<float>(), n, value); break;
+  case DType::f16: std::fill_n(dst.data<half>(), n, half(value)); break;
   case DType::i32:
     require(fits_int32(value), "fill", "an i32 tensor cannot hold ", value, ", got ",
             describe(dst));
