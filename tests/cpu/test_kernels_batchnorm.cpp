@@ -3,10 +3,6 @@
 // ReLU; PyTorch's running-statistics update (unbiased variance); dx, dgamma, dbeta by finite
 // differences; a batch of many row blocks (the threaded path) against double references and
 // across thread counts; the f16 emulation; and the error messages.
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -215,18 +211,7 @@ TEST(CpuBatchNorm, ManyRowBlocksMatchReferencesOnAnyThreadCount) {
                             params(true, true));
     return std::vector<Tensor>{y, mean, invstd, dx, dgamma, dbeta};
   };
-#ifdef _OPENMP
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const std::vector<Tensor> one_thread = run();
-  omp_set_num_threads(4);
-  const std::vector<Tensor> outputs = run();
-  omp_set_num_threads(threads);
-  for (size_t i = 0; i < outputs.size(); ++i)
-    EXPECT_EQ(outputs[i].to_vector(), one_thread[i].to_vector()) << "output " << i;
-#else
-  const std::vector<Tensor> outputs = run();
-#endif
+  const std::vector<Tensor> outputs = outputs_on_any_thread_count(run, "batch norm");
   const BatchNormReference ref = layer.reference(true, true);
   EXPECT_LT(relative_error_to(outputs[0], ref.y), kF32Tolerance);
   EXPECT_LT(relative_error_to(outputs[1], ref.mean), kF32Tolerance);

@@ -3,10 +3,6 @@
 // batch 1, bias + ReLU epilogue), dx and dw by finite differences, dw accumulation, batches of
 // several image groups (the threaded path) against double references and across thread counts,
 // the f16 emulation, and the error messages.
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -139,18 +135,7 @@ TEST(CpuConv, ImageGroupsMatchReferencesOnAnyThreadCount) {
       cpu::conv2d_backward(x, w, dy, dx, dw, params(c));
       return std::vector<Tensor>{y, dx, dw};
     };
-#ifdef _OPENMP
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const std::vector<Tensor> one_thread = run();
-    omp_set_num_threads(4);
-    const std::vector<Tensor> outputs = run();
-    omp_set_num_threads(threads);
-    for (size_t i = 0; i < outputs.size(); ++i)
-      EXPECT_EQ(outputs[i].to_vector(), one_thread[i].to_vector()) << name(c) << " output " << i;
-#else
-    const std::vector<Tensor> outputs = run();
-#endif
+    const std::vector<Tensor> outputs = outputs_on_any_thread_count(run, name(c));
     const Doubles x0 = to_doubles(x), w0 = to_doubles(w);
     const ConvGradients ref = conv_backward_reference(x0, w0, to_doubles(dy), c);
     EXPECT_LT(relative_error_to(outputs[0], conv_reference(x0, w0, c)), kF32Tolerance) << name(c);

@@ -1,8 +1,12 @@
 // Independent double-precision references for the CPU kernel tests: naive loop versions of the
-// forward ops, central finite differences of a scalar objective, and error measures in double.
+// forward ops, central finite differences of a scalar objective, error measures in double, and a
+// check that a kernel's outputs do not depend on the OpenMP thread count.
 #pragma once
 
 #include <gtest/gtest.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <cmath>
 #include <functional>
@@ -114,6 +118,27 @@ inline Doubles conv_reference(const Doubles& x, const Doubles& w, const ConvCase
           y[((s * c.ho() + oh) * c.wo() + ow) * c.cout + o] = sum;
         }
   return y;
+}
+
+// Runs `run` (which returns a kernel's outputs) on 1 and on 4 OpenMP threads, expects the two
+// sets equal bit for bit, and returns the 4-thread outputs (without OpenMP: one plain run).
+inline std::vector<Tensor>
+outputs_on_any_thread_count(const std::function<std::vector<Tensor>()>& run,
+                            const std::string& what) {
+#ifdef _OPENMP
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<Tensor> one_thread = run();
+  omp_set_num_threads(4);
+  const std::vector<Tensor> outputs = run();
+  omp_set_num_threads(threads);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    EXPECT_EQ(outputs[i].to_vector(), one_thread[i].to_vector()) << what << " output " << i;
+  return outputs;
+#else
+  (void)what;
+  return run();
+#endif
 }
 
 } // namespace minamp::test
