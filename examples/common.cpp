@@ -73,9 +73,11 @@ public:
   Progress(std::string label, int64_t first, int64_t total, int every, int64_t steps_per_epoch)
       : label_(std::move(label)), first_(first), total_(total), every_(every),
         steps_per_epoch_(steps_per_epoch), tty_(isatty(STDOUT_FILENO)), start_(Clock::now()) {}
+  // True when update(step, ...) prints a line (every `every` steps and at the last).
+  bool due(int64_t step) const { return step + 1 == total_ || (step + 1) % every_ == 0; }
   void update(int64_t step, double loss, double scale) {
+    if (!due(step)) return;
     const bool last = step + 1 == total_;
-    if (!last && (step + 1) % every_ != 0) return;
     const double elapsed = seconds_since(start_);
     const double rate = (step + 1 - first_) / std::max(elapsed, 1e-9);
     const std::string epoch = steps_per_epoch_ > 0 ? cat("epoch ", step / steps_per_epoch_ + 1, "/",
@@ -108,6 +110,18 @@ private:
 struct StepRecord {
   float loss = 0, wall_s = 0, scale = 1, skipped = 0, correct = 0, rows = 0;
 };
+
+// At most this many steps wait to be read on the host (Run::read_pending): a host read waits
+// for the GPU, and the training loop promises no per-step host synchronisation.
+constexpr int64_t kMaxPendingSteps = 32;
+
+// A step whose figures are still on the device: its loss, scale and found_inf sit in its row of
+// Run::pending_figures_; classifiers keep the batch's logits and labels for the correct count.
+struct PendingStep {
+  Tensor logits, labels;
+  float wall_s = 0; // when the step was queued (on a GPU it may still be running)
+};
+
 struct EpochRecord {
   float train_loss = 0, train_accuracy = 0, test_loss = 0, test_accuracy = 0, wall_s = 0;
 };
@@ -320,7 +334,8 @@ class Run {
 public:
   Run(const TrainSpec& spec, const Options& options, Device device, bool amp)
       : spec_(spec), options_(options), device_(device), amp_(amp),
-        precision_(amp ? "amp" : "fp32"), order_(spec, options.seed) {
+        precision_(amp ? "amp" : "fp32"), order_(spec, options.seed),
+        pending_figures_(Tensor::zeros({kMaxPendingSteps, kPendingColumns}, DType::f32, device)) {
     Rng init_rng(options.seed);
     model_ = spec.build_model(init_rng);
     model_->to(device);
@@ -349,8 +364,14 @@ private:
 
   void resume(const std::string& path);
   void save_checkpoint(const std::string& path) const;
-  // One optimizer step on batch `step`; returns its record (wall_s left for the caller).
-  StepRecord step(int64_t step);
+  // One optimizer step on batch `step`; its loss, scale and found_inf are copied on the device
+  // into row `slot` of pending_figures_. Returns what else the log needs (wall_s left for the
+  // caller).
+  PendingStep step(int64_t step, int64_t slot);
+  // Copies `tensor` (f32 [1], on the device) into pending_figures_[slot, column] on the device.
+  void keep_figure(const Tensor& tensor, int64_t slot, int64_t column);
+  // Reads the pending steps' figures on the host (one wait for the device) into the log.
+  void read_pending();
   void finish_epoch(int64_t epoch, double wall_s, Progress& progress);
   void write_outputs(const std::string& out_dir, const RunResult& result) const;
 
@@ -364,6 +385,10 @@ private:
   std::unique_ptr<amp::GradScaler> scaler_;
   DataOrder order_;
   TrainLog log_;
+  std::vector<PendingStep> pending_;
+  // Columns of pending_figures_ [kMaxPendingSteps, 3]: loss, scale after update(), found_inf.
+  static constexpr int64_t kPendingColumns = 3;
+  Tensor pending_figures_;
   int64_t first_step_ = 0;
 };
 
@@ -391,9 +416,9 @@ void Run::save_checkpoint(const std::string& path) const {
   io::save_training_checkpoint(path, *model_, *opt_, *scaler_, state);
 }
 
-StepRecord Run::step(int64_t step) {
+PendingStep Run::step(int64_t step, int64_t slot) {
   const bool probe_this_step = options_.diagnose && step + 1 == spec_.steps;
-  const float scale_now = scaler_->get_scale();
+  const float scale_now = probe_this_step ? scaler_->get_scale() : 1.0f; // a host read
   std::unique_ptr<amp::ActivationGradientProbe> probe;
   if (probe_this_step)
     probe = std::make_unique<amp::ActivationGradientProbe>(scale_now, options_.init_scale);
@@ -410,21 +435,47 @@ StepRecord Run::step(int64_t step) {
   scaler_->scale(loss).backward();
   if (probe_this_step) print_diagnostics(*model_, *probe, scale_now, options_.init_scale);
   scaler_->step(*opt_);
-  scaler_->update();
 
-  StepRecord record;
-  record.skipped = scaler_->step_was_skipped(*opt_) ? 1.0f : 0.0f;
-  if (record.skipped != 0 && options_.diagnose) {
+  keep_figure(loss.value(), slot, 0);
+  if (scaler_->is_enabled()) keep_figure(scaler_->found_inf(*opt_), slot, 2);
+  scaler_->update();
+  if (scaler_->is_enabled()) keep_figure(scaler_->scale_tensor(), slot, 1); // updated in place
+  if (options_.diagnose && scaler_->step_was_skipped(*opt_)) { // a host read: diagnostics only
     std::cout << "step " << step << ": overflow, step skipped; first non-finite gradient: "
               << amp::first_nonfinite_parameter(model_->named_parameters()) << "\n";
   }
-  record.loss = loss.value().item();
-  record.scale = scaler_->get_scale();
+  PendingStep pending;
   if (spec_.loss == LossKind::cross_entropy) {
-    record.correct = float(count_correct(output.value(), batch.target));
-    record.rows = float(batch.input.shape()[0]);
+    pending.logits = output.value();
+    pending.labels = batch.target;
   }
-  return record;
+  return pending;
+}
+
+void Run::keep_figure(const Tensor& tensor, int64_t slot, int64_t column) {
+  float* row = pending_figures_.data<float>() + slot * kPendingColumns; // a device address
+  copy_bytes(row + column, device_, tensor.data<float>(), tensor.device(), sizeof(float));
+}
+
+void Run::read_pending() {
+  const std::vector<float> figures = pending_figures_.to_vector(); // [kMaxPendingSteps, 3]
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    const PendingStep& p = pending_[i];
+    const float* row = figures.data() + i * kPendingColumns;
+    StepRecord record;
+    record.loss = row[0];
+    record.wall_s = p.wall_s;
+    if (scaler_->is_enabled()) {
+      record.scale = row[1];
+      record.skipped = row[2] != 0.0f ? 1.0f : 0.0f;
+    }
+    if (p.logits.defined()) {
+      record.correct = float(count_correct(p.logits, p.labels));
+      record.rows = float(p.logits.shape()[0]);
+    }
+    log_.steps.push_back(record);
+  }
+  pending_.clear();
 }
 
 void Run::finish_epoch(int64_t epoch, double wall_s, Progress& progress) {
@@ -462,14 +513,20 @@ RunResult Run::train(const std::string& out_dir) {
   allocator.reset_peak();
   const auto start = Clock::now();
   for (int64_t s = first_step_; s < spec_.steps; ++s) {
-    StepRecord record = step(s);
-    record.wall_s = float(wall_before + seconds_since(start));
-    log_.steps.push_back(record);
-    progress.update(s, record.loss, record.scale);
-    if (evaluates() && (s + 1) % spec_.steps_per_epoch == 0)
+    pending_.push_back(step(s, int64_t(pending_.size())));
+    pending_.back().wall_s = float(wall_before + seconds_since(start));
+    const bool epoch_ends = evaluates() && (s + 1) % spec_.steps_per_epoch == 0;
+    const bool checkpoint =
+        options_.checkpoint_every > 0 && (s + 1) % options_.checkpoint_every == 0;
+    // The host reads the figures only here (progress.due includes the last step).
+    if (progress.due(s) || epoch_ends || checkpoint ||
+        int64_t(pending_.size()) == kMaxPendingSteps) {
+      read_pending();
+      progress.update(s, log_.steps.back().loss, log_.steps.back().scale);
+    }
+    if (epoch_ends)
       finish_epoch(s / spec_.steps_per_epoch, wall_before + seconds_since(start), progress);
-    if (options_.checkpoint_every > 0 && (s + 1) % options_.checkpoint_every == 0)
-      save_checkpoint(out_dir + "/checkpoint.safetensors");
+    if (checkpoint) save_checkpoint(out_dir + "/checkpoint.safetensors");
   }
   backend::cuda_synchronize();
   result.wall_s = seconds_since(start);

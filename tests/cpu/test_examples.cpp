@@ -145,4 +145,51 @@ TEST(Examples, RunsWritePlotsNextToTheirMetrics) {
   EXPECT_TRUE(std::filesystem::exists(out + "/amp/loss_scale.png"));
 }
 
+// The loop reads each step's loss, scale and skip flag on the host in batches (not after every
+// step, which would wait for the GPU each time); every row must still show its own step's values.
+TEST(Examples, MetricsShowEachStepsScaleAndSkipThoughReadInBatches) {
+  // Rows: step, loss, wall_s, scale, skipped.
+  auto read_rows = [](const std::string& path) {
+    std::vector<std::vector<double>> rows;
+    std::istringstream in(minamp::io::read_file(path));
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::vector<double> row;
+      for (std::string field; std::getline(fields, field, ',');) row.push_back(std::stod(field));
+      rows.push_back(row);
+    }
+    return rows;
+  };
+  // From S = 1, growth every 3 clean steps: S after step i is 2^((i + 1) / 3) (at most 2^13, far
+  // from overflow). 40 steps with no log line before the last: the 32 pending steps are read when
+  // the buffer is full, then the last 8.
+  std::string out = fresh_dir("batched_reads_growth");
+  ProgramRun run = run_program(
+      "mlp",
+      "--amp --epochs 1 --batches 40 --init-scale 1 --growth-interval 3 --log-every 100 --out " +
+          out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  auto rows = read_rows(out + "/metrics.csv");
+  ASSERT_EQ(rows.size(), 40u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const double expected = double(1 << ((i + 1) / 3));
+    EXPECT_NEAR(rows[i][3], expected, 1e-5 * expected) << "step " << i; // 6 digits in the CSV
+    EXPECT_EQ(rows[i][4], 0.0) << "step " << i;
+  }
+  // Every step overflows at S = 1e30 and is skipped: S after step i is 1e30 / 2^(i + 1).
+  out = fresh_dir("batched_reads_overflow");
+  run = run_program("mlp",
+                    "--amp --epochs 1 --batches 10 --init-scale 1e30 --log-every 4 --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  rows = read_rows(out + "/metrics.csv");
+  ASSERT_EQ(rows.size(), 10u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const double expected = double(1e30f) / double(1 << (i + 1));
+    EXPECT_NEAR(rows[i][3], expected, 1e-5 * expected) << "step " << i;
+    EXPECT_EQ(rows[i][4], 1.0) << "step " << i;
+  }
+}
+
 } // namespace
