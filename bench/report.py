@@ -1,7 +1,9 @@
 """Merges one benchmark run — bench_train's JSON, the PyTorch peer's JSON and (on a GPU)
 bench_gemm's JSON — with where and when it ran (device, driver, commit, date), writes the
 combined JSON, prints the comparison table with the issue's targets and ratios, and writes the
-same table as Markdown for the README. Standard library only: it runs beside any Python."""
+same table as Markdown for the README. A missing or unreadable input (a stage that failed or ran
+out of time) is listed as missing and the rest is still written; with no results at all it writes
+nothing and exits 1. Standard library only: it runs beside any Python."""
 
 import argparse
 import datetime
@@ -46,24 +48,40 @@ def where_and_when(platform_name, commit):
     return meta
 
 
-def load_one(path):
-    """The JSON at path, or None when there is none (the tool did not run or failed)."""
+MODELS, PRECISIONS, MODES = ("mlp", "sine", "classify"), ("fp32", "amp"), ("train", "infer")
+
+
+def load_one(path, problems):
+    """The JSON object at path, or None when there is none (the tool did not run, failed or was
+    cut off) or it cannot be read; why it cannot be read is appended to problems."""
     if not path or not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            result = json.load(f)
+    except (OSError, ValueError) as error:
+        problems.append(f"{os.path.basename(path)}: unreadable ({error})")
+        return None
+    if not isinstance(result, dict):
+        problems.append(f"{os.path.basename(path)}: unreadable (not a JSON object)")
+        return None
+    return result
 
 
-def load(paths):
-    """One result from several files of the same tool: their runs and models merged, every
-    other field from the first. None when no file exists."""
-    results = [r for r in (load_one(p) for p in paths or []) if r is not None]
+def load(paths, problems, items="runs"):
+    """One result from several files of the same tool: their items (runs, or bench_gemm's rows)
+    joined and their models merged, every other field from the first. None when no file could be
+    read."""
+    results = [r for r in (load_one(p, problems) for p in paths or []) if r is not None]
     if not results:
         return None
-    merged = dict(results[0], runs=[], models={})
+    merged = dict(results[0], **{items: []})
+    if "models" in merged:
+        merged["models"] = {}
     for r in results:
-        merged["runs"] += r.get("runs", [])
-        merged["models"].update(r.get("models", {}))
+        merged[items] += r.get(items, [])
+        if "models" in merged:
+            merged["models"].update(r.get("models", {}))
     return merged
 
 
@@ -103,8 +121,11 @@ def loss_target(name, model, minamp):
     a, f = find(minamp, model, "amp", "train"), find(minamp, model, "fp32", "train")
     la, lf = a and a["loss_last10_mean"], f and f["loss_last10_mean"]
     gap = abs(la - lf) / abs(lf) if la is not None and lf else None
-    return {"target": name, "minamp": la, "reference": lf, "unit": "loss", "bound": 0.05,
-            "ratio": gap, "le": True, "ratio_is": "|AMP - FP32| / FP32"}
+    row = {"target": name, "minamp": la, "reference": lf, "unit": "loss", "bound": 0.05,
+           "ratio": gap, "le": True, "ratio_is": "|AMP - FP32| / FP32"}
+    if a and f and (la is None or lf is None):  # NaN or inf: bench_train's JSON writes null
+        row["not_finite"] = True
+    return row
 
 
 def gemm_target(gemm):
@@ -117,7 +138,7 @@ def gemm_target(gemm):
 
 
 def cpu_targets(minamp, pytorch):
-    size = minamp.get("sine_size", 64)
+    size = (minamp or pytorch or {}).get("sine_size", 64)
     return [
         step_target(f"sine {size}^2 FP32 step vs PyTorch CPU eager FP32",
                     ("sine", "fp32", "train"), ("sine", "fp32", "train"), 1.0, minamp, pytorch),
@@ -130,7 +151,7 @@ def cpu_targets(minamp, pytorch):
 
 
 def gpu_targets(minamp, pytorch, gemm):
-    size = minamp.get("sine_size", 512)
+    size = (minamp or pytorch or {}).get("sine_size", 512)
     return [
         gemm_target(gemm),
         step_target(f"sine {size}^2 AMP step vs PyTorch eager AMP", ("sine", "amp", "train"),
@@ -144,6 +165,8 @@ def gpu_targets(minamp, pytorch, gemm):
 
 
 def verdict(row):
+    if row.get("not_finite"):
+        return "missed (loss not finite)"
     if row["ratio"] is None:
         return "not measured"
     met = row["ratio"] <= row["bound"] if row["le"] else row["ratio"] >= row["bound"]
@@ -166,13 +189,23 @@ def target_lines(targets, markdown):
     return table(head, rows, markdown)
 
 
+def rank(known, value):
+    return known.index(value) if value in known else len(known)
+
+
 def comparison_lines(minamp, pytorch, markdown):
     head = ["model", "precision", "mode", "minamp ms (p10-p90)", "PyTorch ms (p10-p90)",
             "minamp / PyTorch", "minamp peak MiB", "PyTorch peak MiB"]
-    rows = []
-    for run in minamp["runs"]:
-        key = (run["model"], run["precision"], run["mode"])
-        peer = find(pytorch, *key)
+    rows, keys = [], []
+    for result in (minamp, pytorch):  # minamp's runs, then any only PyTorch has
+        for run in (result or {}).get("runs", []):
+            key = (run["model"], run["precision"], run["mode"])
+            if "error" not in run and key not in keys:
+                keys.append(key)
+    models = [key[0] for key in keys]  # each model in its first place, FP32 before AMP in it
+    keys.sort(key=lambda k: (models.index(k[0]), rank(PRECISIONS, k[1]), rank(MODES, k[2])))
+    for key in keys:
+        run, peer = find(minamp, *key), find(pytorch, *key)
         rows.append(list(key) + [spread(run), spread(peer), fmt(ratio(median(run), median(peer)), 3),
                                  mib(run), mib(peer)])
     return table(head, rows, markdown)
@@ -200,8 +233,11 @@ def gemm_lines(gemm, markdown):
         if "ratio" not in r:
             rows.append([name, dtypes, "-", "-", "-", "FAILED"])
             continue
-        rows.append([name, dtypes, f"{r['minamp']['tflops']:.3g}", f"{r['cublas']['tflops']:.3g}",
-                     f"{100 * r['ratio']:.1f}%", f"ok ({r['check']['max_rel_diff_vs_cublas']:.1e})"])
+        # NaN and inf are null in bench_gemm's JSON: shown as n/a
+        percent = "n/a" if r["ratio"] is None else f"{100 * r['ratio']:.1f}%"
+        diff = r["check"]["max_rel_diff_vs_cublas"]
+        rows.append([name, dtypes, fmt(r["minamp"]["tflops"], 3), fmt(r["cublas"]["tflops"], 3),
+                     percent, "ok" if diff is None else f"ok ({diff:.1e})"])
     return table(head, rows, markdown)
 
 
@@ -213,18 +249,41 @@ def table(head, rows, markdown):
     return ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [head] + rows]
 
 
+def missing_results(minamp, pytorch, gemm, platform_name):
+    """What this run lacks: each model / precision / mode a tool did not report (all three models
+    in FP32 and AMP are expected), the runs that failed, and on a GPU bench_gemm."""
+    missing = []
+    for tool, result in (("minamp", minamp), ("PyTorch", pytorch)):
+        failed = {(r["model"], r["precision"]): r["error"]
+                  for r in (result or {}).get("runs", []) if "error" in r}
+        for model in MODELS:
+            absent = [f"{p} {m}" for p in PRECISIONS for m in MODES
+                      if (model, p) not in failed and not find(result, model, p, m)]
+            if len(absent) == len(PRECISIONS) * len(MODES):
+                missing.append(f"{tool} {model}: no results")
+            elif absent:
+                missing.append(f"{tool} {model}: no {', '.join(absent)}")
+        missing += [f"{tool} {model} {p}: failed ({error})" for (model, p), error in failed.items()]
+    if platform_name == "gpu" and not gemm:
+        missing.append("bench_gemm: no results")
+    return missing
+
+
 def render(combined, markdown):
-    meta, pt = combined["meta"], combined["pytorch"]
+    meta, pt, minamp = combined["meta"], combined["pytorch"], combined["minamp"]
     where = meta.get("gpu") or f"{meta['host_cpu']}, {meta['host_cores']} cores"
     torch_note = (f"PyTorch {pt['torch_version']}, {pt['threads']} threads, TF32 matmul "
                   f"{pt['tf32_matmul']} / cuDNN {pt['tf32_cudnn']}" if pt
                   else f"PyTorch: not run ({meta.get('pytorch_status', 'unknown')})")
+    minamp_note = f"minamp {minamp['threads']} threads" if minamp else "minamp: no results"
     load = meta["load_average_1_5_15_min"]
-    lines = [f"Measured on {where}, {meta['date']}, commit {meta['commit']}; minamp "
-             f"{combined['minamp']['threads']} threads; {torch_note}; host load average at the "
-             f"end {load[0]} / {load[1]} / {load[2]} (1 / 5 / 15 min).", ""]
+    lines = [f"Measured on {where}, {meta['date']}, commit {meta['commit']}; {minamp_note}; "
+             f"{torch_note}; host load average at the end {load[0]} / {load[1]} / {load[2]} "
+             f"(1 / 5 / 15 min).", ""]
+    if meta.get("missing"):
+        lines += ["Missing from this run (see the log): " + "; ".join(meta["missing"]) + ".", ""]
     lines += target_lines(combined["targets"], markdown) + [""]
-    lines += comparison_lines(combined["minamp"], pt, markdown)
+    lines += comparison_lines(minamp, pt, markdown)
     if combined.get("gemm"):
         lines += [""] + gemm_lines(combined["gemm"], markdown)
     return "\n".join(lines) + "\n"
@@ -235,21 +294,27 @@ def main():
     p.add_argument("--platform", choices=["cpu", "gpu"], required=True)
     p.add_argument("--minamp", nargs="+", required=True, help="bench_train JSON files")
     p.add_argument("--pytorch", nargs="*", help="bench/pytorch/train.py JSON files")
-    p.add_argument("--pytorch-status", default="ran", help="why PyTorch did not run, if it did not")
-    p.add_argument("--gemm", help="bench_gemm JSON")
+    p.add_argument("--pytorch-status", help="why PyTorch did not run, if it did not")
+    p.add_argument("--gemm", nargs="*", help="bench_gemm JSON files (their rows in this order)")
     p.add_argument("--commit", help="the commit measured (default: HEAD now)")
     p.add_argument("--log", help="the raw log of this run, recorded by name")
     p.add_argument("--out", required=True, help="combined JSON to write")
     p.add_argument("--markdown", help="Markdown table to write")
     args = p.parse_args()
 
-    minamp, pytorch = load(args.minamp), load(args.pytorch)
-    gemm = load_one(args.gemm)
-    if minamp is None:
-        raise SystemExit("report: no bench_train results to report (see the log)")
+    problems = []
+    minamp, pytorch = load(args.minamp, problems), load(args.pytorch, problems)
+    gemm = load(args.gemm, problems, items="rows")
+    if gemm:  # some of bench_gemm's parts, not all
+        problems += [f"bench_gemm: no {os.path.basename(p)}" for p in args.gemm
+                     if not os.path.exists(p)]
     meta = where_and_when(args.platform, args.commit)
-    meta["pytorch_status"] = args.pytorch_status
+    meta["pytorch_status"] = args.pytorch_status or ("ran" if pytorch else "no results")
     meta["log"] = args.log and os.path.basename(args.log)
+    meta["missing"] = problems + missing_results(minamp, pytorch, gemm, args.platform)
+    if not (minamp or pytorch or gemm):
+        raise SystemExit("report: no results at all, nothing written; missing: "
+                         + "; ".join(meta["missing"]))
     targets = (cpu_targets(minamp, pytorch) if args.platform == "cpu"
                else gpu_targets(minamp, pytorch, gemm))
     for t in targets:

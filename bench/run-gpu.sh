@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The GPU benchmark, run ON the GPU machine (no network) from the repository root with deps/
 # carried (scripts/gather-deps.sh): uses the configured build in $BUILD (default build-gpu, as
-# scripts/gpu-check.sh leaves it) or configures one from deps/ for sm_90, builds bench_gemm and
-# bench_train, then runs bench_gemm (WMMA / fp32 GEMMs vs cuBLAS), bench_train --device cuda
-# (mlp, sine 512x512, classify; FP32 and AMP), bench/pytorch/train.py --device cuda with the
+# scripts/gpu-check.sh leaves it) or configures one from deps/ for sm_90, builds bench_gemm,
+# bench_train and the sine and mlp examples, then runs, in the order the targets need them,
+# bench_gemm (WMMA / fp32 GEMMs vs cuBLAS), bench_train --device cuda (mlp, sine 512x512,
+# classify; FP32 and AMP) each model followed by bench/pytorch/train.py --device cuda with the
 # GPU machine's python3, and the examples' own FP32-vs-AMP tables (sine --compare at 512x512, mlp
-# --compare; images and metrics under the parts folder). Writes bench/results/gpu-<device>-<date>-<commit>.{json,log,md} and
-# copies them to ${OUT:-/tmp} (the log and the per-tool JSON parts are written there as they
-# come). Every stage has a time limit, and all of them together stay within $BUDGET_S seconds
-# (default 540), so a result comes back even when one hangs; expect 3-5 minutes on an H100.
-# COMMIT names the measured commit where the copied tree has no .git.
+# --compare; images and metrics under the parts folder). The log and the per-tool JSON parts are
+# written to ${OUT:-/tmp} as they come; the report (whatever results there are, the missing ones
+# listed) goes to bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log beside it,
+# and is copied to $OUT. A run with no results at all writes nothing to bench/results. A target
+# that does not build leaves the others to run. Every stage has a time limit, cut to what is left
+# of $BUDGET_S seconds (default 540) in all, so a result comes back even when one hangs (later
+# stages are then skipped); expect 3-5 minutes on an H100. COMMIT names the measured commit where
+# the copied tree has no .git.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -35,7 +39,6 @@ declare -A steps=(
   [mlp]="--warmup 50 --steps 450 --infer-steps 100"
   [classify]="--warmup 20 --steps 200 --infer-steps 50"
 )
-models=(mlp sine classify)
 
 # GoogleTest is only needed because CMakeLists.txt requires it at configure time.
 # shellcheck disable=SC2317 # configure and build_benches run through `stage` (bash -c)
@@ -52,15 +55,20 @@ configure() {
     -DCMAKE_PREFIX_PATH="$PWD/deps/prefix;$gtest_prefix" >/dev/null
 }
 
+# The binaries are removed first (relinking is quick), so that each one there afterwards was built
+# from this tree, and ninja keeps going (-k 0) past a target that does not compile.
 # shellcheck disable=SC2317
 build_benches() {
-  configure && cmake --build "$build" --target bench_train bench_gemm sine mlp -j16
+  configure || return 1
+  rm -f "$build/bench_train" "$build/bench_gemm" "$build/sine" "$build/mlp"
+  cmake --build "$build" --target bench_train bench_gemm sine mlp -j16 -- -k 0
 }
 export build gtest_prefix
 export -f configure build_benches
 
 # stage NAME SECONDS COMMAND...: runs COMMAND under a time limit (cut to what is left of the
-# budget, less 20 s for the report) and says how it ended.
+# budget, less 20 s for the report; killed 10 s after the TERM if it is still there) and says how
+# it ended.
 stage() {
   local label=$1 limit=$2 start=$SECONDS rc
   shift 2
@@ -71,18 +79,33 @@ stage() {
     return 124
   fi
   echo "== $label (limit $limit s)"
-  timeout "$limit" bash -c '"$@"' stage "$@"
+  timeout -k 10 "$limit" bash -c '"$@"' stage "$@"
   rc=$?
   echo "-- $label: exit $rc, $((SECONDS - start)) s"
   return "$rc"
 }
 
-run_minamp() {
-  for m in "${models[@]}"; do
+# bench_gemm PART (square-f16, model-f16 or all-f32): one process per part, so that a failure
+# in one keeps the others (bench_gemm writes its JSON at the end).
+gemm_parts=(square-f16 model-f16 all-f32)
+run_gemm() {
+  stage "bench_gemm $1" 60 "$build/bench_gemm" --shapes "${1%-*}" --precisions "${1#*-}" \
+    --json "$work/gemm-$1.json"
+}
+
+# run_model MODEL: minamp in FP32, then AMP (one process each, so that a slow or failing AMP run
+# keeps the FP32 result: bench_train writes its JSON at the end), then PyTorch, so that each
+# pair is measured close in time.
+run_model() {
+  local m=$1 p
+  for p in fp32 amp; do
     # shellcheck disable=SC2086
-    stage "bench_train $m" 75 "$build/bench_train" --device cuda --models "$m" ${steps[$m]} \
-      --json "$work/minamp-$m.json"
+    stage "bench_train $m $p" 60 "$build/bench_train" --device cuda --models "$m" \
+      --precisions "$p" ${steps[$m]} --json "$work/minamp-$m-$p.json"
   done
+  # shellcheck disable=SC2086
+  stage "pytorch $m" 75 "$python" bench/pytorch/train.py --device cuda --models "$m" \
+    ${steps[$m]} --json "$work/pytorch-$m.json"
 }
 
 # The examples' own FP32-vs-AMP tables on the GPU (sine at the blog's 512x512, hidden 256, 512
@@ -92,33 +115,39 @@ run_examples() {
   stage "mlp --compare" 60 "$build/mlp" --compare --device cuda --out "$work/mlp"
 }
 
-run_pytorch() {
-  for m in "${models[@]}"; do
-    # shellcheck disable=SC2086
-    stage "pytorch $m" 75 "$python" bench/pytorch/train.py --device cuda --models "$m" \
-      ${steps[$m]} --json "$work/pytorch-$m.json"
-  done
-}
-
+# The stages in the order the targets need them (a budget spent skips the last ones): the
+# 4096^3 GEMM, mlp and sine, then what is only informational.
 main() {
   echo "minamp GPU benchmark $name"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  stage "build" 240 build_benches || {
-    echo "bench: build failed; nothing to run"
+  stage "build" 300 build_benches ||
+    echo "bench: the build failed or ran out of time; running what was built"
+  if [ ! -x "$build/bench_train" ] && [ ! -x "$build/bench_gemm" ]; then
+    echo "bench: neither bench_train nor bench_gemm was built; nothing to run"
     return 1
-  }
-  stage "bench_gemm" 120 "$build/bench_gemm" --json "$work/gemm.json"
-  run_minamp
-  run_pytorch
+  fi
+  run_gemm square-f16
+  run_model mlp
+  run_model sine
+  run_gemm model-f16
+  run_model classify
+  run_gemm all-f32
   run_examples
   echo "== report"
+  local gemm_json=() part
+  for part in "${gemm_parts[@]}"; do gemm_json+=("$work/gemm-$part.json"); done
   "$python" bench/report.py --platform gpu --minamp "$work"/minamp-*.json \
-    --pytorch "$work"/pytorch-*.json --gemm "$work/gemm.json" --commit "$commit" --log "$log" \
+    --pytorch "$work"/pytorch-*.json --gemm "${gemm_json[@]}" --commit "$commit" --log "$log" \
     --out "$results/$name.json" --markdown "$results/$name.md"
 }
 
-main 2>&1 | tee "$log" "$out/$name.log"
+main 2>&1 | tee "$out/$name.log"
 rc=${PIPESTATUS[0]}
-cp "$results/$name.json" "$results/$name.md" "$out"/ 2>/dev/null
-echo "results in $results/$name.* and $out"
+if [ -f "$results/$name.json" ]; then
+  cp "$out/$name.log" "$log"
+  cp "$results/$name.json" "$results/$name.md" "$out"/
+  echo "results in $results/$name.{json,log,md} and $out"
+else
+  echo "no report; the log is $out/$name.log"
+fi
 exit "$rc"
