@@ -189,12 +189,7 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
                      const ConvParams& conv) {
   const ConvGeometry g = conv_geometry("conv2d_backward", x, w, conv);
   require_output_shape("conv2d_backward", "dy", dy, g, w.shape()[0]);
-  if (dx.defined())
-    require(is_floating(dx.dtype()) && dx.shape() == x.shape(), "conv2d_backward",
-            "expects dx shaped like x ", describe(x), ", got ", describe(dx));
-  if (dw.defined())
-    require(dw.dtype() == DType::f32 && dw.shape() == w.shape(), "conv2d_backward",
-            "expects dw f32 shaped like w ", describe(w), ", got ", describe(dw));
+  require_conv_gradients(x, w, dx, dw);
   const DType dtype = common_dtype({&x, &w, &dy});
   const Tensor dy_in = as_dtype(dy, dtype);
   if (dx.defined()) input_gradient(as_dtype(w, dtype), dy_in, g, dx);

@@ -200,11 +200,7 @@ void relu_forward(const Tensor& x, Tensor& y) {
 }
 
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  require_floating("relu_backward", "y", y);
-  require_floating("relu_backward", "dy", dy);
-  require_floating("relu_backward", "dx", dx);
-  require_same_numel("relu_backward", "y", y, "dy", dy);
-  require_same_numel("relu_backward", "dy", dy, "dx", dx);
+  require_relu_backward(y, dy, dx);
   visit_floating(dx, "relu_backward", [&](auto out) {
     visit_floating(y, "relu_backward", [&](auto forward) {
       visit_floating(dy, "relu_backward", [&](auto grad) {

@@ -122,4 +122,31 @@ LogitDims require_logits_and_labels(const char* op, const Tensor& logits, const 
   return d;
 }
 
+LogitDims require_cross_entropy_backward(const Tensor& logits, const Tensor& labels,
+                                         const Tensor& dloss, const Tensor& dlogits) {
+  const char* op = "cross_entropy_backward";
+  const LogitDims d = require_logits_and_labels(op, logits, labels);
+  require_f32(op, "dloss", dloss, 1);
+  require(dlogits.defined() && is_floating(dlogits.dtype()) && dlogits.shape() == logits.shape(),
+          op, "expects dlogits shaped like logits ", describe(logits), ", got ", describe(dlogits));
+  return d;
+}
+
+void require_relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  require_floating("relu_backward", "y", y);
+  require_floating("relu_backward", "dy", dy);
+  require_floating("relu_backward", "dx", dx);
+  require_same_numel("relu_backward", "y", y, "dy", dy);
+  require_same_numel("relu_backward", "dy", dy, "dx", dx);
+}
+
+void require_conv_gradients(const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw) {
+  if (dx.defined())
+    require(is_floating(dx.dtype()) && dx.shape() == x.shape(), "conv2d_backward",
+            "expects dx shaped like x ", describe(x), ", got ", describe(dx));
+  if (dw.defined())
+    require(dw.dtype() == DType::f32 && dw.shape() == w.shape(), "conv2d_backward",
+            "expects dw f32 shaped like w ", describe(w), ", got ", describe(dw));
+}
+
 } // namespace minamp

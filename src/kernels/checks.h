@@ -42,5 +42,14 @@ struct LogitDims {
 };
 // Checks logits [N, K] (floating) and labels i32 [N]; returns N and K.
 LogitDims require_logits_and_labels(const char* op, const Tensor& logits, const Tensor& labels);
+// The same, and dloss f32 [1], dlogits floating and shaped like logits.
+LogitDims require_cross_entropy_backward(const Tensor& logits, const Tensor& labels,
+                                         const Tensor& dloss, const Tensor& dlogits);
+
+// y, dy and dx floating with one size.
+void require_relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
+
+// The conv gradients that are defined: dx floating and shaped like x, dw f32 and shaped like w.
+void require_conv_gradients(const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw);
 
 } // namespace minamp

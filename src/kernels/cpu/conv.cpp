@@ -186,12 +186,7 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   const ConvDims d = conv_dims("conv2d_backward", x, w, conv);
   require_floating("conv2d_backward", "dy", dy);
   require_output_shape("conv2d_backward", "dy", dy, d);
-  if (dx.defined())
-    require(is_floating(dx.dtype()) && dx.shape() == x.shape(), "conv2d_backward",
-            "expects dx shaped like x ", describe(x), ", got ", describe(dx));
-  if (dw.defined())
-    require(dw.dtype() == DType::f32 && dw.shape() == w.shape(), "conv2d_backward",
-            "expects dw f32 shaped like w ", describe(w), ", got ", describe(dw));
+  require_conv_gradients(x, w, dx, dw);
   const FloatInput dy_values(dy);
   if (dx.defined()) input_gradient(dy_values, FloatInput(w), d, dx);
   if (dw.defined()) weight_gradient(FloatInput(x), dy_values, d, dw);

@@ -81,10 +81,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& labels, Tensor& l
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss,
                             Tensor& dlogits) {
   const char* op = "cross_entropy_backward";
-  const LogitDims d = require_logits_and_labels(op, logits, labels);
-  require_f32(op, "dloss", dloss, 1);
-  require(dlogits.defined() && is_floating(dlogits.dtype()) && dlogits.shape() == logits.shape(),
-          op, "expects dlogits shaped like logits ", describe(logits), ", got ", describe(dlogits));
+  const LogitDims d = require_cross_entropy_backward(logits, labels, dloss, dlogits);
   const FloatInput z(logits);
   const int32_t* y = labels.data<int32_t>();
   const float factor = dloss.data<float>()[0] / static_cast<float>(d.rows);
