@@ -201,6 +201,43 @@ template <class Kernel> void allow_dynamic_smem(Kernel kernel, int bytes) {
                "gemm: raising the dynamic shared-memory limit");
 }
 
+// The launch of one GEMM kernel family (WMMA or SIMT) for the operand pair OpA, OpB:
+// GemmLaunch<Family>::On<OpA, OpB>::run(args) picks the Large or Small configuration
+// (prefer_large_tiles) and C's dtype. A Family provides
+//   using Large, Small;                                     the two tile configurations
+//   static constexpr const char* kName;                     for launch errors
+//   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes();
+//   template <class Cfg, class OpA, class OpB, class CT> static auto kernel();
+// where every kernel takes (A view, B view, CT* c, m, n, k, epilogue).
+template <class Family> struct GemmLaunch {
+  template <class OpA, class OpB> struct On {
+    template <class Cfg, class CT> static void launch(const GemmArgs& args) {
+      constexpr int kSmemBytes = Family::template smem_bytes<Cfg, OpA, OpB>();
+      const auto kernel = Family::template kernel<Cfg, OpA, OpB, CT>();
+      static const bool smem_ready = (allow_dynamic_smem(kernel, kSmemBytes), true);
+      (void)smem_ready;
+      kernel<<<tile_grid(args, Cfg::BM, Cfg::BN), Cfg::kThreads, kSmemBytes, stream()>>>(
+          OpA::view(args.a), OpB::view(args.b), static_cast<CT*>(args.c), int(args.m), int(args.n),
+          int(args.k), args.epilogue);
+      CUDA_CHECK_LAUNCH(Family::kName);
+    }
+    template <class Cfg> static void with_config(const GemmArgs& args) {
+      if (args.c_dtype == DType::f16)
+        launch<Cfg, __half>(args);
+      else
+        launch<Cfg, float>(args);
+    }
+    static void run(const GemmArgs& args) {
+      using Large = typename Family::Large;
+      constexpr int kLargeBytes = Family::template smem_bytes<Large, OpA, OpB>();
+      if (prefer_large_tiles(args, Large::BM, Large::BN, kLargeBytes))
+        with_config<Large>(args);
+      else
+        with_config<typename Family::Small>(args);
+    }
+  };
+};
+
 // ---------------------------------------------------------------------------------------------
 // cp.async (sm_80+): 16-byte asynchronous global -> shared copies, grouped and awaited. Before
 // sm_80 the copy is a plain 16-byte load and store, and the group calls do nothing.
@@ -251,34 +288,15 @@ template <class T, bool kKContiguous_, int kOuter, int kBK> struct TileShape {
   }
 };
 
-// Copies the [ROWS, COLS] block at (row0, col0) of a row-major matrix into `tile` (row stride
-// tile_ld), with zeros outside the matrix. Whole in-bounds chunks go by cp.async; a chunk that
-// straddles the edge, or any chunk of a matrix whose rows are not 16-byte aligned, goes element
-// by element (plain loads, visible after the next __syncthreads like the cp.async data).
-template <int ROWS, int COLS, int THREADS, class T>
-__device__ __forceinline__ void load_tile(T* tile, int tile_ld, const MatrixView<T>& src, int row0,
-                                          int col0) {
-  constexpr int V = kChunkElems<T>;
-  constexpr int kChunksPerRow = COLS / V;
-  static_assert(COLS % V == 0, "tile width must be whole 16-byte chunks");
-  for (int chunk = threadIdx.x; chunk < ROWS * kChunksPerRow; chunk += THREADS) {
-    const int r = chunk / kChunksPerRow, c = (chunk % kChunksPerRow) * V;
-    const int row = row0 + r, col = col0 + c;
-    T* dst = tile + r * tile_ld + c;
-    const bool row_in = row < src.rows;
-    const T* from = src.data + (row_in ? int64_t(row) * src.cols : 0);
-    if (row_in && src.vectorizable && col + V <= src.cols) {
-      cp_async16(dst, from + col);
-    } else {
-      for (int e = 0; e < V; ++e)
-        dst[e] = row_in && col + e < src.cols ? from[col + e] : zero_value<T>();
-    }
-  }
+// Offset in the matrix's data of an element inside it.
+template <class T>
+__device__ __forceinline__ int64_t element_offset(const MatrixView<T>& v, int row, int col) {
+  return int64_t(row) * v.cols + col;
 }
 
 // Offset in x of im2col element (row = output pixel, col = tap), or -1 when it is padding.
 template <class T>
-__device__ __forceinline__ int64_t im2col_offset(const Im2colView<T>& v, int row, int col) {
+__device__ __forceinline__ int64_t element_offset(const Im2colView<T>& v, int row, int col) {
   const ConvGeometry& g = v.conv;
   const int ow = row % g.out_w, oh = (row / g.out_w) % g.out_h, n = row / (g.out_w * g.out_h);
   const int ci = col % g.channels, tap = col / g.channels;
@@ -288,11 +306,14 @@ __device__ __forceinline__ int64_t im2col_offset(const Im2colView<T>& v, int row
   return ((int64_t(n) * g.height + ih) * g.width + iw) * g.channels + ci;
 }
 
-// The same copy for the im2col matrix of x, gathered on the fly. When channels is a multiple of
-// the chunk, a chunk (starting at a multiple of the chunk) lies inside one tap: it is 16
-// contiguous bytes of x, or all padding.
-template <int ROWS, int COLS, int THREADS, class T>
-__device__ __forceinline__ void load_tile(T* tile, int tile_ld, const Im2colView<T>& src, int row0,
+// Copies the [ROWS, COLS] block at (row0, col0) of a row-major matrix, or of the im2col matrix of
+// x gathered on the fly, into `tile` (row stride tile_ld), with zeros outside the matrix and in
+// the padding. Whole in-bounds chunks of a view whose rows are 16-byte aligned go by cp.async (an
+// im2col chunk then lies inside one tap: 16 contiguous bytes of x, or all padding); a chunk that
+// straddles the edge, or any chunk of a view that is not aligned, goes element by element (plain
+// loads, visible after the next __syncthreads like the cp.async data).
+template <int ROWS, int COLS, int THREADS, class T, class View>
+__device__ __forceinline__ void load_tile(T* tile, int tile_ld, const View& src, int row0,
                                           int col0) {
   constexpr int V = kChunkElems<T>;
   constexpr int kChunksPerRow = COLS / V;
@@ -303,14 +324,14 @@ __device__ __forceinline__ void load_tile(T* tile, int tile_ld, const Im2colView
     T* dst = tile + r * tile_ld + c;
     const bool row_in = row < src.rows;
     if (row_in && src.vectorizable && col + V <= src.cols) {
-      const int64_t at = im2col_offset(src, row, col);
+      const int64_t at = element_offset(src, row, col);
       if (at >= 0)
         cp_async16(dst, src.data + at);
       else
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     } else {
       for (int e = 0; e < V; ++e) {
-        const int64_t at = row_in && col + e < src.cols ? im2col_offset(src, row, col + e) : -1;
+        const int64_t at = row_in && col + e < src.cols ? element_offset(src, row, col + e) : -1;
         dst[e] = at >= 0 ? src.data[at] : zero_value<T>();
       }
     }

@@ -142,31 +142,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
 }
 
-template <class Cfg, class OpA, class OpB, class CT> void launch_simt(const GemmArgs& args) {
-  constexpr int kSmemBytes = SimtSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
-  auto kernel = simt_gemm_kernel<Cfg, OpA, OpB, CT>;
-  static const bool smem_ready = (allow_dynamic_smem(kernel, kSmemBytes), true);
-  (void)smem_ready;
-  const dim3 grid = tile_grid(args, Cfg::BM, Cfg::BN);
-  kernel<<<grid, Cfg::kThreads, kSmemBytes, stream()>>>(OpA::view(args.a), OpB::view(args.b),
-                                                        static_cast<CT*>(args.c), int(args.m),
-                                                        int(args.n), int(args.k), args.epilogue);
-  CUDA_CHECK_LAUNCH("gemm (fp32 simt)");
-}
-
-template <class OpA, class OpB> struct SimtLaunch {
-  template <class Cfg> static void with_config(const GemmArgs& args) {
-    if (args.c_dtype == DType::f16)
-      launch_simt<Cfg, OpA, OpB, __half>(args);
-    else
-      launch_simt<Cfg, OpA, OpB, float>(args);
+// The SIMT kernel family for GemmLaunch.
+struct SimtFamily {
+  using Large = SimtLarge;
+  using Small = SimtSmall;
+  static constexpr const char* kName = "gemm (fp32 simt)";
+  template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
+    return SimtSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
   }
-  static void run(const GemmArgs& args) {
-    constexpr int kLargeBytes = SimtSmem<SimtLarge, OpA::kTransposed, OpB::kTransposed>::kBytes;
-    if (prefer_large_tiles(args, SimtLarge::BM, SimtLarge::BN, kLargeBytes))
-      with_config<SimtLarge>(args);
-    else
-      with_config<SimtSmall>(args);
+  template <class Cfg, class OpA, class OpB, class CT> static auto kernel() {
+    return simt_gemm_kernel<Cfg, OpA, OpB, CT>;
   }
 };
 
@@ -174,7 +159,7 @@ template <class OpA, class OpB> struct SimtLaunch {
 
 void simt_gemm(const GemmArgs& args) {
   if (args.m == 0 || args.n == 0) return;
-  dispatch_operands<float, SimtLaunch>(args);
+  dispatch_operands<float, GemmLaunch<SimtFamily>::On>(args);
 }
 
 } // namespace minamp::gpu

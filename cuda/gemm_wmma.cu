@@ -168,31 +168,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
 }
 
-template <class Cfg, class OpA, class OpB, class CT> void launch_wmma(const GemmArgs& args) {
-  constexpr int kSmemBytes = WmmaSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
-  auto kernel = wmma_gemm_kernel<Cfg, OpA, OpB, CT>;
-  static const bool smem_ready = (allow_dynamic_smem(kernel, kSmemBytes), true);
-  (void)smem_ready;
-  const dim3 grid = tile_grid(args, Cfg::BM, Cfg::BN);
-  kernel<<<grid, Cfg::kThreads, kSmemBytes, stream()>>>(OpA::view(args.a), OpB::view(args.b),
-                                                        static_cast<CT*>(args.c), int(args.m),
-                                                        int(args.n), int(args.k), args.epilogue);
-  CUDA_CHECK_LAUNCH("gemm (wmma)");
-}
-
-template <class OpA, class OpB> struct WmmaLaunch {
-  template <class Cfg> static void with_config(const GemmArgs& args) {
-    if (args.c_dtype == DType::f16)
-      launch_wmma<Cfg, OpA, OpB, __half>(args);
-    else
-      launch_wmma<Cfg, OpA, OpB, float>(args);
+// The WMMA kernel family for GemmLaunch.
+struct WmmaFamily {
+  using Large = WmmaLarge;
+  using Small = WmmaSmall;
+  static constexpr const char* kName = "gemm (wmma)";
+  template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
+    return WmmaSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
   }
-  static void run(const GemmArgs& args) {
-    constexpr int kLargeBytes = WmmaSmem<WmmaLarge, OpA::kTransposed, OpB::kTransposed>::kBytes;
-    if (prefer_large_tiles(args, WmmaLarge::BM, WmmaLarge::BN, kLargeBytes))
-      with_config<WmmaLarge>(args);
-    else
-      with_config<WmmaSmall>(args);
+  template <class Cfg, class OpA, class OpB, class CT> static auto kernel() {
+    return wmma_gemm_kernel<Cfg, OpA, OpB, CT>;
   }
 };
 
@@ -211,7 +196,7 @@ GemmSizes gemm_sizes(const Tensor& a, bool trans_a, const Tensor& b, bool trans_
 
 void wmma_gemm(const GemmArgs& args) {
   if (args.m == 0 || args.n == 0) return;
-  dispatch_operands<__half, WmmaLaunch>(args);
+  dispatch_operands<__half, GemmLaunch<WmmaFamily>::On>(args);
 }
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
