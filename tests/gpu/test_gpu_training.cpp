@@ -97,16 +97,22 @@ std::unique_ptr<nn::Sequential> make_sine_net() {
 constexpr double kFp32Tolerance = 1e-4;
 constexpr double kAmpTolerance = 3e-2;
 
+// Five steps on the GPU and on the CPU from the same init and data, in FP32 and in AMP.
+void expect_parity_in_fp32_and_amp(const ModelFactory& make_model, const Tensor& x,
+                                   const Tensor& y) {
+  for (bool amp : {false, true}) {
+    SCOPED_TRACE(amp ? "AMP" : "FP32");
+    expect_same_training(train_on(Device::cuda, amp, make_model, x, y, 5),
+                         train_on(Device::cpu, amp, make_model, x, y, 5),
+                         amp ? kAmpTolerance : kFp32Tolerance);
+  }
+}
+
 TEST(GpuTraining, MlpStepsMatchTheCpu) {
   MINAMP_REQUIRE_GPU();
   Rng data(5);
   const Tensor x = test::random_tensor(data, {512, 8}), y = test::random_tensor(data, {512, 1});
-  for (bool amp : {false, true}) {
-    SCOPED_TRACE(amp ? "AMP" : "FP32");
-    expect_same_training(train_on(Device::cuda, amp, make_mlp, x, y, 5),
-                         train_on(Device::cpu, amp, make_mlp, x, y, 5),
-                         amp ? kAmpTolerance : kFp32Tolerance);
-  }
+  expect_parity_in_fp32_and_amp(make_mlp, x, y);
 }
 
 TEST(GpuTraining, SineStepsMatchTheCpu) {
@@ -115,12 +121,7 @@ TEST(GpuTraining, SineStepsMatchTheCpu) {
   const std::vector<float> grid = examples::coordinate_grid(size);
   const Tensor x = Tensor::from_vector(grid, {1, size, size, 2});
   const Tensor y = Tensor::from_vector(examples::quantized_sine(grid), {1, size, size, 1});
-  for (bool amp : {false, true}) {
-    SCOPED_TRACE(amp ? "AMP" : "FP32");
-    expect_same_training(train_on(Device::cuda, amp, make_sine_net, x, y, 5),
-                         train_on(Device::cpu, amp, make_sine_net, x, y, 5),
-                         amp ? kAmpTolerance : kFp32Tolerance);
-  }
+  expect_parity_in_fp32_and_amp(make_sine_net, x, y);
 }
 
 TEST(GpuTraining, OverflowThroughARealModelSkipsTheStepOnTheDevice) {
