@@ -348,6 +348,42 @@ __device__ __forceinline__ void load_operand_tile(T* tile, const View& view, int
     load_tile<Tile::kRows, Tile::kCols, THREADS>(tile, Tile::kLd, view, k0, outer0);
 }
 
+// The multi-stage cp.async main loop shared by the GEMM kernels: STAGES rotating shared buffers
+// of [A tile, B tile] (Smem::kStageElems each) over the K tiles of this block's C tile at (m0,
+// n0). Tiles 0 .. STAGES-2 are put in flight first, one commit group each; each iteration waits
+// for tile kt, fills tile kt + STAGES - 1 into the buffer tile kt-1 used, and calls
+// consume(tile_a, tile_b) on tile kt. Ends with every group drained: the caller may reuse the
+// buffers after a __syncthreads.
+template <class Cfg, class Smem, class ViewA, class ViewB, class T, class Consume>
+__device__ __forceinline__ void gemm_pipeline(T* smem, const ViewA& a, const ViewB& b, int m0,
+                                              int n0, int k, Consume&& consume) {
+  using TileA = typename Smem::TileA;
+  using TileB = typename Smem::TileB;
+  auto stage_a = [&](int s) { return smem + s * Smem::kStageElems; };
+  auto stage_b = [&](int s) { return smem + s * Smem::kStageElems + TileA::kElems; };
+  auto load_stage = [&](int s, int k_tile) {
+    const int k0 = k_tile * Cfg::BK;
+    load_operand_tile<TileA, Cfg::kThreads>(stage_a(s), a, m0, k0);
+    load_operand_tile<TileB, Cfg::kThreads>(stage_b(s), b, n0, k0);
+  };
+  const int k_tiles = (k + Cfg::BK - 1) / Cfg::BK;
+#pragma unroll
+  for (int s = 0; s < Cfg::STAGES - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<Cfg::STAGES - 2>(); // this thread's copies of tile kt have landed
+    __syncthreads();                  // everyone's have, and tile kt-1 is no longer read
+    const int next = kt + Cfg::STAGES - 1;
+    if (next < k_tiles) load_stage(next % Cfg::STAGES, next);
+    cp_async_commit();
+    const int s = kt % Cfg::STAGES;
+    consume(static_cast<const T*>(stage_a(s)), static_cast<const T*>(stage_b(s)));
+  }
+  cp_async_wait<0>(); // only empty groups can remain
+}
+
 // Writes C[row, col] = relu(alpha * acc + beta * C[row, col] + bias[col]) (per `ep`).
 template <class CT>
 __device__ __forceinline__ void store_output(CT* c, int n, int row, int col, float acc,

@@ -6,11 +6,12 @@
 // see prefer_large_tiles). Warps are 8 threads along N by 4 along M, so a warp reads few
 // distinct shared-memory words per step.
 //
-// Pipeline. Identical to the WMMA kernel (gemm_wmma.cu): BK = 16, STAGES = 3 rotating shared
-// buffers filled by 16-byte cp.async chunks (plain loads before sm_80), one commit group per
-// k-step, wait + __syncthreads before each step, the next copy issued into the buffer freed by
-// the previous step. Tiles keep the global orientation (see TileShape in gemm.cuh) and the
-// loaders zero-fill everything outside the matrices, so edges need no special case here.
+// Pipeline. The WMMA kernel's (gemm_pipeline in gemm.cuh, described in gemm_wmma.cu) with
+// BK = 16 and STAGES = 3: rotating shared buffers filled by 16-byte cp.async chunks (plain loads
+// before sm_80), one commit group per k-step, wait + __syncthreads before each step, the next
+// copy issued into the buffer freed by the previous step. Tiles keep the global orientation (see
+// TileShape in gemm.cuh) and the loaders zero-fill everything outside the matrices, so edges need
+// no special case here.
 //
 // Which C rows/columns a thread owns depends on the tile orientation along that axis:
 //   outer-contiguous tile (A transposed, B untransposed): runs of 4 (t*4 .. t*4+3, then the
@@ -93,30 +94,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
     for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = 0.0f;
 
-  auto stage_a = [&](int s) { return smem + s * Smem::kStageElems; };
-  auto stage_b = [&](int s) { return smem + s * Smem::kStageElems + TileA::kElems; };
-  auto load_stage = [&](int s, int k_tile) {
-    const int k0 = k_tile * Cfg::BK;
-    load_operand_tile<TileA, Cfg::kThreads>(stage_a(s), a, m0, k0);
-    load_operand_tile<TileB, Cfg::kThreads>(stage_b(s), b, n0, k0);
-  };
-
-  const int k_tiles = (k + Cfg::BK - 1) / Cfg::BK;
-#pragma unroll
-  for (int s = 0; s < Cfg::STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<Cfg::STAGES - 2>(); // this thread's copies of tile kt have landed
-    __syncthreads();                  // everyone's have, and tile kt-1 is no longer read
-    const int next = kt + Cfg::STAGES - 1;
-    if (next < k_tiles) load_stage(next % Cfg::STAGES, next);
-    cp_async_commit();
-    const float* tile_a = stage_a(kt % Cfg::STAGES);
-    const float* tile_b = stage_b(kt % Cfg::STAGES);
-    // Unrolling by 4 rather than BK keeps ptxas from hoisting every shared-memory load of the
-    // step into registers (212 registers when both tiles are k-contiguous; <= 128 this way).
+  gemm_pipeline<Cfg, Smem>(smem, a, b, m0, n0, k, [&](const float* tile_a, const float* tile_b) {
+  // Unrolling by 4 rather than BK keeps ptxas from hoisting every shared-memory load of the
+  // step into registers (212 registers when both tiles are k-contiguous; <= 128 this way).
 #pragma unroll 4
     for (int kk = 0; kk < Cfg::BK; ++kk) {
       float a_col[Cfg::TM], b_row[Cfg::TN];
@@ -127,8 +107,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
         for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = fmaf(a_col[i], b_row[j], acc[i][j]);
     }
-  }
-  cp_async_wait<0>(); // only empty groups can remain; leave none behind at exit
+  });
 
 #pragma unroll
   for (int i = 0; i < Cfg::TM; ++i) {

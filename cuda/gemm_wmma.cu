@@ -18,7 +18,7 @@
 // that iteration kt - 1 used (the sync guarantees every warp is done with it), then runs
 // BK / 16 rounds of wmma::mma_sync on tile kt. So STAGES - 1 tiles are always in flight while
 // the tensor cores work. An empty group is committed when no tile is left so the count stays
-// uniform.
+// uniform. This loop is gemm_pipeline in gemm.cuh, shared with the SIMT kernel.
 //
 // Layouts and transposes. Tiles keep the orientation of the operand in global memory (so every
 // copy is contiguous); the fragment type absorbs the transpose:
@@ -125,32 +125,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
     for (int j = 0; j < Cfg::FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-  auto stage_a = [&](int s) { return smem + s * Smem::kStageElems; };
-  auto stage_b = [&](int s) { return smem + s * Smem::kStageElems + TileA::kElems; };
-  auto load_stage = [&](int s, int k_tile) {
-    const int k0 = k_tile * Cfg::BK;
-    load_operand_tile<TileA, Cfg::kThreads>(stage_a(s), a, m0, k0);
-    load_operand_tile<TileB, Cfg::kThreads>(stage_b(s), b, n0, k0);
-  };
-
-  const int k_tiles = (k + Cfg::BK - 1) / Cfg::BK;
-  // Prologue: tiles 0 .. STAGES-2 in flight, one group each.
-#pragma unroll
-  for (int s = 0; s < Cfg::STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<Cfg::STAGES - 2>(); // this thread's copies of tile kt have landed
-    __syncthreads();                  // everyone's have, and tile kt-1 is no longer read
-    const int next = kt + Cfg::STAGES - 1;
-    if (next < k_tiles) load_stage(next % Cfg::STAGES, next);
-    cp_async_commit();
-    const int s = kt % Cfg::STAGES;
-    mma_tile<Cfg, TileA, TileB>(stage_a(s), stage_b(s), warp_row, warp_col, acc);
-  }
-  cp_async_wait<0>(); // only empty groups can remain; drain them before reusing the buffers
-  __syncthreads();    // every warp is done reading the pipeline buffers
+  gemm_pipeline<Cfg, Smem>(smem, a, b, m0, n0, k, [&](const __half* tile_a, const __half* tile_b) {
+    mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, warp_row, warp_col, acc);
+  });
+  __syncthreads(); // every warp is done reading the pipeline buffers
 
   // Epilogue: accumulators -> fp32 staging tile -> alpha/beta/bias/ReLU -> C.
   float* staging = reinterpret_cast<float*>(smem_bytes);
