@@ -1,10 +1,12 @@
 // The GEMM machinery shared by the tensor-core kernel (gemm_wmma.cu), the fp32 SIMT kernel
 // (gemm_fp32.cu) and the implicit-GEMM convolution (conv.cu):
 //   - host side: how a GEMM operand is described (a plain matrix, a transposed one, or the
-//     im2col matrix of a conv input that is never materialised) and the two launchers;
+//     im2col matrix of a conv input that is never materialised) and the launcher, which picks
+//     the tile configuration and, for few tiles over a long K, splits K (gemm_split.h);
 //   - device side: cp.async helpers, the shared-memory tile shapes, the loaders that copy one
 //     operand tile from global to shared memory (zero-filling everything out of bounds) and
-//     the fused epilogue C = relu(alpha * acc + beta * C + bias).
+//     the fused epilogue C = relu(alpha * acc + beta * C + bias), and the kernel that adds
+//     split-K partial sums and applies it.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 
 #include "common.cuh"
 #include "device.cuh"
+#include "gemm_split.h"
 
 namespace minamp::gpu {
 
@@ -175,23 +178,29 @@ inline int max_dynamic_smem() {
   return bytes;
 }
 
+// The number of BM x BN tiles over C.
+inline int64_t tile_count(const GemmArgs& args, int bm, int bn) {
+  return ((args.m + bm - 1) / bm) * ((args.n + bn - 1) / bn);
+}
+
 // True when a configuration with BM x BN tiles and `smem_bytes` of shared memory gives every SM
 // at least one block, pads C by at most 25% more than BM/2 x BN/2 tiles would (a thin N = 32
 // would waste 3/4 of every 128-wide tile) and fits the device (sm_75 opts in to 64 KB only);
 // otherwise the smaller configuration is used.
 inline bool prefer_large_tiles(const GemmArgs& args, int bm, int bn, int smem_bytes) {
   const auto padded = [](int64_t size, int tile) { return (size + tile - 1) / tile * tile; };
-  const int64_t blocks = ((args.m + bm - 1) / bm) * ((args.n + bn - 1) / bn);
+  const int64_t blocks = tile_count(args, bm, bn);
   const int64_t area = padded(args.m, bm) * padded(args.n, bn);
   const int64_t half_area = padded(args.m, bm / 2) * padded(args.n, bn / 2);
   return blocks >= sm_count() && 4 * area <= 5 * half_area && smem_bytes <= max_dynamic_smem();
 }
 
-// The grid of BM x BN tiles over C: x walks M, y walks N (y is limited to 65535).
-inline dim3 tile_grid(const GemmArgs& args, int bm, int bn) {
+// The grid of BM x BN tiles over C times the K slices: x walks M, y walks N (y is limited to
+// 65535), z walks the slices of a split K.
+inline dim3 tile_grid(const GemmArgs& args, int bm, int bn, int splits) {
   const int64_t tiles_n = (args.n + bn - 1) / bn;
   require(tiles_n <= 65535, "gemm", "N = ", args.n, " needs more than 65535 column tiles of ", bn);
-  return dim3(unsigned((args.m + bm - 1) / bm), unsigned(tiles_n));
+  return dim3(unsigned((args.m + bm - 1) / bm), unsigned(tiles_n), unsigned(splits));
 }
 
 // Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KB.
@@ -200,43 +209,6 @@ template <class Kernel> void allow_dynamic_smem(Kernel kernel, int bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                "gemm: raising the dynamic shared-memory limit");
 }
-
-// The launch of one GEMM kernel family (WMMA or SIMT) for the operand pair OpA, OpB:
-// GemmLaunch<Family>::On<OpA, OpB>::run(args) picks the Large or Small configuration
-// (prefer_large_tiles) and C's dtype. A Family provides
-//   using Large, Small;                                     the two tile configurations
-//   static constexpr const char* kName;                     for launch errors
-//   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes();
-//   template <class Cfg, class OpA, class OpB, class CT> static auto kernel();
-// where every kernel takes (A view, B view, CT* c, m, n, k, epilogue).
-template <class Family> struct GemmLaunch {
-  template <class OpA, class OpB> struct On {
-    template <class Cfg, class CT> static void launch(const GemmArgs& args) {
-      constexpr int kSmemBytes = Family::template smem_bytes<Cfg, OpA, OpB>();
-      const auto kernel = Family::template kernel<Cfg, OpA, OpB, CT>();
-      static const bool smem_ready = (allow_dynamic_smem(kernel, kSmemBytes), true);
-      (void)smem_ready;
-      kernel<<<tile_grid(args, Cfg::BM, Cfg::BN), Cfg::kThreads, kSmemBytes, stream()>>>(
-          OpA::view(args.a), OpB::view(args.b), static_cast<CT*>(args.c), int(args.m), int(args.n),
-          int(args.k), args.epilogue);
-      CUDA_CHECK_LAUNCH(Family::kName);
-    }
-    template <class Cfg> static void with_config(const GemmArgs& args) {
-      if (args.c_dtype == DType::f16)
-        launch<Cfg, __half>(args);
-      else
-        launch<Cfg, float>(args);
-    }
-    static void run(const GemmArgs& args) {
-      using Large = typename Family::Large;
-      constexpr int kLargeBytes = Family::template smem_bytes<Large, OpA, OpB>();
-      if (prefer_large_tiles(args, Large::BM, Large::BN, kLargeBytes))
-        with_config<Large>(args);
-      else
-        with_config<typename Family::Small>(args);
-    }
-  };
-};
 
 // ---------------------------------------------------------------------------------------------
 // cp.async (sm_80+): 16-byte asynchronous global -> shared copies, grouped and awaited. Before
@@ -349,24 +321,25 @@ __device__ __forceinline__ void load_operand_tile(T* tile, const View& view, int
 }
 
 // The multi-stage cp.async main loop shared by the GEMM kernels: STAGES rotating shared buffers
-// of [A tile, B tile] (Smem::kStageElems each) over the K tiles of this block's C tile at (m0,
-// n0). Tiles 0 .. STAGES-2 are put in flight first, one commit group each; each iteration waits
-// for tile kt, fills tile kt + STAGES - 1 into the buffer tile kt-1 used, and calls
-// consume(tile_a, tile_b) on tile kt. Ends with every group drained: the caller may reuse the
-// buffers after a __syncthreads.
+// of [A tile, B tile] (Smem::kStageElems each) over the K tiles from k_begin (a multiple of BK)
+// to k_end of this block's C tile at (m0, n0). Tiles 0 .. STAGES-2 are put in flight first, one
+// commit group each; each iteration waits for tile kt, fills tile kt + STAGES - 1 into the
+// buffer tile kt-1 used, and calls consume(tile_a, tile_b) on tile kt. Ends with every group
+// drained: the caller may reuse the buffers after a __syncthreads. A k_end inside the matrix
+// must be a multiple of BK (split-K slices are whole tiles); past K the loaders read zeros.
 template <class Cfg, class Smem, class ViewA, class ViewB, class T, class Consume>
 __device__ __forceinline__ void gemm_pipeline(T* smem, const ViewA& a, const ViewB& b, int m0,
-                                              int n0, int k, Consume&& consume) {
+                                              int n0, int k_begin, int k_end, Consume&& consume) {
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
   auto stage_a = [&](int s) { return smem + s * Smem::kStageElems; };
   auto stage_b = [&](int s) { return smem + s * Smem::kStageElems + TileA::kElems; };
   auto load_stage = [&](int s, int k_tile) {
-    const int k0 = k_tile * Cfg::BK;
+    const int k0 = k_begin + k_tile * Cfg::BK;
     load_operand_tile<TileA, Cfg::kThreads>(stage_a(s), a, m0, k0);
     load_operand_tile<TileB, Cfg::kThreads>(stage_b(s), b, n0, k0);
   };
-  const int k_tiles = (k + Cfg::BK - 1) / Cfg::BK;
+  const int k_tiles = (k_end - k_begin + Cfg::BK - 1) / Cfg::BK;
 #pragma unroll
   for (int s = 0; s < Cfg::STAGES - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);
@@ -395,6 +368,96 @@ __device__ __forceinline__ void store_output(CT* c, int n, int row, int col, flo
   if (ep.relu) v = v < 0.0f ? 0.0f : v; // NaN propagates, as in torch.relu
   store_f(c, at, v);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Split-K: the sum of the fp32 partial C slices and the epilogue.
+
+// C[row, col] = epilogue(partial[0, row, col] + ... + partial[splits - 1, row, col]), added in
+// slice order. partial [splits, M, N] f32, C [M, N].
+template <class CT>
+__global__ void split_k_reduce_kernel(const float* __restrict__ partial, int splits, CT* c, int m,
+                                      int n, EpilogueArgs ep) {
+  const int64_t total = int64_t(m) * n;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s) acc += partial[s * total + idx];
+    store_output(c, n, int(idx / n), int(idx % n), acc, ep);
+  }
+}
+
+inline void reduce_split_k(const float* partial, int splits, const GemmArgs& args) {
+  constexpr int kThreads = 256;
+  const int blocks = grid_for(args.m * args.n, kThreads);
+  const int m = int(args.m), n = int(args.n);
+  if (args.c_dtype == DType::f16)
+    split_k_reduce_kernel<<<blocks, kThreads, 0, stream()>>>(
+        partial, splits, static_cast<__half*>(args.c), m, n, args.epilogue);
+  else
+    split_k_reduce_kernel<<<blocks, kThreads, 0, stream()>>>(
+        partial, splits, static_cast<float*>(args.c), m, n, args.epilogue);
+  CUDA_CHECK_LAUNCH("gemm: split-K reduction");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launcher.
+
+// The launch of one GEMM kernel family (WMMA or SIMT) for the operand pair OpA, OpB:
+// GemmLaunch<Family>::On<OpA, OpB>::run(args) picks the Large or Small configuration
+// (prefer_large_tiles), splits K when the Small tiles alone would leave SMs idle
+// (plan_k_split), and picks C's dtype. A Family provides
+//   using Large, Small;                                     the two tile configurations
+//   static constexpr const char* kName;                     for launch errors
+//   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes();
+//   template <class Cfg, class OpA, class OpB, class CT> static auto kernel();
+// where every kernel takes (A view, B view, CT* c, m, n, k, k_per_split, epilogue): block z of
+// the grid sums K from z * k_per_split on into the z-th [M, N] slice of c (z = 0 and
+// k_per_split = K without a split).
+template <class Family> struct GemmLaunch {
+  template <class OpA, class OpB> struct On {
+    template <class Cfg, class CT>
+    static void launch(const GemmArgs& args, void* c, const EpilogueArgs& epilogue,
+                       const KSplit& split) {
+      constexpr int kSmemBytes = Family::template smem_bytes<Cfg, OpA, OpB>();
+      const auto kernel = Family::template kernel<Cfg, OpA, OpB, CT>();
+      static const bool smem_ready = (allow_dynamic_smem(kernel, kSmemBytes), true);
+      (void)smem_ready;
+      const dim3 grid = tile_grid(args, Cfg::BM, Cfg::BN, split.splits);
+      kernel<<<grid, Cfg::kThreads, kSmemBytes, stream()>>>(
+          OpA::view(args.a), OpB::view(args.b), static_cast<CT*>(c), int(args.m), int(args.n),
+          int(args.k), int(split.k_per_split), epilogue);
+      CUDA_CHECK_LAUNCH(Family::kName);
+    }
+    // One pass: each block sums all of K for its tile and applies the epilogue.
+    template <class Cfg> static void whole_k(const GemmArgs& args) {
+      const KSplit whole{1, args.k};
+      if (args.c_dtype == DType::f16)
+        launch<Cfg, __half>(args, args.c, args.epilogue, whole);
+      else
+        launch<Cfg, float>(args, args.c, args.epilogue, whole);
+    }
+    // Two passes: fp32 partial sums [splits, M, N] (no epilogue), then their sum in slice
+    // order with the epilogue. The partials come from the caching allocator.
+    template <class Cfg> static void split_k(const GemmArgs& args, const KSplit& split) {
+      const Tensor partial =
+          Tensor::empty({split.splits, args.m, args.n}, DType::f32, Device::cuda);
+      launch<Cfg, float>(args, partial.raw(), EpilogueArgs{}, split);
+      reduce_split_k(ptr<float>(partial), split.splits, args);
+    }
+    static void run(const GemmArgs& args) {
+      using Large = typename Family::Large;
+      using Small = typename Family::Small;
+      constexpr int kLargeBytes = Family::template smem_bytes<Large, OpA, OpB>();
+      if (prefer_large_tiles(args, Large::BM, Large::BN, kLargeBytes)) return whole_k<Large>(args);
+      const KSplit split =
+          plan_k_split(tile_count(args, Small::BM, Small::BN), args.k, Small::BK, sm_count());
+      if (split.splits > 1)
+        split_k<Small>(args, split);
+      else
+        whole_k<Small>(args);
+    }
+  };
+};
 
 #endif // __CUDACC__
 

@@ -76,7 +76,7 @@ __device__ __forceinline__ void load_fragment(float (&out)[COUNT], const float* 
 template <class Cfg, class OpA, class OpB, class CT>
 __global__ void __launch_bounds__(Cfg::kThreads)
     simt_gemm_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
-                     EpilogueArgs ep) {
+                     int k_per_split, EpilogueArgs ep) {
   using Smem = SimtSmem<Cfg, OpA::kTransposed, OpB::kTransposed>;
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
@@ -84,6 +84,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   float* smem = reinterpret_cast<float*>(smem_bytes);
 
   const int m0 = blockIdx.x * Cfg::BM, n0 = blockIdx.y * Cfg::BN;
+  // Split-K (gemm_split.h): this block sums its slice of K into the slice's partial C.
+  const int k_begin = blockIdx.z * k_per_split, k_end = min(k, k_begin + k_per_split);
+  c += blockIdx.z * int64_t(m) * n;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tx = (warp % Cfg::kWarpsN) * 8 + lane % 8; // thread position along N
   const int ty = (warp / Cfg::kWarpsN) * 4 + lane / 8; // thread position along M
@@ -94,7 +97,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
     for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = 0.0f;
 
-  gemm_pipeline<Cfg, Smem>(smem, a, b, m0, n0, k, [&](const float* tile_a, const float* tile_b) {
+  // One k-step: each thread's TM x TN outer products of an A column and a B row.
+  const auto consume = [&](const float* tile_a, const float* tile_b) {
   // Unrolling by 4 rather than BK keeps ptxas from hoisting every shared-memory load of the
   // step into registers (212 registers when both tiles are k-contiguous; <= 128 this way).
 #pragma unroll 4
@@ -107,7 +111,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
         for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = fmaf(a_col[i], b_row[j], acc[i][j]);
     }
-  });
+  };
+  gemm_pipeline<Cfg, Smem>(smem, a, b, m0, n0, k_begin, k_end, consume);
 
 #pragma unroll
   for (int i = 0; i < Cfg::TM; ++i) {

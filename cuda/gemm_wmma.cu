@@ -40,6 +40,10 @@
 // fp32 and C is written (rounded to nearest even for f16) with coalesced accesses, skipping
 // rows and columns outside C. beta == 0 never reads C.
 //
+// Split K. When even the small tiles leave SMs idle and K is long (the conv weight gradient), the
+// launcher in gemm.cuh gives grid.z slices of K to different blocks, each writing an fp32
+// partial C without the epilogue; a second kernel adds them in order and applies it.
+//
 // Tuning knobs are the WmmaConfig template parameters; the next step on an H100 would be
 // ldmatrix/mma.sync with swizzled tiles, a 4th stage and block-order swizzling for L2 reuse.
 #include <mma.h>
@@ -107,7 +111,7 @@ __device__ __forceinline__ void mma_tile(const __half* tile_a, const __half* til
 template <class Cfg, class OpA, class OpB, class CT>
 __global__ void __launch_bounds__(Cfg::kThreads)
     wmma_gemm_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
-                     EpilogueArgs ep) {
+                     int k_per_split, EpilogueArgs ep) {
   using Smem = WmmaSmem<Cfg, OpA::kTransposed, OpB::kTransposed>;
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
@@ -115,6 +119,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   __half* smem = reinterpret_cast<__half*>(smem_bytes);
 
   const int m0 = blockIdx.x * Cfg::BM, n0 = blockIdx.y * Cfg::BN;
+  // Split-K (gemm_split.h): this block sums its slice of K into the slice's partial C.
+  const int k_begin = blockIdx.z * k_per_split, k_end = min(k, k_begin + k_per_split);
+  c += blockIdx.z * int64_t(m) * n;
   const int warp = threadIdx.x / 32;
   const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
   const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
@@ -125,9 +132,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
     for (int j = 0; j < Cfg::FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-  gemm_pipeline<Cfg, Smem>(smem, a, b, m0, n0, k, [&](const __half* tile_a, const __half* tile_b) {
+  const auto consume = [&](const __half* tile_a, const __half* tile_b) {
     mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, warp_row, warp_col, acc);
-  });
+  };
+  gemm_pipeline<Cfg, Smem>(smem, a, b, m0, n0, k_begin, k_end, consume);
   __syncthreads(); // every warp is done reading the pipeline buffers
 
   // Epilogue: accumulators -> fp32 staging tile -> alpha/beta/bias/ReLU -> C.

@@ -1,7 +1,7 @@
 // GPU conv2d (implicit GEMM forward and weight gradient, GEMM + col2im input gradient) against
 // the CPU reference: 1x1, 3x3 stride 1 and 2, 5x5, batch 1, Cin 1 and 3, odd spatial sizes, input
-// pixels no tap reads, f16 and f32. y and dx start as NaN poison; dw starts random because it
-// accumulates.
+// pixels no tap reads, weight gradients long enough to split K, f16 and f32. y and dx start as NaN
+// poison; dw starts random because it accumulates.
 #include <string>
 #include <vector>
 
@@ -30,17 +30,18 @@ std::string describe_case(const ConvCase& c, DType dtype) {
 
 const std::vector<ConvCase> kCases = {
     // n, h, w, cin, cout, kh, kw, stride, pad
-    {2, 6, 5, 8, 16, 1, 1, 1, 0},   // pointwise: a plain GEMM
-    {1, 7, 9, 3, 5, 1, 1, 2, 0},    // 1x1 with stride: gathered
-    {2, 9, 11, 3, 8, 3, 3, 1, 1},   // 3x3 same padding, Cin 3 (element-wise gathers)
-    {1, 13, 9, 16, 12, 3, 3, 2, 1}, // 3x3 stride 2, Cin 16 (16-byte gathers)
-    {1, 11, 7, 1, 5, 5, 5, 1, 2},   // 5x5, Cin 1
-    {2, 15, 13, 8, 24, 5, 5, 2, 0}, // 5x5 stride 2, no padding
-    {1, 5, 5, 4, 7, 3, 3, 1, 0},    // Cin 4: 16-byte gathers for f32 only
-    {3, 8, 8, 32, 40, 3, 3, 1, 1},  // several K steps
-    {2, 96, 97, 8, 32, 3, 3, 1, 1}, // enough tiles for the large GEMM configuration
-    {2, 10, 8, 8, 16, 3, 3, 2, 0},  // stride 2, last input row and column never read: dx 0 there
-    {1, 11, 10, 4, 6, 2, 2, 3, 0},  // stride 3 > kernel 2: rows and columns between taps get dx 0
+    {2, 6, 5, 8, 16, 1, 1, 1, 0},    // pointwise: a plain GEMM
+    {1, 7, 9, 3, 5, 1, 1, 2, 0},     // 1x1 with stride: gathered
+    {2, 9, 11, 3, 8, 3, 3, 1, 1},    // 3x3 same padding, Cin 3 (element-wise gathers)
+    {1, 13, 9, 16, 12, 3, 3, 2, 1},  // 3x3 stride 2, Cin 16 (16-byte gathers)
+    {1, 11, 7, 1, 5, 5, 5, 1, 2},    // 5x5, Cin 1
+    {2, 15, 13, 8, 24, 5, 5, 2, 0},  // 5x5 stride 2, no padding
+    {1, 5, 5, 4, 7, 3, 3, 1, 0},     // Cin 4: 16-byte gathers for f32 only
+    {3, 8, 8, 32, 40, 3, 3, 1, 1},   // several K steps
+    {2, 96, 97, 8, 32, 3, 3, 1, 1},  // large GEMM tiles; dw splits K (18624 pixels, 2 tiles)
+    {4, 64, 64, 16, 24, 1, 1, 1, 0}, // pointwise over many pixels: dw splits K (sine's shape)
+    {2, 10, 8, 8, 16, 3, 3, 2, 0},   // stride 2, last input row and column never read: dx 0 there
+    {1, 11, 10, 4, 6, 2, 2, 3, 0},   // stride 3 > kernel 2: rows and columns between taps get dx 0
 };
 
 // f16 inputs (or outputs) round to f16: compare at the f16 tolerance.

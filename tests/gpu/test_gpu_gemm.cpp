@@ -1,6 +1,7 @@
 // GPU GEMM (WMMA tensor-core kernel for f16, SIMT kernel for f32) against the CPU reference:
 // every transpose combination, edge shapes (M, N, K not multiples of any tile), f16 and f32
-// outputs, and the fused alpha/beta/bias/ReLU epilogue. Outputs start as NaN poison.
+// outputs, the fused alpha/beta/bias/ReLU epilogue, both tile configurations and split K.
+// Outputs start as NaN poison.
 #include <string>
 #include <vector>
 
@@ -141,6 +142,21 @@ TEST(GpuGemm, TallThin) {
     g.bias = g.relu = true;
     expect_matches_cpu(g, ++seed);
   }
+}
+
+// Few tiles over C and a long K: the launcher splits K into slices of whole tiles whose fp32
+// partial sums a second kernel adds before the epilogue (cuda/gemm_split.h). M = 40, N = 72 is
+// 2 tiles of 64 x 64, so K = 8013 (251 tiles, the last partial) is cut into 31 slices on an
+// H100. Every transpose, both output dtypes, and beta != 0 (C is read once, by the sum).
+TEST(GpuGemm, SplitKLongK) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 7000;
+  for (const DTypePair& d : kDTypePairs)
+    for (bool trans_a : {false, true})
+      for (bool trans_b : {false, true}) {
+        GemmCase g{40, 72, 8013, trans_a, trans_b, d.ab, d.c, 0.5f, -1.0f, true, true};
+        expect_matches_cpu(g, ++seed);
+      }
 }
 
 } // namespace
