@@ -34,8 +34,8 @@ std::vector<double> channel_sums(int64_t rows, int64_t width, const BlockSums& b
 
 // dy with the fused ReLU's mask: zero where the forward's normalised value (before the ReLU) was
 // not positive. Everything is computed unconditionally, so that the loops vectorise.
-inline float relu_masked(bool relu, float dy, float normalised) {
-  return relu && !(normalised > 0.0f) ? 0.0f : dy;
+template <class T> inline T relu_masked(bool relu, T dy, float normalised) {
+  return relu && !(normalised > 0.0f) ? T(0) : dy;
 }
 
 // Per-channel batch mean and biased variance of x [rows, C] (two passes, double).
@@ -141,18 +141,20 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   const int64_t channels = d.channels;
   const float* xs = x_values.data();
   const float* dys = dy_values.data();
+  const bool relu = bn.relu;
   // sums[0, C): sum(dy_hat); sums[C, 2C): sum(dy_hat * xhat).
   const std::vector<double> sums =
-      channel_sums(d.rows, 2 * channels, [=](int64_t begin, int64_t end, double* block) {
+      channel_sums(d.rows, 2 * channels, [&](int64_t begin, int64_t end, double* block) {
         for (int64_t r = begin; r < end; ++r) {
           const float* x_row = xs + r * channels;
           const float* dy_row = dys + r * channels;
 #pragma omp simd
           for (int64_t c = 0; c < channels; ++c) {
             const float xhat = (x_row[c] - mu[c]) * inv[c];
-            const float dy_hat = relu_masked(bn.relu, dy_row[c], g[c] * xhat + b[c]);
+            // Widened before the mask: masking the float makes GCC branch instead of vectorise.
+            const double dy_hat = relu_masked<double>(relu, dy_row[c], g[c] * xhat + b[c]);
             block[c] += dy_hat;
-            block[channels + c] += static_cast<double>(dy_hat) * xhat;
+            block[channels + c] += dy_hat * xhat;
           }
         }
       });
