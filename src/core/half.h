@@ -36,8 +36,8 @@ constexpr float kHalfMinSubnormal = 5.9604644775390625e-08f; // 2^-24
 namespace minamp {
 
 // Bulk conversions, the hot path of the CPU backend's f16 emulation. They give exactly the
-// results of the scalar functions above (NaN payloads aside); where the compiler has _Float16
-// they use its conversions (F16C instructions on x86-64), otherwise the scalar ones.
+// results of the scalar functions above (NaN payloads aside), with the F16C instructions where
+// the build targets them (x86-64 with -march=native) and on every OpenMP thread for large arrays.
 void half_to_float(const half* src, float* dst, int64_t n);
 void float_to_half(const float* src, half* dst, int64_t n);
 

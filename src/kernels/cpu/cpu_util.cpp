@@ -9,9 +9,9 @@ FloatInput::FloatInput(const Tensor& tensor) : size_(tensor.numel()) {
     data_ = tensor.data<float>();
     return;
   }
-  widened_.resize(static_cast<size_t>(size_));
-  half_to_float(tensor.data<half>(), widened_.data(), size_);
-  data_ = widened_.data();
+  widened_.reset(new float[static_cast<size_t>(size_)]);
+  half_to_float(tensor.data<half>(), widened_.get(), size_);
+  data_ = widened_.get();
 }
 
 FloatOutput::FloatOutput(Tensor& tensor, bool keep_old) : tensor_(tensor), size_(tensor.numel()) {
@@ -19,14 +19,14 @@ FloatOutput::FloatOutput(Tensor& tensor, bool keep_old) : tensor_(tensor), size_
     data_ = tensor.data<float>();
     return;
   }
-  buffer_.resize(static_cast<size_t>(size_));
-  if (keep_old) half_to_float(tensor.data<half>(), buffer_.data(), size_);
-  data_ = buffer_.data();
+  buffer_.reset(new float[static_cast<size_t>(size_)]);
+  if (keep_old) half_to_float(tensor.data<half>(), buffer_.get(), size_);
+  data_ = buffer_.get();
 }
 
 void FloatOutput::store() {
   if (tensor_.dtype() != DType::f16) return;
-  float_to_half(buffer_.data(), tensor_.data<half>(), size_);
+  float_to_half(buffer_.get(), tensor_.data<half>(), size_);
 }
 
 void apply_bias_relu(MatrixMap c, const GemmEpilogue& epilogue) {

@@ -8,7 +8,7 @@
 
 #include <Eigen/Core>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -34,7 +34,7 @@ public:
   ConstMatrixMap matrix(int64_t rows, int64_t cols) const { return {data_, rows, cols}; }
 
 private:
-  std::vector<float> widened_;
+  std::unique_ptr<float[]> widened_; // f16 input only; not zeroed first (no wasted memset)
   const float* data_ = nullptr;
   int64_t size_ = 0;
 };
@@ -56,7 +56,7 @@ public:
 
 private:
   Tensor tensor_;
-  std::vector<float> buffer_;
+  std::unique_ptr<float[]> buffer_; // f16 output only; not zeroed first
   float* data_ = nullptr;
   int64_t size_ = 0;
 };
