@@ -39,6 +39,9 @@ declare -A steps=(
   [mlp]="--warmup 50 --steps 450 --infer-steps 100"
   [classify]="--warmup 20 --steps 200 --infer-steps 50"
 )
+# minamp only: after its timed steps, a few more with the op profiler on (CUDA events around each
+# op), so the log shows where a step's GPU time goes.
+profile="--profile 5"
 
 # GoogleTest is only needed because CMakeLists.txt requires it at configure time.
 # shellcheck disable=SC2317 # configure and build_benches run through `stage` (bash -c)
@@ -101,7 +104,7 @@ run_model() {
   for p in fp32 amp; do
     # shellcheck disable=SC2086
     stage "bench_train $m $p" 60 "$build/bench_train" --device cuda --models "$m" \
-      --precisions "$p" ${steps[$m]} --json "$work/minamp-$m-$p.json"
+      --precisions "$p" ${steps[$m]} $profile --json "$work/minamp-$m-$p.json"
   done
   # shellcheck disable=SC2086
   stage "pytorch $m" 75 "$python" bench/pytorch/train.py --device cuda --models "$m" \

@@ -18,6 +18,7 @@
 #include "amp/grad_scaler.h"
 #include "io/atomic_file.h"
 #include "kernels/backend.h"
+#include "kernels/profile.h"
 #include "nn/module.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
@@ -35,7 +36,8 @@ struct Config {
   int64_t steps = 100;
   int64_t warmup = 10;
   int64_t infer_steps = 20;
-  int64_t size = 0; // sine grid; 0: 512 on a GPU, 64 on the CPU
+  int64_t profile_steps = 0; // training steps with the op profiler on, after the timed ones
+  int64_t size = 0;          // sine grid; 0: 512 on a GPU, 64 on the CPU
   uint64_t seed = 0;
 };
 
@@ -219,6 +221,26 @@ void progress(const std::string& label, const char* what) {
   std::fflush(stdout);
 }
 
+// `steps` more training steps (from `first`) with the op profiler on: each op's calls and time
+// per step, slowest first. On a GPU the times are the kernels' own (CUDA events around each op),
+// so their sum leaves out the gaps between launches.
+json profile_run(const std::function<Tensor(int64_t)>& step, int64_t first, int64_t steps) {
+  backend::cuda_synchronize();
+  profile::set_enabled(true);
+  for (int64_t i = 0; i < steps; ++i) step(first + i);
+  profile::set_enabled(false);
+  const std::vector<profile::OpTime> times = profile::collect();
+  double total_ms = 0.0;
+  for (const profile::OpTime& t : times) total_ms += t.ms;
+  json ops = json::array();
+  for (const profile::OpTime& t : times)
+    ops.push_back({{"op", t.op},
+                   {"calls_per_step", double(t.calls) / double(steps)},
+                   {"ms_per_step", t.ms / double(steps)},
+                   {"share", total_ms > 0.0 ? t.ms / total_ms : 0.0}});
+  return {{"steps", steps}, {"ms_per_step", total_ms / double(steps)}, {"ops", ops}};
+}
+
 json train_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
   std::unique_ptr<optim::Optimizer> opt = w.make_optimizer(w.model->parameters());
   amp::GradScalerOptions options;
@@ -234,6 +256,9 @@ json train_run(Workload& w, bool amp, const Config& cfg, const std::string& labe
   std::vector<Tensor> losses;
   const auto ms = time_each(cfg.steps, [&](int64_t i) { losses.push_back(step(cfg.warmup + i)); });
   const size_t peak = allocator.peak_bytes();
+  const json profile = cfg.profile_steps > 0
+                           ? profile_run(step, cfg.warmup + cfg.steps, cfg.profile_steps)
+                           : json(nullptr);
 
   double last10 = 0;
   const size_t tail = std::min<size_t>(10, losses.size());
@@ -248,7 +273,8 @@ json train_run(Workload& w, bool amp, const Config& cfg, const std::string& labe
           {"data_bytes", w.data_bytes()},
           {"final_loss", losses.back().item()},
           {"loss_last10_mean", last10 / double(tail)},
-          {"final_scale", scaler.get_scale()}};
+          {"final_scale", scaler.get_scale()},
+          {"profile", profile}};
 }
 
 json inference_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
@@ -290,6 +316,20 @@ void print_run(const json& run) {
   std::fflush(stdout);
 }
 
+// The op profile of a training run, when it has one.
+void print_profile(const json& run) {
+  const json& profile = run["profile"];
+  if (profile.is_null()) return;
+  std::printf("  op profile over %d steps: %.3f ms per step inside ops\n",
+              profile["steps"].get<int>(), profile["ms_per_step"].get<double>());
+  std::printf("    %-24s %10s %12s %7s\n", "op", "calls/step", "ms/step", "share");
+  for (const json& op : profile["ops"])
+    std::printf("    %-24s %10.1f %12.4f %6.1f%%\n", op["op"].get<std::string>().c_str(),
+                op["calls_per_step"].get<double>(), op["ms_per_step"].get<double>(),
+                100.0 * op["share"].get<double>());
+  std::fflush(stdout);
+}
+
 // The comma-separated items of an option, each checked against the accepted values.
 std::vector<std::string> parse_list(const std::string& text, const char* option,
                                     const std::vector<std::string>& accepted) {
@@ -322,6 +362,7 @@ json run_all(const std::vector<std::string>& models, const std::vector<std::stri
       info[name] = model_info(w);
       runs.push_back(train_run(w, amp, cfg, label));
       print_run(runs.back());
+      print_profile(runs.back());
       runs.push_back(inference_run(w, amp, cfg, label));
       print_run(runs.back());
     }
@@ -347,6 +388,10 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--infer-steps", cfg.infer_steps, "timed forward-only passes")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--profile", cfg.profile_steps,
+                 "after the timed steps, this many more with the op profiler on: time per op")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--size", cfg.size, "sine grid size S (default 512 on a GPU, 64 on the CPU)")
       ->check(CLI::Range(2, 8192));

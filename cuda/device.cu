@@ -169,4 +169,32 @@ void cuda_synchronize() {
   CUDA_CHECK(cudaStreamSynchronize(gpu::stream()), "cuda_synchronize");
 }
 
+struct CudaEvent {
+  cudaEvent_t event = nullptr;
+};
+
+CudaEvent* cuda_record_event() {
+  const char* reason = cuda_unavailable_reason();
+  if (reason) throw Error(cat("cuda event: ", reason));
+  auto* recorded = new CudaEvent;
+  const cudaError_t created = cudaEventCreate(&recorded->event);
+  const cudaError_t status =
+      created == cudaSuccess ? cudaEventRecord(recorded->event, gpu::stream()) : created;
+  if (status != cudaSuccess) cuda_destroy_event(recorded);
+  CUDA_CHECK(status, "cuda event: create and record");
+  return recorded;
+}
+
+float cuda_elapsed_ms(CudaEvent* begin, CudaEvent* end) {
+  CUDA_CHECK(cudaEventSynchronize(end->event), "cuda event: wait");
+  float ms = 0.0f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, begin->event, end->event), "cuda event: elapsed time");
+  return ms;
+}
+
+void cuda_destroy_event(CudaEvent* event) {
+  if (event && event->event) (void)cudaEventDestroy(event->event);
+  delete event;
+}
+
 } // namespace minamp::backend

@@ -15,4 +15,12 @@ void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device,
 // Waits for all queued GPU work (a no-op without CUDA).
 void cuda_synchronize();
 
+// Timing GPU work (the op profiler): an event recorded on the stream marks the point the GPU
+// has reached when it completes. cuda_elapsed_ms waits for `end` and returns the milliseconds
+// from `begin` to `end`; every recorded event must be destroyed once.
+struct CudaEvent;
+CudaEvent* cuda_record_event();
+float cuda_elapsed_ms(CudaEvent* begin, CudaEvent* end);
+void cuda_destroy_event(CudaEvent* event);
+
 } // namespace minamp::backend

@@ -1,9 +1,10 @@
 // The kernels:: dispatcher: checks that an op's tensors share one device, then calls the CPU
-// reference (minamp::cpu) or the CUDA backend (minamp::gpu).
+// reference (minamp::cpu) or the CUDA backend (minamp::gpu), timed when the op profiler is on.
 #include <initializer_list>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "kernels/profile.h"
 
 namespace minamp::kernels {
 
@@ -41,12 +42,19 @@ Device common_device(const char* op, const std::vector<ParamSlot>& params) {
 
 } // namespace
 
-// Runs `call` from namespace cpu or gpu. Without CUDA the gpu branch is never compiled.
+// Runs `call` from namespace cpu or gpu, timed by the op profiler when it is enabled. Without
+// CUDA the gpu branch is never compiled.
 #if MINAMP_WITH_CUDA
-#define MINAMP_DISPATCH(op, device, call) ((device) == Device::cpu ? cpu::call : gpu::call)
+#define MINAMP_BACKEND_CALL(op, device, call) ((device) == Device::cpu ? cpu::call : gpu::call)
 #else
-#define MINAMP_DISPATCH(op, device, call) ((device) == Device::cpu ? cpu::call : no_cuda(op))
+#define MINAMP_BACKEND_CALL(op, device, call) ((device) == Device::cpu ? cpu::call : no_cuda(op))
 #endif
+#define MINAMP_DISPATCH(op, device, call)                                                          \
+  do {                                                                                             \
+    const Device dispatch_device = (device);                                                       \
+    const profile::Scope profile_scope(op, dispatch_device);                                       \
+    MINAMP_BACKEND_CALL(op, dispatch_device, call);                                                \
+  } while (0)
 
 void fill(Tensor& dst, float value) {
   MINAMP_DISPATCH("fill", common_device("fill", {&dst}), fill(dst, value));

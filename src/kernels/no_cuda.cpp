@@ -17,4 +17,10 @@ void cuda_copy(void*, Device, const void*, Device, size_t) {
 
 void cuda_synchronize() {}
 
+CudaEvent* cuda_record_event() { throw Error(cat("cuda event: ", cuda_unavailable_reason())); }
+float cuda_elapsed_ms(CudaEvent*, CudaEvent*) {
+  throw Error(cat("cuda event: ", cuda_unavailable_reason()));
+}
+void cuda_destroy_event(CudaEvent*) {}
+
 } // namespace minamp::backend

@@ -1,7 +1,8 @@
 // GPU tests of the device plumbing: host/device copies round-trip every dtype bit for bit, the
 // caching allocator makes no cudaMalloc call once a step's sizes have been seen, reports
-// out-of-memory with the bytes requested and survives frees at exit, and (the one test that
-// needs no GPU) a cuda tensor without a device fails with an Error saying why.
+// out-of-memory with the bytes requested and survives frees at exit, the op profiler times GPU
+// ops with events, and (the one test that needs no GPU) a cuda tensor without a device fails with
+// an Error saying why.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
+#include "kernels/profile.h"
 #include "test_util.h"
 #if MINAMP_WITH_CUDA
 #include "device.cuh"
@@ -121,6 +123,30 @@ TEST(GpuAllocator, BatchNormStepReusesItsWorkspaces) {
 }
 
 #endif // MINAMP_WITH_CUDA
+
+// Two GEMMs and a ReLU on the GPU with the profiler on: each op once per call, with the time the
+// GPU spent between the events around it.
+TEST(GpuProfile, TimesOpsWithEvents) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(8);
+  const Tensor a = test::random_tensor(rng, {512, 256}, DType::f16, Device::cuda);
+  const Tensor b = test::random_tensor(rng, {256, 384}, DType::f16, Device::cuda);
+  Tensor c = Tensor::empty({512, 384}, DType::f32, Device::cuda);
+  Tensor y = Tensor::empty({512, 384}, DType::f32, Device::cuda);
+  profile::collect();
+  profile::set_enabled(true);
+  kernels::gemm(a, false, b, false, c, {});
+  kernels::gemm(a, false, b, false, c, {});
+  kernels::relu_forward(c, y);
+  profile::set_enabled(false);
+  const std::vector<profile::OpTime> times = profile::collect();
+  ASSERT_EQ(times.size(), 2u);
+  for (const profile::OpTime& t : times) {
+    EXPECT_EQ(t.device, Device::cuda);
+    EXPECT_EQ(t.calls, t.op == "gemm" ? 2 : 1) << t.op;
+    EXPECT_GT(t.ms, 0.0) << t.op;
+  }
+}
 
 } // namespace
 } // namespace minamp

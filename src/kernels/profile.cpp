@@ -1,0 +1,104 @@
+// The op profiler (see profile.h): CPU calls are added up as they end; GPU calls leave a pair of
+// recorded events that collect() reads once the GPU has passed them.
+#include "kernels/profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "kernels/backend.h"
+
+namespace minamp::profile {
+
+namespace {
+
+// A GPU call whose events have not been read yet.
+struct PendingGpuCall {
+  const char* op;
+  backend::CudaEvent* begin;
+  backend::CudaEvent* end;
+};
+
+struct Recorder {
+  bool enabled = false;
+  std::mutex mutex; // guards pending and totals
+  std::vector<PendingGpuCall> pending;
+  std::map<std::pair<std::string, Device>, OpTime> totals;
+
+  void add(const char* op, Device device, double ms) {
+    OpTime& total = totals[{op, device}];
+    total.op = op;
+    total.device = device;
+    ++total.calls;
+    total.ms += ms;
+  }
+};
+
+Recorder& recorder() {
+  static Recorder instance;
+  return instance;
+}
+
+// Open scopes on this thread: only the outermost one records.
+thread_local int t_open_scopes = 0;
+
+double now_ms() {
+  using Clock = std::chrono::steady_clock;
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+}
+
+} // namespace
+
+void set_enabled(bool enabled) { recorder().enabled = enabled; }
+bool enabled() { return recorder().enabled; }
+
+std::vector<OpTime> collect() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const PendingGpuCall& call : r.pending) {
+    r.add(call.op, Device::cuda, backend::cuda_elapsed_ms(call.begin, call.end));
+    backend::cuda_destroy_event(call.begin);
+    backend::cuda_destroy_event(call.end);
+  }
+  r.pending.clear();
+  std::vector<OpTime> times;
+  for (auto& entry : r.totals) times.push_back(std::move(entry.second));
+  r.totals.clear();
+  std::sort(times.begin(), times.end(),
+            [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
+  return times;
+}
+
+Scope::Scope(const char* op, Device device) : device_(device) {
+  if (t_open_scopes == 0 && recorder().enabled) {
+    if (device == Device::cuda)
+      gpu_start_ = backend::cuda_record_event(); // may throw: then no scope is open
+    else
+      cpu_start_ms_ = now_ms();
+    op_ = op;
+  }
+  ++t_open_scopes;
+}
+
+Scope::~Scope() {
+  --t_open_scopes;
+  if (!op_) return;
+  Recorder& r = recorder();
+  if (device_ == Device::cpu) {
+    const double ms = now_ms() - cpu_start_ms_;
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.add(op_, device_, ms);
+    return;
+  }
+  try {
+    backend::CudaEvent* end = backend::cuda_record_event();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.pending.push_back({op_, gpu_start_, end});
+  } catch (const std::exception&) { // a failing device: the op's own error says why
+    backend::cuda_destroy_event(gpu_start_);
+  }
+}
+
+} // namespace minamp::profile

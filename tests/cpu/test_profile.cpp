@@ -1,0 +1,79 @@
+// The op profiler: while enabled it counts every kernels:: call once per op with its time, only
+// the outermost of nested scopes records, collect() empties it, and nothing is recorded while it
+// is off. The GPU variant (events around each call) is in tests/gpu/test_gpu_device.cpp.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/profile.h"
+#include "test_util.h"
+
+namespace minamp {
+namespace {
+
+// The entry for `op`, or nullptr.
+const profile::OpTime* find_op(const std::vector<profile::OpTime>& times, const std::string& op) {
+  for (const profile::OpTime& t : times)
+    if (t.op == op) return &t;
+  return nullptr;
+}
+
+// Two GEMMs and one ReLU through the dispatcher.
+void run_some_ops(Device device) {
+  Rng rng(7);
+  const Tensor a = test::random_tensor(rng, {64, 48}, DType::f32, device);
+  const Tensor b = test::random_tensor(rng, {48, 32}, DType::f32, device);
+  Tensor c = Tensor::empty({64, 32}, DType::f32, device);
+  Tensor y = Tensor::empty({64, 32}, DType::f32, device);
+  kernels::gemm(a, false, b, false, c, {});
+  kernels::gemm(a, false, b, false, c, {});
+  kernels::relu_forward(c, y);
+}
+
+// Profiles run_some_ops on `device` and checks the counts and times.
+void expect_profiled(Device device) {
+  profile::collect(); // start from nothing
+  profile::set_enabled(true);
+  run_some_ops(device);
+  profile::set_enabled(false);
+  const std::vector<profile::OpTime> times = profile::collect();
+
+  const profile::OpTime* gemm = find_op(times, "gemm");
+  const profile::OpTime* relu = find_op(times, "relu_forward");
+  ASSERT_NE(gemm, nullptr);
+  ASSERT_NE(relu, nullptr);
+  EXPECT_EQ(gemm->calls, 2);
+  EXPECT_EQ(relu->calls, 1);
+  EXPECT_EQ(gemm->device, device);
+  EXPECT_GT(gemm->ms, 0.0);
+  EXPECT_GE(relu->ms, 0.0);
+  for (size_t i = 1; i < times.size(); ++i) EXPECT_GE(times[i - 1].ms, times[i].ms) << "sorted";
+  EXPECT_TRUE(profile::collect().empty()) << "collect() forgets what it returned";
+}
+
+TEST(Profile, CountsAndTimesEveryCpuOp) { expect_profiled(Device::cpu); }
+
+TEST(Profile, RecordsNothingWhileDisabled) {
+  profile::collect();
+  ASSERT_FALSE(profile::enabled());
+  run_some_ops(Device::cpu);
+  EXPECT_TRUE(profile::collect().empty());
+}
+
+TEST(Profile, OnlyTheOutermostScopeRecords) {
+  profile::collect();
+  profile::set_enabled(true);
+  {
+    const profile::Scope outer("outer", Device::cpu);
+    const profile::Scope inner("inner", Device::cpu);
+  }
+  profile::set_enabled(false);
+  const std::vector<profile::OpTime> times = profile::collect();
+  ASSERT_EQ(times.size(), 1u);
+  EXPECT_EQ(times[0].op, "outer");
+}
+
+} // namespace
+} // namespace minamp
