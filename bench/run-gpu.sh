@@ -40,8 +40,9 @@ declare -A steps=(
   [classify]="--warmup 20 --steps 200 --infer-steps 50"
 )
 # minamp only: after its timed steps, a few more with the op profiler on (CUDA events around each
-# op), so the log shows where a step's GPU time goes.
-profile="--profile 5"
+# op), so the log shows where a step's GPU time goes; and the same training replayed from a CUDA
+# graph of one step (mode train-graph), which removes the launch overhead.
+minamp_extra="--profile 5 --cuda-graph"
 
 # GoogleTest is only needed because CMakeLists.txt requires it at configure time.
 # shellcheck disable=SC2317 # configure and build_benches run through `stage` (bash -c)
@@ -104,7 +105,7 @@ run_model() {
   for p in fp32 amp; do
     # shellcheck disable=SC2086
     stage "bench_train $m $p" 60 "$build/bench_train" --device cuda --models "$m" \
-      --precisions "$p" ${steps[$m]} $profile --json "$work/minamp-$m-$p.json"
+      --precisions "$p" ${steps[$m]} $minamp_extra --json "$work/minamp-$m-$p.json"
   done
   # shellcheck disable=SC2086
   stage "pytorch $m" 75 "$python" bench/pytorch/train.py --device cuda --models "$m" \

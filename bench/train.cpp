@@ -37,6 +37,7 @@ struct Config {
   int64_t warmup = 10;
   int64_t infer_steps = 20;
   int64_t profile_steps = 0; // training steps with the op profiler on, after the timed ones
+  bool cuda_graph = false;   // also time training replayed from a CUDA graph of one step
   int64_t size = 0;          // sine grid; 0: 512 on a GPU, 64 on the CPU
   uint64_t seed = 0;
 };
@@ -193,9 +194,9 @@ std::vector<double> time_each(int64_t iterations, const std::function<void(int64
   return ms;
 }
 
-Var loss_of(const Workload& w, const Var& output, size_t batch) {
-  return w.loss == LossKind::mse ? ops::mse_loss(output, w.targets[batch])
-                                 : ops::cross_entropy(output, w.targets[batch]);
+Var loss_of(const Workload& w, const Var& output, const Tensor& target) {
+  return w.loss == LossKind::mse ? ops::mse_loss(output, target)
+                                 : ops::cross_entropy(output, target);
 }
 
 // The training loop of the README, one step per call; returns the loss tensor (not read).
@@ -207,7 +208,7 @@ std::function<Tensor(int64_t)> training_step(Workload& w, optim::Optimizer& opt,
     Var loss;
     {
       amp::Autocast autocast(amp);
-      loss = loss_of(w, (*w.model)(Var(w.inputs[batch])), batch);
+      loss = loss_of(w, (*w.model)(Var(w.inputs[batch])), w.targets[batch]);
     }
     scaler.scale(loss).backward();
     scaler.step(opt);
@@ -275,6 +276,69 @@ json train_run(Workload& w, bool amp, const Config& cfg, const std::string& labe
           {"loss_last10_mean", last10 / double(tail)},
           {"final_scale", scaler.get_scale()},
           {"profile", profile}};
+}
+
+// Training with each timed step replayed from a CUDA graph: after the warm-up (eager: it creates
+// the optimizer's state), one step is captured — with an input and a target buffer of its own —
+// and every timed step copies its batch into those buffers (device to device, queued) and
+// launches the graph. The peak memory includes the capture, which allocates what a step does,
+// and leaves out the two buffers, as the eager run leaves out the resident batches.
+json graph_train_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
+  std::unique_ptr<optim::Optimizer> opt = w.make_optimizer(w.model->parameters());
+  amp::GradScalerOptions options;
+  options.enabled = amp;
+  amp::GradScaler scaler(options, cfg.device);
+  const auto eager_step = training_step(w, *opt, scaler, amp);
+  progress(
+      label,
+      cat("train, CUDA graph: ", cfg.warmup, " warm-up + ", cfg.steps, " timed replays").c_str());
+  for (int64_t i = 0; i < cfg.warmup; ++i) eager_step(i);
+  backend::cuda_synchronize();
+  Allocator& allocator = allocator_for(cfg.device);
+  allocator.reset_peak();
+
+  const Tensor input = w.inputs[0].clone(), target = w.targets[0].clone();
+  Tensor loss_value; // written by every replay
+  const auto captured_step = [&] {
+    opt->zero_grad();
+    Var loss;
+    {
+      amp::Autocast autocast(amp);
+      loss = loss_of(w, (*w.model)(Var(input)), target);
+    }
+    loss_value = loss.value();
+    scaler.scale(loss).backward();
+    scaler.step(*opt);
+    scaler.update();
+  };
+  const std::unique_ptr<backend::CudaGraph, void (*)(backend::CudaGraph*)> graph(
+      backend::cuda_graph_capture(captured_step), backend::cuda_graph_destroy);
+
+  std::vector<Tensor> losses;
+  const auto ms = time_each(cfg.steps, [&](int64_t i) {
+    const size_t batch = static_cast<size_t>(cfg.warmup + i) % w.inputs.size();
+    copy_bytes(input.raw(), cfg.device, w.inputs[batch].raw(), cfg.device, input.nbytes());
+    copy_bytes(target.raw(), cfg.device, w.targets[batch].raw(), cfg.device, target.nbytes());
+    backend::cuda_graph_launch(graph.get());
+    losses.push_back(loss_value.clone());
+  });
+  const size_t peak = allocator.peak_bytes();
+
+  double last10 = 0;
+  const size_t tail = std::min<size_t>(10, losses.size());
+  for (size_t i = losses.size() - tail; i < losses.size(); ++i) last10 += losses[i].item();
+  return {{"model", w.name},
+          {"precision", amp ? "amp" : "fp32"},
+          {"mode", "train-graph"},
+          {"warmup", cfg.warmup},
+          {"steps", cfg.steps},
+          {"step_ms", summarize_ms(ms)},
+          {"peak_bytes", peak - w.data_bytes() - input.nbytes() - target.nbytes()},
+          {"data_bytes", w.data_bytes()},
+          {"final_loss", losses.back().item()},
+          {"loss_last10_mean", last10 / double(tail)},
+          {"final_scale", scaler.get_scale()},
+          {"profile", nullptr}};
 }
 
 json inference_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
@@ -365,6 +429,19 @@ json run_all(const std::vector<std::string>& models, const std::vector<std::stri
       print_profile(runs.back());
       runs.push_back(inference_run(w, amp, cfg, label));
       print_run(runs.back());
+      if (!cfg.cuda_graph) continue;
+      Workload fresh = build(name, cfg); // the same init again
+      fresh.model->to(cfg.device);
+      try { // a failing capture is reported and keeps the eager results
+        runs.push_back(graph_train_run(fresh, amp, cfg, label));
+        print_run(runs.back());
+      } catch (const Error& e) {
+        std::printf("  %-22s train, CUDA graph: failed: %s\n", label.c_str(), e.what());
+        runs.push_back({{"model", name},
+                        {"precision", precision},
+                        {"mode", "train-graph"},
+                        {"error", e.what()}});
+      }
     }
   }
   return {{"models", info}, {"runs", runs}};
@@ -393,6 +470,8 @@ int run(int argc, char** argv) {
                  "after the timed steps, this many more with the op profiler on: time per op")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag("--cuda-graph", cfg.cuda_graph,
+               "also time training replayed from a CUDA graph of one step (mode train-graph)");
   app.add_option("--size", cfg.size, "sine grid size S (default 512 on a GPU, 64 on the CPU)")
       ->check(CLI::Range(2, 8192));
   app.add_option("--seed", cfg.seed, "seed of the weights and data")->capture_default_str();
@@ -405,6 +484,8 @@ int run(int argc, char** argv) {
   cfg.device = parse_device(device);
   require(cfg.device != Device::cuda || cuda_available(), "--device cuda",
           cuda_unavailable_reason());
+  require(!cfg.cuda_graph || cfg.device == Device::cuda, "--cuda-graph",
+          "needs --device cuda (CUDA graphs replay GPU work)");
   if (cfg.size == 0) cfg.size = cfg.device == Device::cuda ? 512 : 64;
 
   std::printf("bench_train on %s (%d threads): %lld warm-up + %lld timed steps, sine %lldx%lld\n",

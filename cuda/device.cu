@@ -2,6 +2,7 @@
 // availability, the caching allocator and copies (backend.h, common.cuh, device.cuh).
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common.cuh"
@@ -63,7 +64,24 @@ size_t g_malloc_calls = 0;
 // Reuse is safe without events because all work runs on the one stream, in order: a kernel
 // queued after the new owner got the block runs after every kernel of the old owner.
 // Single-threaded, like the rest of minamp.
+//
+// CUDA graph capture (backend::cuda_graph_capture) bakes the addresses of the blocks a step uses
+// into the graph, so while a graph exists none of them may go to another owner: during capture
+// every request is served from a pool private to the graph and every freed block (whoever had
+// it) joins that pool, and a private block freed after capture returns to the pool too. Only the
+// next capture takes blocks from it; destroying the graph hands the pool to the shared cache.
 class CudaCachingAllocator final : public Allocator {
+public:
+  void begin_capture() { capturing_ = true; }
+  void end_capture() { capturing_ = false; }
+  void release_private_pool() {
+    for (auto& entry : private_free_)
+      for (void* block : entry.second) free_blocks_[entry.first].push_back(block);
+    private_free_.clear();
+    private_blocks_.clear();
+  }
+
+private:
   static size_t size_class(size_t bytes) {
     constexpr size_t kSmallGranule = 512, kLargeGranule = size_t(1) << 20;
     const size_t granule = bytes < kLargeGranule ? kSmallGranule : kLargeGranule;
@@ -74,6 +92,7 @@ class CudaCachingAllocator final : public Allocator {
     const char* reason = backend::cuda_unavailable_reason();
     if (reason) throw Error(cat("cuda allocator: cannot allocate ", bytes, " bytes: ", reason));
     const size_t size = size_class(bytes);
+    if (capturing_) return private_allocate(size);
     std::vector<void*>& blocks = free_blocks_[size];
     if (!blocks.empty()) {
       void* block = blocks.back();
@@ -90,7 +109,30 @@ class CudaCachingAllocator final : public Allocator {
   }
 
   void raw_deallocate(void* ptr, size_t bytes) override {
+    if (capturing_ || private_blocks_.count(ptr)) {
+      private_blocks_.insert(ptr);
+      private_free_[size_class(bytes)].push_back(ptr);
+      return;
+    }
     free_blocks_[size_class(bytes)].push_back(ptr);
+  }
+
+  // A block of the private pool, or a new one that joins it (no shared block: it may be in use
+  // by tensors that outlive the capture).
+  void* private_allocate(size_t size) {
+    std::vector<void*>& blocks = private_free_[size];
+    void* block = nullptr;
+    if (!blocks.empty()) {
+      block = blocks.back();
+      blocks.pop_back();
+      return block;
+    }
+    block = device_malloc(size);
+    if (!block)
+      throw Error(cat("cuda allocator: out of memory allocating ", size,
+                      " bytes for a CUDA graph capture; minamp has ", live_bytes(), " bytes live"));
+    private_blocks_.insert(block);
+    return block;
   }
 
   // Gives every cached block back to the driver (cudaFree waits for the device first).
@@ -114,6 +156,9 @@ class CudaCachingAllocator final : public Allocator {
   }
 
   std::unordered_map<size_t, std::vector<void*>> free_blocks_; // size class -> cached blocks
+  bool capturing_ = false;
+  std::unordered_map<size_t, std::vector<void*>> private_free_; // the graph's free blocks
+  std::unordered_set<void*> private_blocks_;                    // every block of the graph's pool
 };
 
 } // namespace
@@ -143,10 +188,12 @@ const char* cuda_unavailable_reason() {
 // Never destroyed: tensors with static storage duration may free memory during exit, after
 // function-local statics would already be gone. It exists even without a device (its
 // allocate() then throws the reason), so that Tensor's storage destructor can always reach it.
-Allocator& cuda_allocator() {
+gpu::CudaCachingAllocator& caching_allocator() {
   static auto* allocator = new gpu::CudaCachingAllocator();
   return *allocator;
 }
+
+Allocator& cuda_allocator() { return caching_allocator(); }
 
 // Copies on the one stream. When host memory is involved the call waits for the copy, so the
 // caller may read or free the host buffer at once; a device-to-device copy is only queued, which
@@ -195,6 +242,64 @@ float cuda_elapsed_ms(CudaEvent* begin, CudaEvent* end) {
 void cuda_destroy_event(CudaEvent* event) {
   if (event && event->event) (void)cudaEventDestroy(event->event);
   delete event;
+}
+
+struct CudaGraph {
+  cudaGraphExec_t exec = nullptr;
+};
+
+namespace {
+bool g_graph_exists = false; // one graph at a time: the allocator has one private pool
+}
+
+// Relaxed capture mode: the allocator may call cudaMalloc while a capture is open. A failure
+// inside `work` (an error, or a call that is illegal while capturing, such as a host copy) ends
+// the capture, discards it and rethrows, so the stream is never left capturing.
+CudaGraph* cuda_graph_capture(const std::function<void()>& work) {
+  const char* reason = cuda_unavailable_reason();
+  if (reason) throw Error(cat("cuda graph: ", reason));
+  if (g_graph_exists) throw Error("cuda graph: one graph at a time; destroy the other one first");
+  gpu::CudaCachingAllocator& allocator = caching_allocator();
+  CUDA_CHECK(cudaStreamBeginCapture(gpu::stream(), cudaStreamCaptureModeRelaxed),
+             "cuda graph: begin capture");
+  allocator.begin_capture();
+  g_graph_exists = true;
+  cudaGraph_t graph = nullptr;
+  try {
+    work();
+  } catch (...) {
+    (void)cudaStreamEndCapture(gpu::stream(), &graph);
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    allocator.end_capture();
+    allocator.release_private_pool();
+    g_graph_exists = false;
+    throw;
+  }
+  allocator.end_capture();
+  const cudaError_t ended = cudaStreamEndCapture(gpu::stream(), &graph);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated =
+      ended == cudaSuccess ? cudaGraphInstantiate(&exec, graph, 0) : ended;
+  if (graph) (void)cudaGraphDestroy(graph);
+  if (instantiated != cudaSuccess) {
+    allocator.release_private_pool();
+    g_graph_exists = false;
+  }
+  CUDA_CHECK(instantiated, "cuda graph: end capture and instantiate");
+  return new CudaGraph{exec};
+}
+
+void cuda_graph_launch(CudaGraph* graph) {
+  CUDA_CHECK(cudaGraphLaunch(graph->exec, gpu::stream()), "cuda graph: launch");
+}
+
+void cuda_graph_destroy(CudaGraph* graph) {
+  if (!graph) return;
+  (void)cudaGraphExecDestroy(graph->exec);
+  delete graph;
+  caching_allocator().release_private_pool();
+  g_graph_exists = false;
 }
 
 } // namespace minamp::backend

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "core/allocator.h"
 
@@ -22,5 +23,15 @@ struct CudaEvent;
 CudaEvent* cuda_record_event();
 float cuda_elapsed_ms(CudaEvent* begin, CudaEvent* end);
 void cuda_destroy_event(CudaEvent* event);
+
+// CUDA graphs: cuda_graph_capture runs `work` with the stream capturing instead of executing —
+// no GPU work runs, kernels and copies are recorded — and returns the instantiated graph, which
+// cuda_graph_launch replays with one launch (the same kernels on the same addresses). `work` must
+// not wait for the GPU or copy to or from the host. The blocks allocated or freed while capturing
+// stay reserved for the graph until cuda_graph_destroy; one graph exists at a time.
+struct CudaGraph;
+CudaGraph* cuda_graph_capture(const std::function<void()>& work);
+void cuda_graph_launch(CudaGraph* graph);
+void cuda_graph_destroy(CudaGraph* graph);
 
 } // namespace minamp::backend

@@ -23,4 +23,10 @@ float cuda_elapsed_ms(CudaEvent*, CudaEvent*) {
 }
 void cuda_destroy_event(CudaEvent*) {}
 
+CudaGraph* cuda_graph_capture(const std::function<void()>&) {
+  throw Error(cat("cuda graph: ", cuda_unavailable_reason()));
+}
+void cuda_graph_launch(CudaGraph*) { throw Error(cat("cuda graph: ", cuda_unavailable_reason())); }
+void cuda_graph_destroy(CudaGraph*) {}
+
 } // namespace minamp::backend

@@ -1,10 +1,12 @@
 // GPU tests of the device plumbing: host/device copies round-trip every dtype bit for bit, the
 // caching allocator makes no cudaMalloc call once a step's sizes have been seen, reports
 // out-of-memory with the bytes requested and survives frees at exit, the op profiler times GPU
-// ops with events, and (the one test that needs no GPU) a cuda tensor without a device fails with
-// an Error saying why.
+// ops with events, CUDA graphs capture without running and replay on new inputs, keep their
+// blocks to themselves and survive a failed capture, and (the one test that needs no GPU) a cuda
+// tensor without a device fails with an Error saying why.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -146,6 +148,68 @@ TEST(GpuProfile, TimesOpsWithEvents) {
     EXPECT_EQ(t.calls, t.op == "gemm" ? 2 : 1) << t.op;
     EXPECT_GT(t.ms, 0.0) << t.op;
   }
+}
+
+// z = relu(x @ w) captured once; the capture runs nothing (z keeps its poison), and every replay
+// recomputes z from what x holds at that moment.
+TEST(GpuGraph, CaptureRunsNothingAndReplaysOnNewInputs) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(9);
+  const Tensor w = test::random_tensor(rng, {40, 24});
+  Tensor x = test::random_tensor(rng, {70, 40}, DType::f32, Device::cuda);
+  Tensor z = test::poisoned({70, 24}, DType::f32, Device::cuda);
+  const Tensor w_gpu = w.to(Device::cuda);
+  backend::CudaGraph* graph = backend::cuda_graph_capture([&] {
+    Tensor y = Tensor::empty({70, 24}, DType::f32, Device::cuda); // from the graph's pool
+    kernels::gemm(x, false, w_gpu, false, y, {});
+    kernels::relu_forward(y, z);
+  });
+  for (float v : z.to_vector()) ASSERT_TRUE(std::isnan(v)) << "the capture ran a kernel";
+  for (int replay = 0; replay < 2; ++replay) {
+    const Tensor x_new = test::random_tensor(rng, {70, 40});
+    copy_bytes(x.raw(), Device::cuda, x_new.raw(), Device::cpu, x.nbytes());
+    backend::cuda_graph_launch(graph);
+    Tensor y_ref = Tensor::empty({70, 24}), z_ref = Tensor::empty({70, 24});
+    kernels::gemm(x_new, false, w, false, y_ref, {});
+    kernels::relu_forward(y_ref, z_ref);
+    EXPECT_LT(test::relative_error(z.to_vector(), z_ref.to_vector()),
+              test::tolerance_for(DType::f32))
+        << "replay " << replay;
+  }
+  backend::cuda_graph_destroy(graph);
+}
+
+// A block the graph used for a temporary is not handed to a tensor made after the capture (a
+// replay would overwrite it).
+TEST(GpuGraph, BlocksOfTheCaptureStayWithTheGraph) {
+  MINAMP_REQUIRE_GPU();
+  const void* temporary = nullptr;
+  backend::CudaGraph* graph = backend::cuda_graph_capture([&] {
+    Tensor t = Tensor::empty({4096}, DType::f32, Device::cuda);
+    kernels::fill(t, 1.0f);
+    temporary = t.raw();
+  });
+  const Tensor after = Tensor::empty({4096}, DType::f32, Device::cuda);
+  EXPECT_NE(after.raw(), temporary);
+  backend::cuda_graph_destroy(graph);
+}
+
+// Reading a value to the host while capturing is illegal: the capture fails with an Error, and
+// the stream and the allocator work as before (another capture included).
+TEST(GpuGraph, FailedCaptureLeavesTheStreamUsable) {
+  MINAMP_REQUIRE_GPU();
+  Tensor t = Tensor::empty({16}, DType::f32, Device::cuda);
+  EXPECT_THROW(backend::cuda_graph_capture([&] {
+                 kernels::fill(t, 2.0f);
+                 (void)t.to_vector(); // a device-to-host copy waits for the GPU
+               }),
+               Error);
+  kernels::fill(t, 3.0f);
+  EXPECT_EQ(t.to_vector(), std::vector<float>(16, 3.0f));
+  backend::CudaGraph* graph = backend::cuda_graph_capture([&] { kernels::fill(t, 4.0f); });
+  backend::cuda_graph_launch(graph);
+  EXPECT_EQ(t.to_vector(), std::vector<float>(16, 4.0f));
+  backend::cuda_graph_destroy(graph);
 }
 
 } // namespace

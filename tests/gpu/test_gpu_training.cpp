@@ -1,8 +1,8 @@
 // Whole training steps on the GPU against the CPU reference: the mlp and sine models, trained a
 // few steps from the same init and data on both devices, in FP32 and AMP, end with the same
 // parameters and losses (within tolerances that allow for a different summation order and, in
-// AMP, for f16 roundings that land on the other side of a tie); and the scaler's skip path
-// through a real model on the GPU.
+// AMP, for f16 roundings that land on the other side of a tie); the scaler's skip path through a
+// real model on the GPU; and the same steps replayed from a CUDA graph, bit for bit.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -10,6 +10,7 @@
 
 #include "amp/autocast.h"
 #include "amp/grad_scaler.h"
+#include "kernels/backend.h"
 #include "nn/module.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
@@ -122,6 +123,62 @@ TEST(GpuTraining, SineStepsMatchTheCpu) {
   const Tensor x = Tensor::from_vector(grid, {1, size, size, 2});
   const Tensor y = Tensor::from_vector(examples::quantized_sine(grid), {1, size, size, 1});
   expect_parity_in_fp32_and_amp(make_sine_net, x, y);
+}
+
+// Trains `steps` steps on the GPU like train_on(Device::cuda, ...): the first eagerly (it
+// creates the optimizer's state), then one step captured into a CUDA graph — which runs nothing
+// — and replayed steps - 1 times, reading each replay's loss from the tensor the capture made.
+Trained train_with_graph(bool amp, const ModelFactory& make_model, const Tensor& x, const Tensor& y,
+                         int steps) {
+  std::unique_ptr<nn::Sequential> model = make_model();
+  model->to(Device::cuda);
+  optim::Adam adam(model->parameters(), 1e-3f);
+  amp::GradScalerOptions options;
+  options.enabled = amp;
+  amp::GradScaler scaler(options, Device::cuda);
+  const Tensor xd = x.to(Device::cuda), yd = y.to(Device::cuda);
+  Tensor loss_value;
+  const auto step = [&] {
+    adam.zero_grad();
+    Var loss;
+    {
+      amp::Autocast autocast(amp);
+      loss = ops::mse_loss((*model)(Var(xd)), yd);
+    }
+    loss_value = loss.value();
+    scaler.scale(loss).backward();
+    scaler.step(adam);
+    scaler.update();
+  };
+  Trained out;
+  step();
+  out.losses.push_back(loss_value.item());
+  backend::CudaGraph* graph = backend::cuda_graph_capture(step);
+  for (int i = 1; i < steps; ++i) {
+    backend::cuda_graph_launch(graph);
+    out.losses.push_back(loss_value.item());
+  }
+  for (Parameter* p : model->parameters()) out.parameters.push_back(p->master().to_vector());
+  out.scale = scaler.get_scale();
+  backend::cuda_graph_destroy(graph);
+  return out;
+}
+
+// The same kernels on the same data in the same order: replays match eager steps exactly.
+TEST(GpuTraining, GraphReplaysMatchEagerSteps) {
+  MINAMP_REQUIRE_GPU();
+  Rng data(6);
+  const Tensor x = test::random_tensor(data, {512, 8}), y = test::random_tensor(data, {512, 1});
+  const std::vector<float> grid = examples::coordinate_grid(16);
+  const Tensor grid_x = Tensor::from_vector(grid, {1, 16, 16, 2});
+  const Tensor grid_y = Tensor::from_vector(examples::quantized_sine(grid), {1, 16, 16, 1});
+  for (bool amp : {false, true}) {
+    SCOPED_TRACE(amp ? "AMP" : "FP32");
+    expect_same_training(train_with_graph(amp, make_mlp, x, y, 4),
+                         train_on(Device::cuda, amp, make_mlp, x, y, 4), 1e-6);
+    expect_same_training(train_with_graph(amp, make_sine_net, grid_x, grid_y, 4),
+                         train_on(Device::cuda, amp, make_sine_net, grid_x, grid_y, 4), 1e-6);
+  }
 }
 
 TEST(GpuTraining, OverflowThroughARealModelSkipsTheStepOnTheDevice) {
