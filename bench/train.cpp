@@ -222,6 +222,29 @@ void progress(const std::string& label, const char* what) {
   std::fflush(stdout);
 }
 
+// The JSON of a training run: its step times, the peak bytes it used beyond the resident data,
+// and its losses (the last, and the mean of the last 10).
+json training_result(const Workload& w, bool amp, const char* mode, const Config& cfg,
+                     const std::vector<double>& ms, size_t used_peak_bytes,
+                     const std::vector<Tensor>& losses, const amp::GradScaler& scaler,
+                     const json& profile) {
+  double last10 = 0;
+  const size_t tail = std::min<size_t>(10, losses.size());
+  for (size_t i = losses.size() - tail; i < losses.size(); ++i) last10 += losses[i].item();
+  return {{"model", w.name},
+          {"precision", amp ? "amp" : "fp32"},
+          {"mode", mode},
+          {"warmup", cfg.warmup},
+          {"steps", cfg.steps},
+          {"step_ms", summarize_ms(ms)},
+          {"peak_bytes", used_peak_bytes},
+          {"data_bytes", w.data_bytes()},
+          {"final_loss", losses.back().item()},
+          {"loss_last10_mean", last10 / double(tail)},
+          {"final_scale", scaler.get_scale()},
+          {"profile", profile}};
+}
+
 // `steps` more training steps (from `first`) with the op profiler on: each op's calls and time
 // per step, slowest first. On a GPU the times are the kernels' own (CUDA events around each op),
 // so their sum leaves out the gaps between launches.
@@ -242,11 +265,16 @@ json profile_run(const std::function<Tensor(int64_t)>& step, int64_t first, int6
   return {{"steps", steps}, {"ms_per_step", total_ms / double(steps)}, {"ops", ops}};
 }
 
-json train_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
-  std::unique_ptr<optim::Optimizer> opt = w.make_optimizer(w.model->parameters());
+// The default GradScaler, enabled for AMP runs only (disabled, it passes every call through).
+amp::GradScaler scaler_for(bool amp, Device device) {
   amp::GradScalerOptions options;
   options.enabled = amp;
-  amp::GradScaler scaler(options, cfg.device);
+  return amp::GradScaler(options, device);
+}
+
+json train_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
+  std::unique_ptr<optim::Optimizer> opt = w.make_optimizer(w.model->parameters());
+  amp::GradScaler scaler = scaler_for(amp, cfg.device);
   const auto step = training_step(w, *opt, scaler, amp);
 
   progress(label, cat("train: ", cfg.warmup, " warm-up + ", cfg.steps, " timed steps").c_str());
@@ -261,21 +289,7 @@ json train_run(Workload& w, bool amp, const Config& cfg, const std::string& labe
                            ? profile_run(step, cfg.warmup + cfg.steps, cfg.profile_steps)
                            : json(nullptr);
 
-  double last10 = 0;
-  const size_t tail = std::min<size_t>(10, losses.size());
-  for (size_t i = losses.size() - tail; i < losses.size(); ++i) last10 += losses[i].item();
-  return {{"model", w.name},
-          {"precision", amp ? "amp" : "fp32"},
-          {"mode", "train"},
-          {"warmup", cfg.warmup},
-          {"steps", cfg.steps},
-          {"step_ms", summarize_ms(ms)},
-          {"peak_bytes", peak - w.data_bytes()},
-          {"data_bytes", w.data_bytes()},
-          {"final_loss", losses.back().item()},
-          {"loss_last10_mean", last10 / double(tail)},
-          {"final_scale", scaler.get_scale()},
-          {"profile", profile}};
+  return training_result(w, amp, "train", cfg, ms, peak - w.data_bytes(), losses, scaler, profile);
 }
 
 // Training with each timed step replayed from a CUDA graph: after the warm-up (eager: it creates
@@ -285,9 +299,7 @@ json train_run(Workload& w, bool amp, const Config& cfg, const std::string& labe
 // and leaves out the two buffers, as the eager run leaves out the resident batches.
 json graph_train_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
   std::unique_ptr<optim::Optimizer> opt = w.make_optimizer(w.model->parameters());
-  amp::GradScalerOptions options;
-  options.enabled = amp;
-  amp::GradScaler scaler(options, cfg.device);
+  amp::GradScaler scaler = scaler_for(amp, cfg.device);
   const auto eager_step = training_step(w, *opt, scaler, amp);
   progress(
       label,
@@ -324,21 +336,9 @@ json graph_train_run(Workload& w, bool amp, const Config& cfg, const std::string
   });
   const size_t peak = allocator.peak_bytes();
 
-  double last10 = 0;
-  const size_t tail = std::min<size_t>(10, losses.size());
-  for (size_t i = losses.size() - tail; i < losses.size(); ++i) last10 += losses[i].item();
-  return {{"model", w.name},
-          {"precision", amp ? "amp" : "fp32"},
-          {"mode", "train-graph"},
-          {"warmup", cfg.warmup},
-          {"steps", cfg.steps},
-          {"step_ms", summarize_ms(ms)},
-          {"peak_bytes", peak - w.data_bytes() - input.nbytes() - target.nbytes()},
-          {"data_bytes", w.data_bytes()},
-          {"final_loss", losses.back().item()},
-          {"loss_last10_mean", last10 / double(tail)},
-          {"final_scale", scaler.get_scale()},
-          {"profile", nullptr}};
+  const size_t buffers = input.nbytes() + target.nbytes();
+  return training_result(w, amp, "train-graph", cfg, ms, peak - w.data_bytes() - buffers, losses,
+                         scaler, nullptr);
 }
 
 json inference_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
