@@ -96,6 +96,7 @@ void reduce_all(int64_t n, const Term& term, const Finish& finish, const char* o
 
 constexpr int kColumnTile = 32;
 constexpr int kRowLanes = 8;
+constexpr int kRowsInFlight = 4;
 
 template <int kValues, class Term>
 __global__ void __launch_bounds__(kColumnTile* kRowLanes)
@@ -103,8 +104,19 @@ __global__ void __launch_bounds__(kColumnTile* kRowLanes)
   const int col = blockIdx.x * kColumnTile + threadIdx.x;
   float acc[kValues] = {};
   if (col < cols) {
-    for (int64_t row = blockIdx.y * int64_t(kRowLanes) + threadIdx.y; row < rows;
-         row += int64_t(gridDim.y) * kRowLanes) {
+    const int64_t stride = int64_t(gridDim.y) * kRowLanes;
+    int64_t row = blockIdx.y * int64_t(kRowLanes) + threadIdx.y;
+    // kRowsInFlight rows per iteration: their loads do not depend on each other, so a thread
+    // keeps that many in flight (one 2-byte load at a time would leave HBM mostly idle).
+    for (; row + (kRowsInFlight - 1) * stride < rows; row += kRowsInFlight * stride) {
+      float v[kRowsInFlight][kValues];
+#pragma unroll
+      for (int u = 0; u < kRowsInFlight; ++u) term(row + u * stride, col, v[u]);
+#pragma unroll
+      for (int u = 0; u < kRowsInFlight; ++u)
+        for (int k = 0; k < kValues; ++k) acc[k] += v[u][k];
+    }
+    for (; row < rows; row += stride) {
       float v[kValues];
       term(row, col, v);
       for (int k = 0; k < kValues; ++k) acc[k] += v[k];
