@@ -14,19 +14,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Up to kChunkElements consecutive gradient values.
-struct GradChunk {
-  float* data;
-  int numel;
-};
-// 240 chunks of 16 bytes: 3.8 KB of kernel parameters, 7.9 M gradient values per launch.
-using GradChunkList = ChunkList<GradChunk, 240>;
-
 // Block b unscales chunk b: g *= 1 / scale[0]; any non-finite result sets found_inf[0] = 1 with a
 // plain store (every writer stores the same value, so the race is benign; nobody resets it).
 __global__ void __launch_bounds__(kThreads)
-    amp_unscale_kernel(GradChunkList list, const float* scale, float* found_inf) {
-  const GradChunk chunk = list.chunk[blockIdx.x];
+    amp_unscale_kernel(FloatChunkList list, const float* scale, float* found_inf) {
+  const FloatChunk chunk = list.chunk[blockIdx.x];
   const float inv_scale = 1.0f / scale[0];
   bool saw_nonfinite = false;
   for (int i = threadIdx.x; i < chunk.numel; i += blockDim.x) {
@@ -68,16 +60,12 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
 
   const float* scale_ptr = ptr<const float>(scale);
   float* found_inf_ptr = ptr<float>(found_inf);
-  auto launch = [&](const GradChunkList& list) {
+  auto launch = [&](const FloatChunkList& list) {
     amp_unscale_kernel<<<list.count, kThreads, 0, stream()>>>(list, scale_ptr, found_inf_ptr);
     CUDA_CHECK_LAUNCH(op);
   };
-  ChunkBatcher<GradChunkList, decltype(launch)> batcher(launch);
-  for (const Tensor* grad : grads) {
-    float* data = ptr<float>(*grad);
-    for (int64_t offset = 0; offset < grad->numel(); offset += kChunkElements)
-      batcher.push(GradChunk{data + offset, int(std::min(kChunkElements, grad->numel() - offset))});
-  }
+  ChunkBatcher<FloatChunkList, decltype(launch)> batcher(launch);
+  for (const Tensor* grad : grads) push_float_chunks(batcher, *grad);
   batcher.flush();
 }
 

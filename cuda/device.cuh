@@ -17,6 +17,7 @@ int sm_count();
 
 #ifdef __CUDACC__
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
@@ -66,6 +67,21 @@ private:
 
 // Elements per chunk of a multi-tensor launch: one block walks one chunk.
 constexpr int64_t kChunkElements = 32768;
+
+// Up to kChunkElements consecutive values of one f32 tensor (gradients: unscale, zero).
+struct FloatChunk {
+  float* data;
+  int numel;
+};
+// 240 chunks of 16 bytes: 3.8 KB of kernel parameters, 7.9 M values per launch.
+using FloatChunkList = ChunkList<FloatChunk, 240>;
+
+// Pushes the chunks of `tensor` (f32) to `batcher`.
+template <class Batcher> void push_float_chunks(Batcher& batcher, const Tensor& tensor) {
+  float* data = static_cast<float*>(tensor.raw());
+  for (int64_t offset = 0; offset < tensor.numel(); offset += kChunkElements)
+    batcher.push(FloatChunk{data + offset, int(std::min(kChunkElements, tensor.numel() - offset))});
+}
 
 } // namespace minamp::gpu
 

@@ -1,7 +1,8 @@
 // CUDA optimizer steps as fused multi-tensor kernels: SGD (momentum, L2 weight decay) and Adam
 // (bias-corrected, L2 weight decay), in fp32 on the master weights, rewriting the f16 copy in the
-// same pass. Every thread reads found_inf[0] on the device and does nothing when it is set, so a
-// skipped step costs no host-device synchronisation.
+// same pass; and zero_grad's zeroing of every gradient in one launch. Every thread reads
+// found_inf[0] on the device and does nothing when it is set, so a skipped step costs no
+// host-device synchronisation.
 #include <algorithm>
 
 #include "common.cuh"
@@ -29,6 +30,12 @@ using ParamChunkList = ChunkList<ParamChunk, 80>;
 
 __device__ __forceinline__ bool step_skipped(const float* found_inf) {
   return found_inf && found_inf[0] != 0.0f;
+}
+
+// Block b zeroes chunk b.
+__global__ void __launch_bounds__(kThreads) zero_kernel(FloatChunkList list) {
+  const FloatChunk c = list.chunk[blockIdx.x];
+  for (int i = threadIdx.x; i < c.numel; i += blockDim.x) c.data[i] = 0.0f;
 }
 
 // Block b updates chunk b (PyTorch SGD, dampening 0; the momentum buffer starts at zero, so the
@@ -108,6 +115,19 @@ void for_each_chunk_list(const std::vector<ParamSlot>& params, int states, Launc
 }
 
 } // namespace
+
+void zero_grads(const std::vector<Tensor*>& grads) {
+  for (const Tensor* grad : grads)
+    require(grad && grad->defined() && grad->dtype() == DType::f32, "zero_grads",
+            "gradients must be defined f32 tensors, got ", describe(grad));
+  auto launch = [](const FloatChunkList& list) {
+    zero_kernel<<<list.count, kThreads, 0, stream()>>>(list);
+    CUDA_CHECK_LAUNCH("zero_grads");
+  };
+  ChunkBatcher<FloatChunkList, decltype(launch)> batcher(launch);
+  for (const Tensor* grad : grads) push_float_chunks(batcher, *grad);
+  batcher.flush();
+}
 
 void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf) {
   const char* op = "sgd_step";

@@ -206,6 +206,17 @@ void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found
                   amp_update_scale(scale, growth_tracker, found_inf, scaler));
 }
 
+void zero_grads(const std::vector<Tensor*>& grads) {
+  if (grads.empty()) return;
+  for (const Tensor* g : grads)
+    require(g != nullptr && g->defined(), "zero_grads", "every gradient must be a defined tensor");
+  const Device device = grads[0]->device();
+  for (const Tensor* g : grads)
+    require(g->device() == device, "zero_grads", "gradients on two devices: ", describe(*grads[0]),
+            " and ", describe(*g));
+  MINAMP_DISPATCH("zero_grads", device, zero_grads(grads));
+}
+
 void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf) {
   if (params.empty()) return;
   const Device device = common_device("sgd_step", params);

@@ -85,6 +85,9 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
 void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found_inf,
                       const ScalerParams& scaler);
 
+// Every gradient (f32, one device) set to zero: zero_grad in one pass over all of them (one
+// launch on the GPU, however many tensors).
+void zero_grads(const std::vector<Tensor*>& grads);
 // One SGD step over every parameter, skipped entirely when found_inf (may be undefined) is
 // nonzero. PyTorch semantics (dampening 0): g' = g + wd * w; with momentum, buf = m * buf + g'
 // (buf starts at zero, so the first step's buf is g' as in PyTorch) and w -= lr * buf; without,

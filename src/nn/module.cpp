@@ -45,9 +45,7 @@ void Module::train(bool training) {
   for (auto& [name, child] : children_) child->train(training);
 }
 
-void Module::zero_grad() {
-  for (Parameter* p : parameters()) p->zero_grad();
-}
+void Module::zero_grad() { minamp::zero_grads(parameters()); }
 
 void Module::to(Device device) {
   for (Parameter* p : parameters()) p->to(device);

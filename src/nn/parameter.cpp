@@ -26,6 +26,13 @@ void Parameter::sync_half_copy() {
 
 void Parameter::zero_grad() { kernels::fill(grad_, 0.0f); }
 
+void zero_grads(const std::vector<Parameter*>& params) {
+  std::vector<Tensor*> grads;
+  grads.reserve(params.size());
+  for (Parameter* p : params) grads.push_back(&p->grad());
+  kernels::zero_grads(grads);
+}
+
 void Parameter::to(Device device) {
   if (master_.device() == device) return;
   master_ = master_.to(device);

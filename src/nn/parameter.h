@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -36,5 +37,8 @@ private:
   Tensor grad_;   // f32, same shape
   Tensor half_;   // f16 copy of master_, or undefined
 };
+
+// Zeroes the gradients of all of `params` in one pass (one launch on the GPU).
+void zero_grads(const std::vector<Parameter*>& params);
 
 } // namespace minamp

@@ -9,9 +9,7 @@ Optimizer::Optimizer(std::vector<Parameter*> params) : params_(std::move(params)
   require(!params_.empty(), "Optimizer", "got an empty parameter list");
 }
 
-void Optimizer::zero_grad() {
-  for (Parameter* p : params_) p->zero_grad();
-}
+void Optimizer::zero_grad() { zero_grads(params_); }
 
 std::vector<ParamSlot> Optimizer::slots() {
   std::vector<ParamSlot> out(params_.size());

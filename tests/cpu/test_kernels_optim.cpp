@@ -1,7 +1,7 @@
 // Tests of the CPU optimizer and loss-scaler kernels: SGD with momentum and weight decay over
 // three steps and Adam's first bias-corrected steps (both worked out by hand in double), the
 // overflow skip that leaves every tensor untouched, the f16 copies, amp_unscale's inf / NaN
-// detection, and every branch of amp_update_scale.
+// detection, every branch of amp_update_scale, and zero_grads.
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -183,6 +183,21 @@ TEST(CpuAmpUnscale, UndefinedGradientIsAnError) {
   Tensor found_inf = flag(0.0f);
   expect_error([&] { kernels::amp_unscale({&undefined}, flag(2.0f), found_inf); }, "amp_unscale",
                "every gradient must be a defined tensor");
+}
+
+TEST(CpuZeroGrads, ZeroesEveryGradientAndRejectsOthers) {
+  Rng rng(11);
+  Tensor a = random_tensor(rng, {7, 3}), b = random_tensor(rng, {100}), empty = Tensor::zeros({0});
+  kernels::zero_grads({&a, &empty, &b});
+  EXPECT_EQ(a.to_vector(), std::vector<float>(21, 0.0f));
+  EXPECT_EQ(b.to_vector(), std::vector<float>(100, 0.0f));
+  Tensor undefined, half_grad = Tensor::zeros({4}, DType::f16);
+  expect_error(
+      [&] {
+        kernels::zero_grads({&a, &undefined});
+      },
+      "zero_grads", "every gradient must be a defined tensor");
+  expect_error([&] { kernels::zero_grads({&half_grad}); }, "zero_grads", "f32");
 }
 
 // One amp_update_scale call from (scale, tracker) with the flag; returns the new pair.

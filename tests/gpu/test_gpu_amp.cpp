@@ -112,6 +112,23 @@ TEST(GpuAmp, UnscaleWithNoGradientsOrEmptyGradients) {
   EXPECT_EQ(found_inf.item(), 0.0f);
 }
 
+// ---- zero_grad: many gradients, one of them longer than a chunk and some launches' worth of
+// chunks in all, each set to exactly zero; the empty one is skipped.
+TEST(GpuOptim, ZeroGradsClearsEveryGradient) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(12);
+  std::vector<Tensor> grads;
+  for (int64_t size : {1, 33, 32768, 100000, 0})
+    grads.push_back(test::random_tensor(rng, {size}, DType::f32, Device::cuda));
+  for (int i = 0; i < 300; ++i) // 300 more chunks: more than one launch's list
+    grads.push_back(test::random_tensor(rng, {1000}, DType::f32, Device::cuda));
+  std::vector<Tensor*> pointers;
+  for (Tensor& g : grads) pointers.push_back(&g);
+  kernels::zero_grads(pointers);
+  for (const Tensor& g : grads)
+    EXPECT_EQ(g.to_vector(), std::vector<float>(size_t(g.numel()), 0.0f)) << describe(g);
+}
+
 // ---- Scale update.
 
 TEST(GpuAmp, UpdateScaleFollowsPyTorchStepByStep) {

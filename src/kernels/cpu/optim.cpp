@@ -1,6 +1,7 @@
 // CPU reference of the optimizer kernels, in fp32 on the master weights: SGD (with momentum and
 // L2 weight decay) and Adam (bias-corrected, L2 weight decay), both skipped entirely on
-// overflow; and the two kernels of gradient-norm clipping.
+// overflow; zeroing every gradient; and the two kernels of gradient-norm clipping.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_util.h"
@@ -25,6 +26,14 @@ void refresh_half_copy(const ParamSlot& slot) {
 }
 
 } // namespace
+
+void zero_grads(const std::vector<Tensor*>& grads) {
+  for (Tensor* grad : grads) {
+    require(grad && grad->defined() && grad->dtype() == DType::f32, "zero_grads",
+            "gradients must be defined f32 tensors, got ", describe(grad));
+    std::fill_n(grad->data<float>(), grad->numel(), 0.0f);
+  }
+}
 
 void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf) {
   if (step_overflowed("sgd_step", found_inf)) return;
