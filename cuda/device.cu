@@ -68,8 +68,9 @@ size_t g_malloc_calls = 0;
 // CUDA graph capture (backend::cuda_graph_capture) bakes the addresses of the blocks a step uses
 // into the graph, so while a graph exists none of them may go to another owner: during capture
 // every request is served from a pool private to the graph and every freed block (whoever had
-// it) joins that pool, and a private block freed after capture returns to the pool too. Only the
-// next capture takes blocks from it; destroying the graph hands the pool to the shared cache.
+// it) joins that pool, and a private block freed after capture returns to the pool too. Nothing
+// outside the capture takes blocks from it; destroying the graph hands the pool to the shared
+// cache. (The pool is not given back on out-of-memory: a graph's blocks are in use.)
 class CudaCachingAllocator final : public Allocator {
 public:
   void begin_capture() { capturing_ = true; }

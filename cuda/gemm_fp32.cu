@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   const int m0 = blockIdx.x * Cfg::BM, n0 = blockIdx.y * Cfg::BN;
   // Split-K (gemm_split.h): this block sums its slice of K into the slice's partial C.
-  const int k_begin = blockIdx.z * k_per_split, k_end = min(k, k_begin + k_per_split);
+  const int k_begin = blockIdx.z * k_per_split;
+  const int k_end = int(min(int64_t(k), int64_t(k_begin) + k_per_split)); // no int overflow
   c += blockIdx.z * int64_t(m) * n;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tx = (warp % Cfg::kWarpsN) * 8 + lane % 8; // thread position along N

@@ -28,7 +28,12 @@ void cuda_destroy_event(CudaEvent* event);
 // no GPU work runs, kernels and copies are recorded — and returns the instantiated graph, which
 // cuda_graph_launch replays with one launch (the same kernels on the same addresses). `work` must
 // not wait for the GPU or copy to or from the host. The blocks allocated or freed while capturing
-// stay reserved for the graph until cuda_graph_destroy; one graph exists at a time.
+// stay reserved for the graph until cuda_graph_destroy; one graph exists at a time. A replay
+// repeats only GPU work: what `work` did on the host happened once, at capture — kernel arguments
+// (a learning rate set later is not seen), host counters (BatchNorm's num_batches_tracked counts
+// the capture as one step, not the replays), and, when a capture fails, the host state it left
+// (e.g. a GradScaler that believes the optimizer stepped). Tensors the graph reads must not be
+// reassigned or moved (Parameter::to, loading a checkpoint) while it exists.
 struct CudaGraph;
 CudaGraph* cuda_graph_capture(const std::function<void()>& work);
 void cuda_graph_launch(CudaGraph* graph);

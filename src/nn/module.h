@@ -103,7 +103,9 @@ public:
   Parameter weight;                 // gamma [C]
   Parameter bias;                   // beta [C]
   Tensor running_mean, running_var; // f32 [C]
-  int64_t num_batches_tracked = 0;  // training forwards so far (PyTorch's int64 buffer)
+  // Training forwards so far (PyTorch's int64 buffer). Host-side: the replays of a CUDA graph
+  // (backend::cuda_graph_capture) do not advance it; momentum is fixed, so only checkpoints see it.
+  int64_t num_batches_tracked = 0;
 
 private:
   int64_t channels_;

@@ -153,14 +153,14 @@ Trained train_with_graph(bool amp, const ModelFactory& make_model, const Tensor&
   Trained out;
   step();
   out.losses.push_back(loss_value.item());
-  backend::CudaGraph* graph = backend::cuda_graph_capture(step);
+  const std::unique_ptr<backend::CudaGraph, void (*)(backend::CudaGraph*)> graph(
+      backend::cuda_graph_capture(step), backend::cuda_graph_destroy);
   for (int i = 1; i < steps; ++i) {
-    backend::cuda_graph_launch(graph);
+    backend::cuda_graph_launch(graph.get());
     out.losses.push_back(loss_value.item());
   }
   for (Parameter* p : model->parameters()) out.parameters.push_back(p->master().to_vector());
   out.scale = scaler.get_scale();
-  backend::cuda_graph_destroy(graph);
   return out;
 }
 
