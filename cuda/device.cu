@@ -8,6 +8,7 @@
 #include "common.cuh"
 #include "device.cuh"
 #include "kernels/backend.h"
+#include "kernels/profile.h"
 
 namespace minamp::gpu {
 
@@ -261,6 +262,13 @@ CudaGraph* cuda_graph_capture(const std::function<void()>& work) {
   if (reason) throw Error(cat("cuda graph: ", reason));
   if (g_graph_exists) throw Error("cuda graph: one graph at a time; destroy the other one first");
   gpu::CudaCachingAllocator& allocator = caching_allocator();
+  // The op profiler's events cannot be read back from a capture: it pauses meanwhile.
+  const bool profiling = profile::enabled();
+  profile::set_enabled(false);
+  struct ResumeProfiling {
+    bool on;
+    ~ResumeProfiling() { profile::set_enabled(on); }
+  } resume{profiling};
   CUDA_CHECK(cudaStreamBeginCapture(gpu::stream(), cudaStreamCaptureModeRelaxed),
              "cuda graph: begin capture");
   allocator.begin_capture();
