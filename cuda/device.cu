@@ -1,6 +1,7 @@
 // The CUDA backend's device plumbing: checked calls, the one stream, launch sizes, device
 // availability, the caching allocator and copies (backend.h, common.cuh, device.cuh).
 #include <algorithm>
+#include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -197,14 +198,78 @@ gpu::CudaCachingAllocator& caching_allocator() {
 
 Allocator& cuda_allocator() { return caching_allocator(); }
 
-// Copies on the one stream. When host memory is involved the call waits for the copy, so the
-// caller may read or free the host buffer at once; a device-to-device copy is only queued, which
-// is just as synchronous for every observer, since all later GPU work runs after it in order.
+namespace {
+
+// Host-to-device copies that do not wait for the GPU (a training loop uploading a batch per step
+// would otherwise drain the stream every step): the bytes are copied into one of kSlots pinned
+// staging buffers, whose copy to the device is queued on the stream. A slot is reused kSlots
+// uploads later, after waiting for its previous copy — by then long done. Never destroyed, like
+// the allocator. Single-threaded, like the rest of minamp.
+class UploadRing {
+public:
+  void upload(void* dst, const void* src, size_t bytes) {
+    Slot& slot = slots_[next_];
+    next_ = (next_ + 1) % kSlots;
+    if (slot.copied)
+      CUDA_CHECK(cudaEventSynchronize(slot.copied), "copy to cuda: waiting for a staging buffer");
+    else
+      CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming),
+                 "copy to cuda: creating an event");
+    if (slot.capacity < bytes) {
+      if (slot.buffer) CUDA_CHECK(cudaFreeHost(slot.buffer), "copy to cuda: cudaFreeHost");
+      slot.buffer = nullptr;
+      slot.capacity = 0;
+      CUDA_CHECK(cudaMallocHost(&slot.buffer, bytes),
+                 cat("copy to cuda: pinning a ", bytes, "-byte staging buffer").c_str());
+      slot.capacity = bytes;
+    }
+    std::memcpy(slot.buffer, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, slot.buffer, bytes, cudaMemcpyHostToDevice, gpu::stream()),
+               "copy to cuda");
+    CUDA_CHECK(cudaEventRecord(slot.copied, gpu::stream()), "copy to cuda: recording an event");
+  }
+
+private:
+  struct Slot {
+    void* buffer = nullptr; // pinned
+    size_t capacity = 0;
+    cudaEvent_t copied = nullptr; // recorded after the slot's last copy
+  };
+  static constexpr int kSlots = 4;
+  Slot slots_[kSlots];
+  int next_ = 0;
+};
+
+UploadRing& upload_ring() {
+  static auto* ring = new UploadRing();
+  return *ring;
+}
+
+// Larger uploads (whole data sets) go straight from pageable memory and wait, rather than pin
+// that much host memory for good.
+constexpr size_t kMaxStagedBytes = size_t(64) << 20;
+
+} // namespace
+
+// Copies on the one stream. A host-to-device copy of up to kMaxStagedBytes is staged
+// (UploadRing) and only queued; any other copy that involves host memory waits for the copy. A
+// device-to-device copy is only queued. In every case the caller may reuse or free a host
+// buffer at once, and the copy is just as synchronous for every observer of device memory, since
+// all later GPU work runs after it in order.
 void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
   const char* reason = cuda_unavailable_reason();
   if (reason) throw Error(cat("copy to/from cuda: ", reason));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(gpu::stream(), &capture), "copy to/from cuda");
   const bool host_involved = dst_device == Device::cpu || src_device == Device::cpu;
+  if (host_involved && capture != cudaStreamCaptureStatusNone)
+    throw Error("copy to/from cuda: a copy from or to host memory cannot be captured in a CUDA "
+                "graph");
+  if (dst_device == Device::cuda && src_device == Device::cpu && bytes <= kMaxStagedBytes) {
+    upload_ring().upload(dst, src, bytes);
+    return;
+  }
   const cudaMemcpyKind kind =
       dst_device == Device::cpu
           ? (src_device == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
