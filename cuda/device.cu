@@ -138,8 +138,9 @@ private:
     return block;
   }
 
-  // Gives every cached block back to the driver (cudaFree waits for the device first).
+  // Gives every cached block back to the driver, after the stream has finished with them.
   void release_cache() {
+    CUDA_CHECK(cudaStreamSynchronize(gpu::stream()), "cuda allocator: synchronize");
     for (auto& entry : free_blocks_)
       for (void* block : entry.second) CUDA_CHECK(cudaFree(block), "cuda allocator: cudaFree");
     free_blocks_.clear();
@@ -207,7 +208,8 @@ namespace {
 // the allocator. Single-threaded, like the rest of minamp.
 class UploadRing {
 public:
-  void upload(void* dst, const void* src, size_t bytes) {
+  // False (nothing copied) when no pinned buffer of `bytes` can be had.
+  bool upload(void* dst, const void* src, size_t bytes) {
     Slot& slot = slots_[next_];
     next_ = (next_ + 1) % kSlots;
     if (slot.copied)
@@ -219,14 +221,19 @@ public:
       if (slot.buffer) CUDA_CHECK(cudaFreeHost(slot.buffer), "copy to cuda: cudaFreeHost");
       slot.buffer = nullptr;
       slot.capacity = 0;
-      CUDA_CHECK(cudaMallocHost(&slot.buffer, bytes),
-                 cat("copy to cuda: pinning a ", bytes, "-byte staging buffer").c_str());
-      slot.capacity = bytes;
+      const size_t capacity = (bytes + kGranule - 1) / kGranule * kGranule; // grows rarely
+      if (cudaMallocHost(&slot.buffer, capacity) != cudaSuccess) {
+        (void)cudaGetLastError();
+        slot.buffer = nullptr;
+        return false;
+      }
+      slot.capacity = capacity;
     }
     std::memcpy(slot.buffer, src, bytes);
     CUDA_CHECK(cudaMemcpyAsync(dst, slot.buffer, bytes, cudaMemcpyHostToDevice, gpu::stream()),
                "copy to cuda");
     CUDA_CHECK(cudaEventRecord(slot.copied, gpu::stream()), "copy to cuda: recording an event");
+    return true;
   }
 
 private:
@@ -236,6 +243,7 @@ private:
     cudaEvent_t copied = nullptr; // recorded after the slot's last copy
   };
   static constexpr int kSlots = 4;
+  static constexpr size_t kGranule = size_t(1) << 20;
   Slot slots_[kSlots];
   int next_ = 0;
 };
@@ -252,7 +260,8 @@ constexpr size_t kMaxStagedBytes = size_t(64) << 20;
 } // namespace
 
 // Copies on the one stream. A host-to-device copy of up to kMaxStagedBytes is staged
-// (UploadRing) and only queued; any other copy that involves host memory waits for the copy. A
+// (UploadRing) and only queued; any other copy that involves host memory (or an upload for which
+// no pinned buffer can be had) waits for the copy. A
 // device-to-device copy is only queued. In every case the caller may reuse or free a host
 // buffer at once, and the copy is just as synchronous for every observer of device memory, since
 // all later GPU work runs after it in order.
@@ -266,10 +275,9 @@ void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device,
   if (host_involved && capture != cudaStreamCaptureStatusNone)
     throw Error("copy to/from cuda: a copy from or to host memory cannot be captured in a CUDA "
                 "graph");
-  if (dst_device == Device::cuda && src_device == Device::cpu && bytes <= kMaxStagedBytes) {
-    upload_ring().upload(dst, src, bytes);
+  if (dst_device == Device::cuda && src_device == Device::cpu && bytes <= kMaxStagedBytes &&
+      upload_ring().upload(dst, src, bytes))
     return;
-  }
   const cudaMemcpyKind kind =
       dst_device == Device::cpu
           ? (src_device == Device::cpu ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)

@@ -31,7 +31,9 @@ private:
 // The allocator for a device; for Device::cuda this throws Error when CUDA is unavailable.
 Allocator& allocator_for(Device device);
 
-// Copies `bytes` between any two devices (synchronous).
+// Copies `bytes` between any two devices. The source may be reused or freed as soon as it
+// returns, and every later read of the destination sees the copy: a copy to the host has
+// finished; a copy to a GPU is ordered before all later GPU work (it may still be queued).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 
 // True when this build has the CUDA backend and a CUDA device is present.

@@ -43,13 +43,14 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
 // Training: batch mean and biased variance, saved as mean[C] and invstd[C] = 1/sqrt(var + eps),
 // and running_mean/var (f32 [C]) updated with `momentum` and the unbiased variance.
 // Eval: normalise with the running statistics (mean/invstd are still written, from them).
-// y = gamma * (x - mean) * invstd + beta, then ReLU when bn.relu; y.dtype == x.dtype.
+// y = gamma * (x - mean) * invstd + beta, then ReLU when bn.relu; y.dtype == x.dtype; y must not
+// be x (the GPU kernel reads x through a non-aliasing pointer).
 void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                        Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,
                        const BatchNormParams& bn);
 // dx (x's dtype), dgamma += , dbeta += (f32), from the saved mean/invstd. With bn.relu, the
 // ReLU mask is recomputed from x. In training mode dx includes the terms through the batch
-// statistics; in eval mode the statistics are constants.
+// statistics; in eval mode the statistics are constants. dx must not be x or dy.
 void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                         const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
                         Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn);
@@ -85,8 +86,8 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
 void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found_inf,
                       const ScalerParams& scaler);
 
-// Every gradient (f32, one device) set to zero: zero_grad in one pass over all of them (one
-// launch on the GPU, however many tensors).
+// Every gradient (f32, one device) set to zero: zero_grad in one pass over all of them (on the
+// GPU one launch per 240 chunks of 32768 values, whatever the number of tensors).
 void zero_grads(const std::vector<Tensor*>& grads);
 // One SGD step over every parameter, skipped entirely when found_inf (may be undefined) is
 // nonzero. PyTorch semantics (dampening 0): g' = g + wd * w; with momentum, buf = m * buf + g'

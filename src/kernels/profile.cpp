@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -57,12 +58,21 @@ bool enabled() { return recorder().enabled; }
 std::vector<OpTime> collect() {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mutex);
-  for (const PendingGpuCall& call : r.pending) {
-    r.add(call.op, Device::cuda, backend::cuda_elapsed_ms(call.begin, call.end));
+  // Every event is destroyed exactly once, even when reading one fails (a faulted kernel): the
+  // first failure is rethrown after the loop.
+  const std::vector<PendingGpuCall> calls = std::move(r.pending);
+  r.pending.clear();
+  std::exception_ptr failure;
+  for (const PendingGpuCall& call : calls) {
+    try {
+      if (!failure) r.add(call.op, Device::cuda, backend::cuda_elapsed_ms(call.begin, call.end));
+    } catch (...) {
+      failure = std::current_exception();
+    }
     backend::cuda_destroy_event(call.begin);
     backend::cuda_destroy_event(call.end);
   }
-  r.pending.clear();
+  if (failure) std::rethrow_exception(failure);
   std::vector<OpTime> times;
   for (auto& entry : r.totals) times.push_back(std::move(entry.second));
   r.totals.clear();
@@ -92,12 +102,14 @@ Scope::~Scope() {
     r.add(op_, device_, ms);
     return;
   }
+  backend::CudaEvent* end = nullptr;
   try {
-    backend::CudaEvent* end = backend::cuda_record_event();
+    end = backend::cuda_record_event();
     std::lock_guard<std::mutex> lock(r.mutex);
     r.pending.push_back({op_, gpu_start_, end});
   } catch (const std::exception&) { // a failing device: the op's own error says why
     backend::cuda_destroy_event(gpu_start_);
+    backend::cuda_destroy_event(end);
   }
 }
 

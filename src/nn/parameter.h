@@ -38,7 +38,8 @@ private:
   Tensor half_;   // f16 copy of master_, or undefined
 };
 
-// Zeroes the gradients of all of `params` in one pass (one launch on the GPU).
+// Zeroes the gradients of all of `params` in one pass (kernels::zero_grads: one launch on the GPU
+// for up to ~7.9 M values).
 void zero_grads(const std::vector<Parameter*>& params);
 
 } // namespace minamp

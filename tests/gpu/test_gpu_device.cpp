@@ -62,8 +62,9 @@ void allocate_like_a_step() {
 }
 
 // Host-to-device copies up to 64 MB go through a ring of pinned staging buffers without waiting
-// for the GPU: many uploads of different sizes in a row (slots reused and grown, each source
-// freed at once) each arrive intact, and a larger one takes the waiting path.
+// for the GPU: many uploads of different sizes in a row (slots reused and grown; from_vector's
+// host tensor is freed as soon as it returns) each arrive intact, and a larger one takes the
+// waiting path.
 TEST(GpuDevice, StagedUploadsArriveIntact) {
   MINAMP_REQUIRE_GPU();
   Rng rng(13);
