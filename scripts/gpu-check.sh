@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, run ON the GPU machine from the repository root with deps/ carried (see
 # scripts/gather-deps.sh): builds GoogleTest into /tmp/prefix, configures and builds minamp for
-# sm_90, runs the whole test binary (GPU tests included), then compute-sanitizer memcheck on the
-# GPU tests and racecheck on the GEMM and reduction tests. Full logs go to ${OUT:-/tmp/minamp-gpu}.
+# sm_90, checks the GEMM kernels' machine code (tensor-core HMMA and cp.async LDGSTS present, no
+# local-memory LDL/STL), runs the whole test binary (GPU tests included), then compute-sanitizer
+# memcheck on the GPU tests and racecheck on the GEMM and reduction tests. Full logs go to ${OUT:-/tmp/minamp-gpu}.
 # Every stage runs and is recorded even when an earlier one failed; each has a time limit, cut so
 # that all of them stay within $BUDGET_S seconds (default 560, under the device tool's 600 s per
 # call), so the summary always prints. A pass/fail table ends the output and the exit status is
@@ -70,12 +71,31 @@ racecheck() {
     --gtest_filter='GpuGemm*:GpuConv*:GpuReduce*:GpuLoss*:GpuBatchNorm.Small*'
 }
 
+# The SASS of the GEMM objects: counts per instruction class, and a failure when the WMMA object
+# has no HMMA or LDGSTS, or either object touches local memory (spills).
+sass() {
+  local object counts failed=0
+  for object in gemm_wmma gemm_fp32; do
+    counts=$(cuobjdump --dump-sass "$build/CMakeFiles/minamp.dir/cuda/$object.cu.o" |
+      grep -oE '\b(HMMA|LDGSTS|LDL|STL|LDS|LDG)[A-Z0-9.]*' | cut -d. -f1 | sort | uniq -c |
+      tr '\n' ' ')
+    echo "$object: $counts"
+    case " $counts " in *" LDL "* | *" STL "*) echo "$object uses local memory"; failed=1 ;; esac
+    if [ "$object" = gemm_wmma ]; then
+      case " $counts " in *" HMMA "*) ;; *) echo "no HMMA in $object"; failed=1 ;; esac
+      case " $counts " in *" LDGSTS "*) ;; *) echo "no LDGSTS in $object"; failed=1 ;; esac
+    fi
+  done
+  return "$failed"
+}
+
 export build gtest_prefix out
-export -f build_googletest configure run_tests memcheck racecheck
+export -f build_googletest configure run_tests memcheck racecheck sass
 run_stage "device" device.log 30 nvidia-smi -L
 run_stage "googletest build" googletest.log 120 build_googletest
 run_stage "configure" configure.log 60 configure
 run_stage "build" build.log 300 cmake --build "$build" -j16
+run_stage "sass (GEMM objects)" sass.log 30 sass
 run_stage "tests" tests.log 150 run_tests
 run_stage "memcheck (Gpu*)" memcheck.log 200 memcheck
 run_stage "racecheck (GEMM, reductions)" racecheck.log 150 racecheck
