@@ -73,6 +73,8 @@ BatchNormDims require_batchnorm_forward(const Tensor& x, const Tensor& gamma, co
   const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
   require(y.defined() && y.dtype() == x.dtype() && y.shape() == x.shape(), op,
           "expects y shaped and typed like x ", describe(x), ", got ", describe(y));
+  require(y.raw() != x.raw() || x.numel() == 0, op,
+          "y must be a tensor of its own, not x (in-place batch norm is not supported)");
   for (const Tensor* t : {&mean, &invstd, &running_mean, &running_var})
     require_f32(op, "mean, invstd, running_mean and running_var", *t, d.channels);
   require(!bn.training || d.rows > 1, op, "training needs more than one value per channel, got ",
@@ -91,6 +93,8 @@ BatchNormDims require_batchnorm_backward(const Tensor& x, const Tensor& gamma, c
               dx.shape() == x.shape(),
           op, "expects dy and dx shaped like x ", describe(x), ", got dy ", describe(dy), ", dx ",
           describe(dx));
+  require((dx.raw() != x.raw() && dx.raw() != dy.raw()) || x.numel() == 0, op,
+          "dx must be a tensor of its own, not x or dy (in place is not supported)");
   for (const Tensor* t : {&mean, &invstd, &dgamma, &dbeta})
     require_f32(op, "mean, invstd, dgamma and dbeta", *t, d.channels);
   return d;

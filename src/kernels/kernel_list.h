@@ -44,13 +44,13 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
 // and running_mean/var (f32 [C]) updated with `momentum` and the unbiased variance.
 // Eval: normalise with the running statistics (mean/invstd are still written, from them).
 // y = gamma * (x - mean) * invstd + beta, then ReLU when bn.relu; y.dtype == x.dtype; y must not
-// be x (the GPU kernel reads x through a non-aliasing pointer).
+// be x (an Error: the GPU kernel reads x through a non-aliasing pointer).
 void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                        Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,
                        const BatchNormParams& bn);
 // dx (x's dtype), dgamma += , dbeta += (f32), from the saved mean/invstd. With bn.relu, the
 // ReLU mask is recomputed from x. In training mode dx includes the terms through the batch
-// statistics; in eval mode the statistics are constants. dx must not be x or dy.
+// statistics; in eval mode the statistics are constants. dx must not be x or dy (an Error).
 void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                         const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
                         Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn);

@@ -287,5 +287,31 @@ TEST(CpuBatchNorm, RejectsMismatchedShapes) {
       "batchnorm_backward", "expects dy and dx shaped like x");
 }
 
+// In place is refused by name (the CUDA kernels read x and dy through non-aliasing pointers).
+TEST(CpuBatchNorm, RejectsInPlaceOutputs) {
+  Rng rng(36);
+  BatchNormLayer layer(rng, {2, 3, 3, 4});
+  Tensor mean = poisoned({4}), invstd = poisoned({4});
+  Tensor x = layer.x.clone();
+  expect_error(
+      [&] {
+        cpu::batchnorm_forward(x, layer.gamma, layer.beta, x, mean, invstd, layer.running_mean,
+                               layer.running_var, params(true, false));
+      },
+      "batchnorm_forward", "y must be a tensor of its own");
+  Tensor y = poisoned({2, 3, 3, 4});
+  cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                         layer.running_var, params(true, false));
+  Tensor dy = random_tensor(rng, {2, 3, 3, 4}), dgamma = Tensor::zeros({4}),
+         dbeta = Tensor::zeros({4});
+  for (Tensor* dx : {&x, &dy})
+    expect_error(
+        [&] {
+          cpu::batchnorm_backward(x, layer.gamma, layer.beta, mean, invstd, dy, *dx, dgamma, dbeta,
+                                  params(true, false));
+        },
+        "batchnorm_backward", "dx must be a tensor of its own");
+}
+
 } // namespace
 } // namespace minamp::test
