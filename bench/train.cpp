@@ -245,15 +245,16 @@ json training_result(const Workload& w, bool amp, const char* mode, const Config
           {"profile", profile}};
 }
 
-// `steps` more training steps (from `first`) with the op profiler on: each op's calls and time
-// per step, slowest first. On a GPU the times are the kernels' own (CUDA events around each op),
-// so their sum leaves out the gaps between launches.
+// `steps` more training steps (from `first`) with the op profiler on: prints and returns each
+// op's calls and time per step, slowest first. On a GPU the times are the kernels' own (CUDA events
+// around each op), so their sum leaves out the gaps between launches.
 json profile_run(const std::function<Tensor(int64_t)>& step, int64_t first, int64_t steps) {
   backend::cuda_synchronize();
   profile::set_enabled(true);
   for (int64_t i = 0; i < steps; ++i) step(first + i);
   profile::set_enabled(false);
   const std::vector<profile::OpTime> times = profile::collect();
+  std::printf("%s", profile::format_table(times, steps, "    ").c_str());
   double total_ms = 0.0;
   for (const profile::OpTime& t : times) total_ms += t.ms;
   json ops = json::array();
@@ -380,20 +381,6 @@ void print_run(const json& run) {
   std::fflush(stdout);
 }
 
-// The op profile of a training run, when it has one.
-void print_profile(const json& run) {
-  const json& profile = run["profile"];
-  if (profile.is_null()) return;
-  std::printf("  op profile over %d steps: %.3f ms per step inside ops\n",
-              profile["steps"].get<int>(), profile["ms_per_step"].get<double>());
-  std::printf("    %-24s %10s %12s %7s\n", "op", "calls/step", "ms/step", "share");
-  for (const json& op : profile["ops"])
-    std::printf("    %-24s %10.1f %12.4f %6.1f%%\n", op["op"].get<std::string>().c_str(),
-                op["calls_per_step"].get<double>(), op["ms_per_step"].get<double>(),
-                100.0 * op["share"].get<double>());
-  std::fflush(stdout);
-}
-
 // The comma-separated items of an option, each checked against the accepted values.
 std::vector<std::string> parse_list(const std::string& text, const char* option,
                                     const std::vector<std::string>& accepted) {
@@ -426,7 +413,6 @@ json run_all(const std::vector<std::string>& models, const std::vector<std::stri
       info[name] = model_info(w);
       runs.push_back(train_run(w, amp, cfg, label));
       print_run(runs.back());
-      print_profile(runs.back());
       runs.push_back(inference_run(w, amp, cfg, label));
       print_run(runs.back());
       if (!cfg.cuda_graph) continue;

@@ -19,6 +19,7 @@
 #include "io/checkpoint.h"
 #include "io/plot.h"
 #include "kernels/backend.h"
+#include "kernels/profile.h"
 #include "ops/ops.h"
 
 namespace minamp::examples {
@@ -374,6 +375,7 @@ private:
   void read_pending();
   void finish_epoch(int64_t epoch, double wall_s, Progress& progress);
   void write_outputs(const std::string& out_dir, const RunResult& result) const;
+  void write_profile(const std::string& out_dir, int64_t steps) const;
 
   const TrainSpec& spec_;
   const Options& options_;
@@ -511,6 +513,7 @@ RunResult Run::train(const std::string& out_dir) {
   const double wall_before = log_.steps.empty() ? 0.0 : log_.steps.back().wall_s;
   Allocator& allocator = allocator_for(device_);
   allocator.reset_peak();
+  profile::set_enabled(options_.profile);
   const auto start = Clock::now();
   for (int64_t s = first_step_; s < spec_.steps; ++s) {
     pending_.push_back(step(s, int64_t(pending_.size())));
@@ -531,6 +534,7 @@ RunResult Run::train(const std::string& out_dir) {
   backend::cuda_synchronize();
   result.wall_s = seconds_since(start);
   result.peak_bytes = allocator.peak_bytes();
+  if (options_.profile) write_profile(out_dir, spec_.steps - first_step_);
   if (!options_.save_weights.empty())
     io::save_weights(options_.save_weights + "/final.safetensors", *model_);
 
@@ -545,6 +549,16 @@ RunResult Run::train(const std::string& out_dir) {
   if (spec_.finish) spec_.finish(*model_, device_, amp_, out_dir);
   write_outputs(out_dir, result);
   return result;
+}
+
+// The op profile of the training loop (epoch-end evaluations included): printed, and written to
+// out_dir/profile.txt.
+void Run::write_profile(const std::string& out_dir, int64_t steps) const {
+  profile::set_enabled(false);
+  const std::string table = profile::format_table(profile::collect(), steps, "  ");
+  std::printf("%s %s on %s:\n%s", spec_.example.c_str(), precision_.c_str(), device_name(device_),
+              table.c_str());
+  io::write_file_atomically(out_dir + "/profile.txt", table);
 }
 
 void Run::write_outputs(const std::string& out_dir, const RunResult& result) const {
@@ -591,6 +605,9 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
                "train FP32, then AMP from the same init, and print the comparison table");
   app.add_flag("--diagnose", options.diagnose,
                "report fp16 underflow/overflow of activation and weight gradients");
+  app.add_flag("--profile", options.profile,
+               "time every op of training (CUDA events on a GPU; adds a little overhead), then "
+               "print the time per op and write it to profile.txt");
   app.add_option("--init-scale", options.init_scale, "GradScaler initial loss scale")
       ->capture_default_str();
   app.add_option("--growth-interval", options.growth_interval,

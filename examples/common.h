@@ -25,6 +25,7 @@ struct Options {
   bool amp = false;
   bool compare = false;
   bool diagnose = false;
+  bool profile = false; // time every op of training; print it and write profile.txt
   float init_scale = 65536.0f;
   int growth_interval = 2000;
   bool no_loss_scaling = false;

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <utility>
 
+#include "core/error.h"
 #include "kernels/backend.h"
 
 namespace minamp::profile {
@@ -45,6 +47,19 @@ Recorder& recorder() {
 // Open scopes on this thread: only the outermost one records.
 thread_local int t_open_scopes = 0;
 
+// `text` padded with spaces to `width` (on the left when `right`).
+std::string pad(const std::string& text, size_t width, bool right = false) {
+  if (text.size() >= width) return right ? " " + text : text + " ";
+  const std::string spaces(width - text.size(), ' ');
+  return right ? spaces + text : text + spaces;
+}
+
+std::string format_fixed(double value, int decimals) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
+  return buffer;
+}
+
 double now_ms() {
   using Clock = std::chrono::steady_clock;
   return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
@@ -79,6 +94,25 @@ std::vector<OpTime> collect() {
   std::sort(times.begin(), times.end(),
             [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
   return times;
+}
+
+std::string format_table(const std::vector<OpTime>& times, int64_t steps,
+                         const std::string& indent) {
+  double total_ms = 0.0;
+  for (const OpTime& t : times) total_ms += t.ms;
+  const double per_step = 1.0 / double(std::max<int64_t>(steps, 1));
+  std::string table =
+      cat(indent, "op profile over ", steps, " steps: ", format_fixed(total_ms * per_step, 3),
+          " ms per step inside ops\n");
+  table += cat(indent, pad("op", 24), pad("device", 7), pad("calls/step", 11, true),
+               pad("ms/step", 11, true), pad("share", 8, true), "\n");
+  for (const OpTime& t : times)
+    table += cat(
+        indent, pad(t.op, 24), pad(t.device == Device::cuda ? "cuda" : "cpu", 7),
+        pad(format_fixed(double(t.calls) * per_step, 1), 11, true),
+        pad(format_fixed(t.ms * per_step, 4), 11, true),
+        pad(format_fixed(total_ms > 0.0 ? 100.0 * t.ms / total_ms : 0.0, 1) + "%", 8, true), "\n");
+  return table;
 }
 
 Scope::Scope(const char* op, Device device) : device_(device) {

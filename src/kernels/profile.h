@@ -33,6 +33,11 @@ bool enabled();
 // recorded call.
 std::vector<OpTime> collect();
 
+// The table of `times` recorded over `steps` steps: per op, its device, calls and milliseconds
+// per step and share of the time inside ops, slowest first; each line starts with `indent`.
+std::string format_table(const std::vector<OpTime>& times, int64_t steps,
+                         const std::string& indent);
+
 // Times the current call while profiling is enabled and no other Scope is open on this thread.
 class Scope {
 public:

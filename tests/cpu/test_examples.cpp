@@ -1,5 +1,5 @@
 // The example programs as a user meets them: --help, bad flags, devices, what a run writes,
-// weights in and out, and resuming from a training checkpoint bit for bit.
+// weights in and out, the op profile, and resuming from a training checkpoint bit for bit.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "core/allocator.h"
@@ -25,7 +26,7 @@ TEST(Examples, HelpListsTheCommonOptions) {
     const ProgramRun run = run_program(name, "--help");
     EXPECT_EQ(run.status, 0) << name;
     for (const char* option :
-         {"--device", "--seed", "--lr", "--out", "--amp", "--compare", "--init-scale",
+         {"--device", "--seed", "--lr", "--out", "--amp", "--compare", "--profile", "--init-scale",
           "--growth-interval", "--no-loss-scaling", "--save-weights", "--load-weights",
           "--checkpoint-every", "--resume"})
       EXPECT_NE(run.output.find(option), std::string::npos) << name << " --help lacks " << option;
@@ -74,6 +75,30 @@ TEST(Examples, SineWritesMetricsSummaryAndImage) {
   EXPECT_EQ(summary["steps"], 6);
   EXPECT_GT(summary["peak_bytes"].get<double>(), 0);
   EXPECT_TRUE(std::filesystem::exists(out + "/sine.png"));
+}
+
+// --profile: the op table is printed and written, with the ops a sine step runs and their calls
+// per step (4 convs, 3 batch norms, one zero_grads and one Adam step).
+TEST(Examples, ProfileWritesTheTimePerOp) {
+  const std::string out = fresh_dir("sine_profile");
+  const ProgramRun run =
+      run_program("sine", "--device cpu --size 8 --hidden 8 --steps 5 --profile --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("op profile over 5 steps"), std::string::npos) << run.output;
+  std::ifstream file(out + "/profile.txt");
+  std::map<std::string, double> calls_per_step;
+  std::string line;
+  while (std::getline(file, line)) {
+    std::istringstream fields(line);
+    std::string op, device;
+    double calls = 0;
+    if (fields >> op >> device >> calls && device == "cpu") calls_per_step[op] = calls;
+  }
+  EXPECT_EQ(calls_per_step["conv2d_forward"], 4.0);
+  EXPECT_EQ(calls_per_step["conv2d_backward"], 4.0);
+  EXPECT_EQ(calls_per_step["batchnorm_forward"], 3.0);
+  EXPECT_EQ(calls_per_step["zero_grads"], 1.0);
+  EXPECT_EQ(calls_per_step["adam_step"], 1.0);
 }
 
 TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
