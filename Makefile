@@ -5,13 +5,14 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 DEPS_STAMP := $(BUILD)/.deps-ok
 
-.PHONY: help deps configure build demo test test-sanitize bench clean format
+.PHONY: help deps configure build demo test test-emulated test-sanitize bench clean format
 
 help:
 	@echo "minamp — a minimal mixed-precision training framework (C++17, CUDA)"
 	@echo ""
 	@echo "  make demo           train the quantized-sine conv net (FP32 vs AMP) and write images"
 	@echo "  make test           build and run the test suite (GPU tests skip without a GPU)"
+	@echo "  make test-emulated  run the GPU tests on the CUDA emulator (the CUDA sources on the CPU)"
 	@echo "  make test-sanitize  run the CPU tests under AddressSanitizer + UBSan"
 	@echo "  make bench          run the CPU benchmarks, results under bench/results/"
 	@echo "  make build          configure and build only (BUILD=$(BUILD))"
@@ -39,6 +40,17 @@ test: build
 	@$(BUILD)/minamp_tests --gtest_filter='GpuDevice.*' 2>&1 | grep -m1 '^no GPU' \
 	  | sed 's/^/GPU tests will be skipped: /' || true
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The GPU tests again, on the CPU: cuda/emulator/ compiles the same CUDA sources with the host
+# compiler and runs each block's threads as fibers. It needs the CUDA headers (nvcc's toolkit),
+# not a GPU. SANITIZE=1 adds AddressSanitizer + UBSan (the emulated memcheck).
+EMU_BUILD := build-emu$(if $(SANITIZE),-sanitize)
+EMU_FLAGS := -DMINAMP_CUDA=OFF -DMINAMP_CUDA_EMULATOR=ON \
+  $(if $(SANITIZE),-DMINAMP_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo,-DCMAKE_BUILD_TYPE=Release)
+test-emulated: $(DEPS_STAMP)
+	@cmake -S . -B $(EMU_BUILD) -G Ninja $(EMU_FLAGS) >/dev/null
+	@cmake --build $(EMU_BUILD) -j $(JOBS) --target minamp_tests
+	@cd $(EMU_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest -R '^(Gpu|Emulator)' --output-on-failure -j $(JOBS)
 
 test-sanitize:
 	@$(MAKE) --no-print-directory test BUILD=build-sanitize \

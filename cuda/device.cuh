@@ -1,7 +1,8 @@
 // Device plumbing shared by the CUDA backend: the cudaMalloc counter (for tests), the SM count,
 // and — for .cu files only — dtype dispatch and the chunk lists of multi-tensor launches.
 //
-// The first part is plain C++ so host tests can include this header; the second part needs nvcc.
+// The first part is plain C++ so host tests can include this header; the second part needs nvcc
+// (or the CPU emulator, cuda/emulator/).
 #pragma once
 
 #include <cstddef>
@@ -15,7 +16,7 @@ int sm_count();
 
 } // namespace minamp::gpu
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(MINAMP_CUDA_EMULATOR)
 
 #include <algorithm>
 #include <cstdint>
@@ -85,4 +86,4 @@ template <class Batcher> void push_float_chunks(Batcher& batcher, const Tensor& 
 
 } // namespace minamp::gpu
 
-#endif // __CUDACC__
+#endif // __CUDACC__ || MINAMP_CUDA_EMULATOR

@@ -94,7 +94,7 @@ inline void run_gemm(const GemmArgs& args, DType ab_dtype) {
     simt_gemm(args);
 }
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(MINAMP_CUDA_EMULATOR)
 
 // ---------------------------------------------------------------------------------------------
 // Device-side views of the operands, passed to the kernels by value.
@@ -459,6 +459,6 @@ template <class Family> struct GemmLaunch {
   };
 };
 
-#endif // __CUDACC__
+#endif // __CUDACC__ || MINAMP_CUDA_EMULATOR
 
 } // namespace minamp::gpu

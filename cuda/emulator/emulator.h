@@ -1,0 +1,230 @@
+// The CUDA emulator's device side, force-included (-include) into every cuda/*.cu file when the
+// build runs minamp's CUDA backend on the CPU (cmake -DMINAMP_CUDA_EMULATOR=ON, `make
+// test-emulated`). With it the same kernel sources, compiled by the host C++ compiler, run every
+// GPU test on a machine without a GPU:
+//   - the CUDA keywords (__global__, __device__, __shared__, ...) become plain C++; a block's
+//     __shared__ variables are thread_local, which is right because one OS thread runs one
+//     block at a time;
+//   - threadIdx, blockIdx, blockDim and gridDim name the emulated thread's coordinates;
+//   - __syncthreads and __shfl_xor_sync switch between the block's threads, which run as
+//     cooperative fibers (runtime.cpp): a barrier is where a fiber waits for the others;
+//   - nvcuda::wmma fragments hold their whole 16x16 tile in every lane (the API hides how the
+//     tile is spread over the warp, so no correct kernel can tell), with the API's alignment
+//     rules checked;
+//   - kernel<<<...>>>(args) launches were rewritten by rewrite.cpp into launch_kernel calls.
+// cp.async takes its pre-sm_80 path (a plain copy): the emulator has no __CUDA_ARCH__.
+//
+// What the emulator checks beyond the results: barriers every live thread of the block
+// reaches (a deadlock is reported, not hung), full-warp shuffles after lanes exited, WMMA
+// pointer alignment and leading dimensions, launch sizes and shared-memory limits, copies that
+// leave a device allocation, and host-synchronising calls during a graph capture. It does not
+// see timing, data races (threads run one after another) or the memory model; that is what the
+// GPU run and compute-sanitizer are for.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <mma.h> // empty for a host compiler; included first so the sources' include is a no-op
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __shared__
+#undef __launch_bounds__
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ thread_local
+#define __launch_bounds__(...)
+
+namespace minamp::emu {
+
+// The coordinates of the emulated thread that is running (set by the scheduler at each switch).
+struct ThreadCoordinates {
+  uint3 thread_idx, block_idx;
+  dim3 block_dim, grid_dim;
+};
+extern thread_local ThreadCoordinates coordinates;
+
+// Reports a kernel fault (the first one is kept): the launch's check then fails with
+// cudaErrorLaunchFailure and `what` is printed.
+void report_fault(const char* what);
+
+// Waits until every live thread of the block reaches a barrier.
+void sync_block();
+// Exchanges one 64-bit value per lane across the warp: returns the value lane ^ lane_mask gave.
+uint64_t shuffle_xor(uint64_t value, int lane_mask);
+
+// Work a warp does together, done once: the calling lane's n-th warp-collective call since the
+// block's last barrier gets the n-th slot of `floats` values of its warp; `first` says whether
+// this lane is the first to reach it (and must fill it) or another lane has filled it already.
+float* warp_collective_slot(size_t floats, bool& first);
+
+// The running block's dynamic shared memory (the launch's size, 16-byte aligned).
+void* dynamic_shared_memory_base();
+template <class T> T* dynamic_shared_memory() {
+  return static_cast<T*>(dynamic_shared_memory_base());
+}
+
+// Runs `thread_body` for every thread of every block of the grid, or records it in the graph
+// when `stream` is capturing. Faults are reported through cudaGetLastError.
+void launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+            std::function<void()> thread_body);
+
+template <class Kernel, class... Args>
+void launch_kernel(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, Kernel kernel,
+                   Args&&... args) {
+  // The arguments are evaluated once, here, and copied like kernel parameters.
+  launch(grid, block, shared_bytes, stream,
+         [kernel, params = std::make_tuple(std::decay_t<Args>(std::forward<Args>(args))...)] {
+           std::apply(kernel, params);
+         });
+}
+
+} // namespace minamp::emu
+
+#define threadIdx (::minamp::emu::coordinates.thread_idx)
+#define blockIdx (::minamp::emu::coordinates.block_idx)
+#define blockDim (::minamp::emu::coordinates.block_dim)
+#define gridDim (::minamp::emu::coordinates.grid_dim)
+
+// cuda_runtime.h's C++ overload, which it declares for nvcc only.
+template <class... Params>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+inline void __syncthreads() { ::minamp::emu::sync_block(); }
+
+template <class T> T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+  static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>,
+                "__shfl_xor_sync: 64-bit values at most");
+  if (mask != 0xffffffffu || width != 32)
+    ::minamp::emu::report_fault("__shfl_xor_sync: the emulator supports full warps only");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  bits = ::minamp::emu::shuffle_xor(bits, lane_mask);
+  std::memcpy(&value, &bits, sizeof(T));
+  return value;
+}
+
+// float -> int rounding toward zero, saturating; NaN gives 0 (cvt.rzi.s32.f32).
+inline int __float2int_rz(float x) {
+  if (std::isnan(x)) return 0;
+  if (x >= 2147483648.0f) return INT32_MAX;
+  if (x <= -2147483648.0f) return INT32_MIN;
+  return int(x);
+}
+
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+using std::max;
+using std::min;
+
+// ---- nvcuda::wmma for 16x16x16 fp16 fragments with fp32 accumulators.
+namespace nvcuda::wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+// The whole 16x16 tile, in fp32 (f16 inputs convert exactly), row-major: v[row * 16 + col].
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "the emulator provides 16x16x16 fragments");
+  float v[256];
+};
+
+namespace detail {
+// The API's rules: a 256-bit aligned pointer and a leading dimension of whole 16-byte units.
+template <class T> void check_pointer(const char* op, const T* p, unsigned ldm) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
+    ::minamp::emu::report_fault("wmma: the matrix pointer is not 256-bit aligned");
+  if ((ldm * sizeof(T)) % 16 != 0) ::minamp::emu::report_fault(op);
+}
+template <class T> float to_float(T x) { return float(x); }
+inline float to_float(__half x) {
+#if defined(__F16C__)
+  return _cvtsh_ss(__half_raw(x).x); // the hardware conversion: cuda_fp16's host one is slow
+#else
+  return __half2float(x);
+#endif
+}
+} // namespace detail
+
+template <class Use, class T, class Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  detail::check_pointer("wmma::load_matrix_sync: ldm is not a multiple of 16 bytes", p, ldm);
+  constexpr bool kRowMajor = std::is_same_v<Layout, row_major>;
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      f.v[r * 16 + c] = detail::to_float(kRowMajor ? p[r * ldm + c] : p[c * ldm + r]);
+}
+
+template <class T>
+void store_matrix_sync(T* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
+                       layout_t layout) {
+  detail::check_pointer("wmma::store_matrix_sync: ldm is not a multiple of 16 bytes", p, ldm);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = T(f.v[r * 16 + c]);
+}
+
+template <class Use, class T, class Layout>
+void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, float value) {
+  std::fill(f.v, f.v + 256, value);
+}
+
+namespace detail {
+// out = a @ b + c in fp32, each sum in k order.
+inline void multiply_add(const float* a, const float* b, const float* c, float* out) {
+  for (int r = 0; r < 16; ++r) {
+    float row[16];
+    for (int col = 0; col < 16; ++col) row[col] = c[r * 16 + col];
+    for (int k = 0; k < 16; ++k)
+      for (int col = 0; col < 16; ++col) row[col] += a[r * 16 + k] * b[k * 16 + col];
+    for (int col = 0; col < 16; ++col) out[r * 16 + col] = row[col];
+  }
+}
+} // namespace detail
+
+// d = a @ b + c in fp32. Every lane holds the same fragments, so the first lane of the warp to
+// get here computes the product and the others copy it, after checking that they were given
+// the same a, b and c (a warp-collective call with per-lane operands is a kernel bug).
+template <class TA, class LA, class TB, class LB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+              const fragment<matrix_a, 16, 16, 16, TA, LA>& a,
+              const fragment<matrix_b, 16, 16, 16, TB, LB>& b,
+              const fragment<accumulator, 16, 16, 16, float>& c) {
+  constexpr size_t kTile = sizeof(d.v);
+  bool first = false;
+  float* slot = ::minamp::emu::warp_collective_slot(4 * 256, first); // [a, b, c, a @ b + c]
+  if (first) {
+    std::memcpy(slot, a.v, kTile);
+    std::memcpy(slot + 256, b.v, kTile);
+    std::memcpy(slot + 512, c.v, kTile);
+    detail::multiply_add(a.v, b.v, c.v, slot + 768);
+  } else if (std::memcmp(slot, a.v, kTile) != 0 || std::memcmp(slot + 256, b.v, kTile) != 0 ||
+             std::memcmp(slot + 512, c.v, kTile) != 0) {
+    ::minamp::emu::report_fault("wmma::mma_sync: the lanes of a warp hold different fragments");
+  }
+  std::memcpy(d.v, slot + 768, kTile);
+}
+
+} // namespace nvcuda::wmma

@@ -1,0 +1,700 @@
+// The CUDA emulator's host side: the CUDA runtime calls minamp makes, implemented on the CPU
+// (memory, the stream, events, graph capture and replay, device attributes, errors), and the
+// scheduler that runs a kernel launch: block after block, each block's threads as cooperative
+// fibers that switch at __syncthreads and warp shuffles. See emulator.h for what
+// the emulator checks and what it cannot see.
+//
+// Work runs when it is issued (the stream is always idle), so events time the work between
+// them on the host clock. The emulated device is an H100-like part: 132 SMs, 227 KB of
+// shared memory per block, 80 GB of memory.
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+#include "emulator.h"
+
+namespace {
+
+constexpr int kSmCount = 132;
+constexpr int kDefaultSharedBytes = 48 * 1024;
+constexpr int kOptinSharedBytes = 227 * 1024;
+constexpr size_t kDeviceBytes = size_t(80) << 30;
+constexpr int kMaxBlockThreads = 1024;
+#if defined(__SANITIZE_ADDRESS__)
+constexpr size_t kFiberStackBytes = 1 << 20;
+#else
+constexpr size_t kFiberStackBytes = 256 << 10;
+#endif
+
+using Work = std::function<void()>;
+
+} // namespace
+
+// The opaque handle types of the runtime API.
+struct CUstream_st {
+  bool capturing = false;
+  bool capture_invalidated = false;
+  cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
+  std::vector<Work> captured;
+};
+struct CUevent_st {
+  bool timing = true;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when;
+};
+struct CUgraph_st {
+  std::vector<Work> nodes;
+};
+struct CUgraphExec_st {
+  std::vector<Work> nodes;
+};
+
+namespace minamp::emu {
+
+thread_local ThreadCoordinates coordinates;
+
+namespace {
+
+// ---- Errors: the last one, as cudaGetLastError returns it, and the first fault of a launch.
+
+cudaError_t last_error = cudaSuccess;
+thread_local std::string launch_fault;
+
+cudaError_t fail(cudaError_t error) {
+  last_error = error;
+  return error;
+}
+
+// ---- Fibers.
+
+// A saved execution context and the switch between two. On x86-64 a hand-written switch saves
+// what the ABI says a call preserves (rbx, rbp, r12-r15, the MXCSR and x87 control words) on
+// the old stack and restores them from the new one: a few nanoseconds, where ucontext's
+// swapcontext (used on other architectures) makes a signal-mask system call every time.
+#if defined(__x86_64__)
+struct Context {
+  void* sp = nullptr;
+};
+extern "C" void minamp_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .globl minamp_emu_switch
+  .type minamp_emu_switch, @function
+minamp_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size minamp_emu_switch, .-minamp_emu_switch
+)");
+
+// A context that starts `entry` (which must never return) on the stack [stack, stack + bytes).
+void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  auto* top =
+      reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15));
+  top[-1] = 0;                                 // entry's return address: it never returns
+  top[-2] = reinterpret_cast<uint64_t>(entry); // where the switch's `ret` goes
+  for (int r = 3; r <= 8; ++r) top[-r] = 0;    // rbp, rbx, r12-r15
+  top[-9] = 0x1f80 | (uint64_t(0x037f) << 32); // default MXCSR and x87 control word
+  c.sp = top - 9;
+}
+void switch_context(Context& from, Context& to) { minamp_emu_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t uc;
+};
+void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
+enum class FiberState { runnable, at_block_barrier, at_warp_barrier, done };
+
+struct Fiber {
+  Context context;
+  FiberState state = FiberState::runnable;
+  int shuffles = 0;         // shuffle_xor calls so far: their parity picks the exchange slots
+  int collective_calls = 0; // warp_collective_slot calls since the block's last barrier
+  void* sanitizer_stack = nullptr;
+};
+
+// Fiber stacks, reserved once per OS thread for the largest block seen, with a guard page below
+// each so that an overflow faults instead of corrupting the neighbour.
+class StackPool {
+public:
+  ~StackPool() {
+    if (base_) munmap(base_, count_ * kFiberStackBytes);
+  }
+  char* stack(int i) {
+    return static_cast<char*>(base_) + size_t(i) * kFiberStackBytes + page_bytes();
+  }
+  size_t usable_bytes() const { return kFiberStackBytes - page_bytes(); }
+  void reserve(int count) {
+    if (count <= count_) return;
+    if (base_) munmap(base_, count_ * kFiberStackBytes);
+    base_ = mmap(nullptr, count * kFiberStackBytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base_ == MAP_FAILED) {
+      std::perror("minamp CUDA emulator: reserving fiber stacks");
+      std::abort();
+    }
+    count_ = count;
+    for (int i = 0; i < count; ++i)
+      mprotect(static_cast<char*>(base_) + size_t(i) * kFiberStackBytes, page_bytes(), PROT_NONE);
+  }
+
+private:
+  static size_t page_bytes() { return size_t(sysconf(_SC_PAGESIZE)); }
+  void* base_ = nullptr;
+  int count_ = 0;
+};
+
+// A block's dynamic shared memory: 128-byte aligned, as `extern __shared__ __align__(128)` asks.
+class SharedMemory {
+public:
+  void resize(size_t bytes) {
+    bytes_ = bytes;
+    memory_.reset(
+        static_cast<unsigned char*>(std::aligned_alloc(128, (bytes + 127) / 128 * 128 + 128)));
+  }
+  unsigned char* data() { return memory_.get(); }
+  // Shared memory starts as garbage on a GPU: all-ones bytes read as NaN in f32 and f16.
+  void poison() { std::memset(memory_.get(), 0xff, bytes_); }
+
+private:
+  struct Free {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::unique_ptr<unsigned char, Free> memory_;
+  size_t bytes_ = 0;
+};
+
+// The block this OS thread is running.
+struct Block {
+  const Work* body = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<uint64_t> shuffle_slots; // [warps][2][32]
+  SharedMemory shared;                 // dynamic shared memory
+  // Per warp: the slots of warp_collective_slot since the last barrier, one after another.
+  std::vector<std::vector<float>> collective_slots;
+  std::vector<size_t> collective_count;
+  Context scheduler;
+  int current = -1;
+  const void* scheduler_stack_bottom = nullptr;
+  size_t scheduler_stack_size = 0;
+};
+
+thread_local StackPool stacks;
+thread_local Block* running = nullptr;
+
+// Stack switches announced to AddressSanitizer, which otherwise takes a fiber's stack for a
+// corrupted one.
+void before_switch(void** save, const void* bottom, size_t size) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(save, bottom, size);
+#else
+  (void)save, (void)bottom, (void)size;
+#endif
+}
+void after_switch(void* save, const void** old_bottom, size_t* old_size) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(save, old_bottom, old_size);
+#else
+  (void)save, (void)old_bottom, (void)old_size;
+#endif
+}
+
+// From the running fiber back to the scheduler; returns when the scheduler resumes it.
+void yield_to_scheduler(bool finished) {
+  Block& b = *running;
+  Fiber& f = b.fibers[b.current];
+  before_switch(finished ? nullptr : &f.sanitizer_stack, b.scheduler_stack_bottom,
+                b.scheduler_stack_size);
+  switch_context(f.context, b.scheduler);
+  after_switch(f.sanitizer_stack, &b.scheduler_stack_bottom, &b.scheduler_stack_size);
+}
+
+void fiber_main() {
+  Block& b = *running;
+  after_switch(nullptr, &b.scheduler_stack_bottom, &b.scheduler_stack_size);
+  (*b.body)();
+  b.fibers[b.current].state = FiberState::done;
+  yield_to_scheduler(true); // never resumed
+}
+
+void resume(Block& b, int t) {
+  const dim3 d = coordinates.block_dim;
+  coordinates.thread_idx = make_uint3(t % d.x, (t / d.x) % d.y, t / (d.x * d.y));
+  b.current = t;
+  void* save = nullptr;
+  before_switch(&save, stacks.stack(t), stacks.usable_bytes());
+  switch_context(b.scheduler, b.fibers[t].context);
+  after_switch(save, nullptr, nullptr);
+}
+
+// At a barrier the warps' collective slots start over.
+void forget_collectives(Block& b) {
+  for (Fiber& f : b.fibers) f.collective_calls = 0;
+  std::fill(b.collective_count.begin(), b.collective_count.end(), 0);
+}
+
+// After every fiber ran until it finished or waits: releases the warps whose live lanes all
+// wait at a shuffle, else the block when every live thread waits at __syncthreads. Returns
+// false when neither is possible (a deadlock) or every thread has finished.
+bool release_barriers(Block& b) {
+  const int threads = int(b.fibers.size());
+  bool released = false, any_live = false, all_at_block = true;
+  for (int warp0 = 0; warp0 < threads; warp0 += 32) {
+    const int lanes = std::min(32, threads - warp0);
+    int waiting = 0, finished = 0;
+    for (int t = warp0; t < warp0 + lanes; ++t) {
+      waiting += b.fibers[t].state == FiberState::at_warp_barrier;
+      finished += b.fibers[t].state == FiberState::done;
+    }
+    if (waiting > 0 && waiting + finished == lanes) {
+      if (waiting != 32) report_fault("__shfl_xor_sync: a full-warp shuffle without all 32 lanes");
+      for (int t = warp0; t < warp0 + lanes; ++t)
+        if (b.fibers[t].state == FiberState::at_warp_barrier)
+          b.fibers[t].state = FiberState::runnable;
+      released = true;
+    }
+  }
+  if (released) return true;
+  for (const Fiber& f : b.fibers) {
+    if (f.state == FiberState::done) continue;
+    any_live = true;
+    all_at_block = all_at_block && f.state == FiberState::at_block_barrier;
+  }
+  if (!any_live) return false;
+  if (!all_at_block) {
+    report_fault("deadlock: the block's threads wait at different barriers (a __syncthreads or "
+                 "shuffle that not every thread reaches)");
+    return false;
+  }
+  for (Fiber& f : b.fibers)
+    if (f.state == FiberState::at_block_barrier) f.state = FiberState::runnable;
+  forget_collectives(b);
+  return true;
+}
+
+void run_block(Block& b) {
+  const int threads = int(b.fibers.size());
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = b.fibers[t];
+    f = Fiber{};
+    make_context(f.context, stacks.stack(t), stacks.usable_bytes(), fiber_main);
+  }
+  forget_collectives(b);
+  b.shared.poison();
+  do {
+    for (int t = 0; t < threads; ++t)
+      if (b.fibers[t].state == FiberState::runnable) resume(b, t);
+  } while (release_barriers(b));
+}
+
+void execute(dim3 grid, dim3 block, size_t shared_bytes, const Work& body) {
+  const int threads = int(block.x * block.y * block.z);
+  stacks.reserve(threads);
+  Block b;
+  b.body = &body;
+  b.fibers.resize(threads);
+  b.shuffle_slots.assign(size_t((threads + 31) / 32) * 64, 0);
+  b.collective_slots.resize((threads + 31) / 32);
+  b.collective_count.resize((threads + 31) / 32);
+  b.shared.resize(shared_bytes);
+  Block* outer = running;
+  running = &b;
+  coordinates.grid_dim = grid;
+  coordinates.block_dim = block;
+  launch_fault.clear();
+  for (unsigned z = 0; z < grid.z && launch_fault.empty(); ++z)
+    for (unsigned y = 0; y < grid.y && launch_fault.empty(); ++y)
+      for (unsigned x = 0; x < grid.x && launch_fault.empty(); ++x) {
+        coordinates.block_idx = make_uint3(x, y, z);
+        run_block(b);
+      }
+  running = outer;
+  if (!launch_fault.empty()) {
+    std::fprintf(stderr, "minamp CUDA emulator: kernel fault: %s\n", launch_fault.c_str());
+    fail(cudaErrorLaunchFailure);
+  }
+}
+
+// ---- Memory: device allocations are tracked so that copies can be checked against them.
+
+std::map<uintptr_t, size_t>& device_allocations() {
+  static auto* allocations = new std::map<uintptr_t, size_t>();
+  return *allocations;
+}
+size_t device_bytes_in_use = 0;
+int max_dynamic_shared_bytes = kDefaultSharedBytes;
+// Captures in a mode other than relaxed: cudaMalloc is refused while there is one.
+int strict_captures = 0;
+
+// True when [p, p + bytes) lies inside one device allocation.
+bool is_device_range(const void* p, size_t bytes) {
+  const auto& allocations = device_allocations();
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  auto it = allocations.upper_bound(at);
+  if (it == allocations.begin()) return false;
+  --it;
+  return at + bytes <= it->first + it->second;
+}
+
+CUstream_st& stream_of(cudaStream_t stream) {
+  static CUstream_st null_stream;
+  return stream ? *stream : null_stream;
+}
+
+// Runs `work` now, or records it when `stream` is capturing.
+void issue(cudaStream_t stream, Work work) {
+  CUstream_st& s = stream_of(stream);
+  if (s.capturing)
+    s.captured.push_back(std::move(work));
+  else
+    work();
+}
+
+// A host-synchronising call during a capture invalidates it, as on a GPU.
+bool refuse_while_capturing(cudaStream_t stream) {
+  CUstream_st& s = stream_of(stream);
+  if (!s.capturing) return false;
+  s.capture_invalidated = true;
+  fail(cudaErrorStreamCaptureUnsupported);
+  return true;
+}
+
+} // namespace
+
+void report_fault(const char* what) {
+  if (launch_fault.empty()) launch_fault = what;
+}
+
+void sync_block() {
+  running->fibers[running->current].state = FiberState::at_block_barrier;
+  yield_to_scheduler(false);
+}
+
+uint64_t shuffle_xor(uint64_t value, int lane_mask) {
+  Block& b = *running;
+  Fiber& f = b.fibers[b.current];
+  const int warp = b.current / 32, lane = b.current % 32;
+  uint64_t* slots = &b.shuffle_slots[size_t(warp * 2 + (f.shuffles++ & 1)) * 32];
+  slots[lane] = value;
+  f.state = FiberState::at_warp_barrier;
+  yield_to_scheduler(false);
+  return slots[(lane ^ lane_mask) & 31];
+}
+
+float* warp_collective_slot(size_t floats, bool& first) {
+  Block& b = *running;
+  const int warp = b.current / 32;
+  const size_t index = size_t(b.fibers[b.current].collective_calls++);
+  std::vector<float>& slots = b.collective_slots[warp];
+  first = index == b.collective_count[warp];
+  if (first) {
+    ++b.collective_count[warp];
+    if (slots.size() < (index + 1) * floats) slots.resize((index + 1) * floats);
+  }
+  return slots.data() + index * floats;
+}
+
+void* dynamic_shared_memory_base() { return running->shared.data(); }
+
+void launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, Work thread_body) {
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  if (threads == 0 || threads > kMaxBlockThreads || block.z > 64 || grid.x == 0 ||
+      grid.x > 2147483647u || grid.y == 0 || grid.y > 65535 || grid.z == 0 || grid.z > 65535) {
+    fail(cudaErrorInvalidConfiguration);
+    return;
+  }
+  if (shared_bytes > size_t(max_dynamic_shared_bytes)) {
+    std::fprintf(stderr,
+                 "minamp CUDA emulator: a launch asks for %zu bytes of dynamic shared memory, "
+                 "above the %d allowed (cudaFuncSetAttribute raises it)\n",
+                 shared_bytes, max_dynamic_shared_bytes);
+    fail(cudaErrorInvalidValue);
+    return;
+  }
+  issue(stream, [=, body = std::move(thread_body)] { execute(grid, block, shared_bytes, body); });
+}
+
+} // namespace minamp::emu
+
+// ---- The runtime API.
+
+using namespace minamp::emu;
+
+extern "C" {
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t error = last_error;
+  last_error = cudaSuccess;
+  return error;
+}
+
+cudaError_t cudaPeekAtLastError() { return last_error; }
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+  case cudaSuccess: return "cudaSuccess";
+  case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+  case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+  case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+  case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+  case cudaErrorIllegalState: return "cudaErrorIllegalState";
+  case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+  case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+  case cudaErrorNoDevice: return "cudaErrorNoDevice";
+  default: return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+  case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+  case cudaErrorLaunchFailure: return "unspecified launch failure (emulator: see the fault above)";
+  case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+  case cudaErrorIllegalState: return "the operation is not permitted in the current state";
+  case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+  case cudaErrorStreamCaptureInvalidated:
+    return "operation failed due to a previous error during capture";
+  case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+  default: return "unknown error";
+  }
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : fail(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return fail(cudaErrorInvalidValue);
+  switch (attr) {
+  case cudaDevAttrMultiProcessorCount: *value = kSmCount; return cudaSuccess;
+  case cudaDevAttrMaxSharedMemoryPerBlock: *value = kDefaultSharedBytes; return cudaSuccess;
+  case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = kOptinSharedBytes; return cudaSuccess;
+  default: return fail(cudaErrorInvalidValue);
+  }
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (!func) return fail(cudaErrorInvalidValue);
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || value > kOptinSharedBytes) return fail(cudaErrorInvalidValue);
+  max_dynamic_shared_bytes = std::max(max_dynamic_shared_bytes, value);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  return refuse_while_capturing(nullptr) ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = nullptr;
+  if (strict_captures > 0) return fail(cudaErrorStreamCaptureUnsupported);
+  if (bytes > kDeviceBytes - device_bytes_in_use) return fail(cudaErrorMemoryAllocation);
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* memory = std::aligned_alloc(256, rounded);
+  if (!memory) return fail(cudaErrorMemoryAllocation);
+  std::memset(memory, 0xff, rounded); // fresh device memory is garbage: NaN in f32 and f16
+  device_allocations()[reinterpret_cast<uintptr_t>(memory)] = bytes;
+  device_bytes_in_use += bytes;
+  *p = memory;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  auto& allocations = device_allocations();
+  const auto it = allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == allocations.end()) return fail(cudaErrorInvalidValue);
+  device_bytes_in_use -= it->second;
+  allocations.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  *p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if ((dst_device && !is_device_range(dst, bytes)) ||
+      (src_device && !is_device_range(src, bytes))) {
+    std::fprintf(stderr,
+                 "minamp CUDA emulator: cudaMemcpyAsync of %zu bytes leaves a device "
+                 "allocation (or names host memory as device memory)\n",
+                 bytes);
+    return fail(cudaErrorInvalidValue);
+  }
+  issue(stream, [=] { std::memcpy(dst, src, bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  *stream = new CUstream_st();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return refuse_while_capturing(stream) ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  CUstream_st& s = stream_of(stream);
+  if (s.capturing || !stream) return fail(cudaErrorIllegalState);
+  s = CUstream_st{};
+  s.capturing = true;
+  s.capture_mode = mode;
+  strict_captures += mode != cudaStreamCaptureModeRelaxed;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  CUstream_st& s = stream_of(stream);
+  *graph = nullptr;
+  if (!s.capturing) return fail(cudaErrorIllegalState);
+  s.capturing = false;
+  strict_captures -= s.capture_mode != cudaStreamCaptureModeRelaxed;
+  if (s.capture_invalidated) {
+    s.captured.clear();
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = new CUgraph_st{std::move(s.captured)};
+  s.captured.clear();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  const CUstream_st& s = stream_of(stream);
+  *status = !s.capturing            ? cudaStreamCaptureStatusNone
+            : s.capture_invalidated ? cudaStreamCaptureStatusInvalidated
+                                    : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return fail(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->nodes};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (!exec) return fail(cudaErrorInvalidValue);
+  issue(stream, [exec] {
+    for (const Work& node : exec->nodes) node();
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  *event = new CUevent_st();
+  (*event)->timing = (flags & cudaEventDisableTiming) == 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  issue(stream, [event] {
+    event->recorded = true;
+    event->when = std::chrono::steady_clock::now();
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return event ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!start || !end || !start->timing || !end->timing || !start->recorded || !end->recorded)
+    return fail(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
+  return cudaSuccess;
+}
+
+} // extern "C"

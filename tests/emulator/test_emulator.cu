@@ -1,0 +1,224 @@
+// Tests of the CUDA emulator itself (cuda/emulator/), built only with MINAMP_CUDA_EMULATOR: the
+// CUDA semantics the kernels rely on (barriers, shuffles, WMMA layouts, dynamic shared memory,
+// graph capture) and the faults it must report instead of computing garbage or hanging.
+// Like cuda/*.cu, this file goes through rewrite.cpp and has emulator.h force-included, so it is
+// written as CUDA (and checks the rewriting too).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+// Device memory holding `n` values of T, freed at scope exit.
+template <class T> struct DeviceBuffer {
+  explicit DeviceBuffer(size_t n) : size(n) {
+    EXPECT_EQ(cudaMalloc(&data, n * sizeof(T)), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(data); }
+  std::vector<T> download() const {
+    std::vector<T> host(size);
+    EXPECT_EQ(cudaMemcpyAsync(host.data(), data, size * sizeof(T), cudaMemcpyDeviceToHost, nullptr),
+              cudaSuccess);
+    return host;
+  }
+  void upload(const std::vector<T>& host) {
+    EXPECT_EQ(cudaMemcpyAsync(data, host.data(), size * sizeof(T), cudaMemcpyHostToDevice, nullptr),
+              cudaSuccess);
+  }
+  T* data = nullptr;
+  size_t size;
+};
+
+__global__ void xor_shuffle_kernel(int* out, int lane_mask) {
+  const int t = int(threadIdx.x);
+  out[t] = __shfl_xor_sync(0xffffffffu, t * 10, lane_mask);
+}
+
+TEST(Emulator, ShuffleXorReadsThePartnerLane) {
+  DeviceBuffer<int> out(64);
+  for (int mask : {1, 5, 16}) {
+    xor_shuffle_kernel<<<1, 64>>>(out.data, mask);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    const std::vector<int> got = out.download();
+    for (int t = 0; t < 64; ++t) {
+      const int partner = (t & ~31) | ((t % 32) ^ mask);
+      EXPECT_EQ(got[t], partner * 10) << "thread " << t << " mask " << mask;
+    }
+  }
+}
+
+// Each thread writes its slot, waits at the barrier, then reads a slot another warp wrote.
+__global__ void barrier_kernel(int* out) {
+  __shared__ int slots[256];
+  const int t = int(threadIdx.x);
+  slots[t] = t + 1000 * int(blockIdx.x);
+  __syncthreads();
+  out[blockIdx.x * 256 + t] = slots[255 - t];
+}
+
+TEST(Emulator, SyncthreadsMakesEveryWriteVisible) {
+  DeviceBuffer<int> out(3 * 256);
+  barrier_kernel<<<3, 256>>>(out.data);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<int> got = out.download();
+  for (int b = 0; b < 3; ++b)
+    for (int t = 0; t < 256; ++t) EXPECT_EQ(got[b * 256 + t], 255 - t + 1000 * b);
+}
+
+// Lane 0 waits at __syncthreads while the rest of its warp waits for it at a shuffle.
+__global__ void divergent_barrier_kernel(int* out) {
+  if (threadIdx.x == 0)
+    __syncthreads();
+  else
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+}
+
+TEST(Emulator, BarriersNotEveryThreadReachesAreAFaultNotAHang) {
+  DeviceBuffer<int> out(64);
+  divergent_barrier_kernel<<<1, 64>>>(out.data);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the error is reported once";
+}
+
+__global__ void early_exit_shuffle_kernel(int* out) {
+  if (threadIdx.x % 32 == 7) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+}
+
+TEST(Emulator, FullWarpShuffleAfterALaneExitedIsAFault) {
+  DeviceBuffer<int> out(32);
+  early_exit_shuffle_kernel<<<1, 32>>>(out.data);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+}
+
+// Every thread reads the dynamic shared memory before writing it: it must be garbage (NaN).
+__global__ void dynamic_shared_kernel(float* out, uintptr_t* address) {
+  extern __shared__ __align__(128) unsigned char bytes[];
+  const float* values = reinterpret_cast<const float*>(bytes);
+  out[threadIdx.x] = values[threadIdx.x];
+  if (threadIdx.x == 0) *address = reinterpret_cast<uintptr_t>(bytes);
+}
+
+TEST(Emulator, DynamicSharedMemoryIsAlignedAndStartsAsNaN) {
+  DeviceBuffer<float> out(32);
+  DeviceBuffer<uintptr_t> address(1);
+  dynamic_shared_kernel<<<1, 32, 32 * sizeof(float)>>>(out.data, address.data);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (float v : out.download()) EXPECT_TRUE(std::isnan(v));
+  EXPECT_EQ(address.download()[0] % 128, 0u);
+}
+
+// C = A @ B for one 16x16x16 tile, A stored as `a_layout`, B as `b_layout`, C row-major.
+template <class ALayout, class BLayout>
+__global__ void wmma_tile_kernel(const __half* a, const __half* b, float* c) {
+  namespace wmma = nvcuda::wmma;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, ALayout> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, BLayout> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+  wmma::fill_fragment(acc, 1.0f);
+  wmma::load_matrix_sync(fa, a, 16);
+  wmma::load_matrix_sync(fb, b, 16);
+  wmma::mma_sync(acc, fa, fb, acc);
+  wmma::store_matrix_sync(c, acc, 16, wmma::mem_row_major);
+}
+
+template <class ALayout, class BLayout> void check_wmma_layouts() {
+  constexpr bool kAColumns = std::is_same_v<ALayout, nvcuda::wmma::col_major>;
+  constexpr bool kBColumns = std::is_same_v<BLayout, nvcuda::wmma::col_major>;
+  std::vector<float> a(256), b(256);
+  std::vector<__half> a_stored(256), b_stored(256);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) {
+      a[r * 16 + c] = float((r * 3 + c) % 7) - 3.0f;
+      b[r * 16 + c] = float((r + 2 * c) % 5) - 2.0f;
+      a_stored[kAColumns ? c * 16 + r : r * 16 + c] = __float2half_rn(a[r * 16 + c]);
+      b_stored[kBColumns ? c * 16 + r : r * 16 + c] = __float2half_rn(b[r * 16 + c]);
+    }
+  DeviceBuffer<__half> da(256), db(256);
+  DeviceBuffer<float> dc(256);
+  da.upload(a_stored);
+  db.upload(b_stored);
+  wmma_tile_kernel<ALayout, BLayout><<<1, 32>>>(da.data, db.data, dc.data);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> c = dc.download();
+  for (int r = 0; r < 16; ++r)
+    for (int col = 0; col < 16; ++col) {
+      float want = 1.0f;
+      for (int k = 0; k < 16; ++k) want += a[r * 16 + k] * b[k * 16 + col];
+      EXPECT_EQ(c[r * 16 + col], want) << "row " << r << " col " << col;
+    }
+}
+
+TEST(Emulator, WmmaFragmentsFollowTheirLayouts) {
+  namespace wmma = nvcuda::wmma;
+  check_wmma_layouts<wmma::row_major, wmma::row_major>();
+  check_wmma_layouts<wmma::row_major, wmma::col_major>();
+  check_wmma_layouts<wmma::col_major, wmma::row_major>();
+  check_wmma_layouts<wmma::col_major, wmma::col_major>();
+}
+
+TEST(Emulator, WmmaOnAMisalignedPointerIsAFault) {
+  DeviceBuffer<__half> a(256 + 8), b(256);
+  DeviceBuffer<float> c(256);
+  a.upload(std::vector<__half>(264, __float2half_rn(1.0f)));
+  b.upload(std::vector<__half>(256, __float2half_rn(1.0f)));
+  const __half* misaligned = a.data + 8; // 16 bytes past a 256-byte boundary
+  wmma_tile_kernel<nvcuda::wmma::row_major, nvcuda::wmma::row_major>
+      <<<1, 32>>>(misaligned, b.data, c.data);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+}
+
+__global__ void write_kernel(int* out, int value) { out[threadIdx.x] = value; }
+
+TEST(Emulator, LaunchLimitsAreChecked) {
+  DeviceBuffer<int> out(2048);
+  write_kernel<<<1, 1025>>>(out.data, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  write_kernel<<<dim3(1, 65536), 32>>>(out.data, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  write_kernel<<<1, 32, 300 * 1024>>>(out.data, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+}
+
+TEST(Emulator, CopiesMustStayInsideADeviceAllocation) {
+  DeviceBuffer<int> device(16);
+  std::vector<int> host(32, 1);
+  EXPECT_EQ(
+      cudaMemcpyAsync(device.data, host.data(), 32 * sizeof(int), cudaMemcpyHostToDevice, nullptr),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpyAsync(host.data(), host.data() + 16, 16 * sizeof(int), cudaMemcpyDeviceToHost,
+                            nullptr),
+            cudaErrorInvalidValue)
+      << "host memory named as device memory";
+  (void)cudaGetLastError();
+}
+
+TEST(Emulator, CaptureRecordsWorkAndReplaysIt) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  DeviceBuffer<int> out(32);
+  write_kernel<<<1, 32, 0, stream>>>(out.data, 1);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  write_kernel<<<1, 32, 0, stream>>>(out.data, 2);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(out.download(), std::vector<int>(32, 1)) << "a captured launch does not run";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(out.download(), std::vector<int>(32, 2));
+
+  // A host synchronisation inside a capture fails and invalidates it.
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t invalid = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &invalid), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(invalid, nullptr);
+  (void)cudaGetLastError();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+} // namespace
