@@ -56,6 +56,7 @@ configure() {
       cmake --install /tmp/googletest-build >/dev/null || return 1
   fi
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINAMP_CUDA_ARCHS=90 \
+    -DMINAMP_CUDA_EMULATOR=OFF \
     -DCMAKE_PREFIX_PATH="$PWD/deps/prefix;$gtest_prefix" >/dev/null
 }
 

@@ -57,6 +57,7 @@ build_googletest() {
 
 configure() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINAMP_CUDA_ARCHS=90 \
+    -DMINAMP_CUDA_EMULATOR=OFF \
     -DCMAKE_PREFIX_PATH="$PWD/deps/prefix;$gtest_prefix"
 }
 

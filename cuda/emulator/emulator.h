@@ -1,7 +1,7 @@
-// The CUDA emulator's device side, force-included (-include) into every cuda/*.cu file when the
-// build runs minamp's CUDA backend on the CPU (cmake -DMINAMP_CUDA_EMULATOR=ON, `make
-// test-emulated`). With it the same kernel sources, compiled by the host C++ compiler, run every
-// GPU test on a machine without a GPU:
+// The CUDA emulator's device side, force-included (-include) into every cuda/*.cu file compiled
+// for the CPU (the library minamp_emulated, the test binary minamp_tests_emulated; `make test`
+// runs it). With it the same kernel sources, compiled by the host C++ compiler, run every GPU
+// test on a machine without a GPU:
 //   - the CUDA keywords (__global__, __device__, __shared__, ...) become plain C++; a block's
 //     __shared__ variables are thread_local, which is right because one OS thread runs one
 //     block at a time;
@@ -19,7 +19,8 @@
 // pointer alignment and leading dimensions, launch sizes and shared-memory limits, copies that
 // leave a device allocation, and host-synchronising calls during a graph capture. It does not
 // see timing, data races (threads run one after another) or the memory model; that is what the
-// GPU run and compute-sanitizer are for.
+// GPU run and compute-sanitizer are for. A missing cp.async wait is invisible too: the emulated
+// copy has landed when cp_async16 returns.
 #pragma once
 
 #include <cuda_fp16.h>
