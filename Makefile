@@ -14,7 +14,7 @@ help:
 	@echo "  make test           build and run the test suite (GPU tests skip without a GPU, and run"
 	@echo "                      on the CPU emulator of the CUDA backend where CUDA headers are)"
 	@echo "  make test-emulated  only the GPU tests run on the CUDA emulator (the CUDA sources on the CPU)"
-	@echo "  make test-sanitize  run the CPU tests under AddressSanitizer + UBSan"
+	@echo "  make test-sanitize  run the CPU and emulated GPU tests under AddressSanitizer + UBSan"
 	@echo "  make bench          run the CPU benchmarks, results under bench/results/"
 	@echo "  make build          configure and build only (BUILD=$(BUILD))"
 	@echo "  make format         clang-format every source file"
