@@ -186,13 +186,19 @@ private:
   int count_ = 0;
 };
 
+// At least `bytes` (one, for zero) of memory aligned to `alignment`, from aligned_alloc (which
+// wants a whole number of alignment units); nullptr when there is none.
+void* aligned_block(size_t bytes, size_t alignment) {
+  return std::aligned_alloc(alignment,
+                            (std::max<size_t>(bytes, 1) + alignment - 1) / alignment * alignment);
+}
+
 // A block's dynamic shared memory: 128-byte aligned, as `extern __shared__ __align__(128)` asks.
 class SharedMemory {
 public:
   void resize(size_t bytes) {
     bytes_ = bytes;
-    memory_.reset(
-        static_cast<unsigned char*>(std::aligned_alloc(128, (bytes + 127) / 128 * 128 + 128)));
+    memory_.reset(static_cast<unsigned char*>(aligned_block(bytes, 128)));
   }
   unsigned char* data() { return memory_.get(); }
   // Shared memory starts as garbage on a GPU: all-ones bytes read as NaN in f32 and f16.
@@ -545,10 +551,9 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = nullptr;
   if (strict_captures > 0) return fail(cudaErrorStreamCaptureUnsupported);
   if (bytes > kDeviceBytes - device_bytes_in_use) return fail(cudaErrorMemoryAllocation);
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-  void* memory = std::aligned_alloc(256, rounded);
+  void* memory = aligned_block(bytes, 256);
   if (!memory) return fail(cudaErrorMemoryAllocation);
-  std::memset(memory, 0xff, rounded); // fresh device memory is garbage: NaN in f32 and f16
+  std::memset(memory, 0xff, bytes); // fresh device memory is garbage: NaN in f32 and f16
   device_allocations()[reinterpret_cast<uintptr_t>(memory)] = bytes;
   device_bytes_in_use += bytes;
   *p = memory;
@@ -567,7 +572,7 @@ cudaError_t cudaFree(void* p) {
 }
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
-  *p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  *p = aligned_block(bytes, 256);
   return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
 
