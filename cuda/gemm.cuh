@@ -212,12 +212,15 @@ template <class Kernel> void allow_dynamic_smem(Kernel kernel, int bytes) {
 
 // ---------------------------------------------------------------------------------------------
 // cp.async (sm_80+): 16-byte asynchronous global -> shared copies, grouped and awaited. Before
-// sm_80 the copy is a plain 16-byte load and store, and the group calls do nothing.
+// sm_80 the copy is a plain 16-byte load and store, and the group calls do nothing. The CPU
+// emulator keeps the copies asynchronous (emulator.h), so the pipeline's waits are checked there.
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+#elif defined(MINAMP_CUDA_EMULATOR)
+  ::minamp::emu::cp_async(smem, gmem, 16);
 #else
   *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
 #endif
@@ -226,6 +229,8 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(MINAMP_CUDA_EMULATOR)
+  ::minamp::emu::cp_async_commit();
 #endif
 }
 
@@ -233,6 +238,8 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int kPending> __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#elif defined(MINAMP_CUDA_EMULATOR)
+  ::minamp::emu::cp_async_wait(kPending);
 #endif
 }
 

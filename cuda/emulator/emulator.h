@@ -11,16 +11,19 @@
 //   - nvcuda::wmma fragments hold their whole 16x16 tile in every lane (the API hides how the
 //     tile is spread over the warp, so no correct kernel can tell), with the API's alignment
 //     rules checked;
+//   - cp.async (gemm.cuh's helpers call cp_async below) is asynchronous as on sm_80: a copy's
+//     destination reads as NaN from its issue until the cp.async.wait_group that covers its
+//     commit group, so a missing or too weak wait, or a buffer refilled while other threads
+//     still read it, shows up as NaN results;
 //   - kernel<<<...>>>(args) launches were rewritten by rewrite.cpp into launch_kernel calls.
-// cp.async takes its pre-sm_80 path (a plain copy): the emulator has no __CUDA_ARCH__.
 //
 // What the emulator checks beyond the results: barriers every live thread of the block
 // reaches (a deadlock is reported, not hung), full-warp shuffles after lanes exited, WMMA
 // pointer alignment and leading dimensions, launch sizes and shared-memory limits, copies that
-// leave a device allocation, and host-synchronising calls during a graph capture. It does not
-// see timing, data races (threads run one after another) or the memory model; that is what the
-// GPU run and compute-sanitizer are for. A missing cp.async wait is invisible too: the emulated
-// copy has landed when cp_async16 returns.
+// leave a device allocation, cp.async copies that are misaligned, leave their buffers or are
+// never waited for, and host-synchronising calls during a graph capture. It does not see
+// timing, data races (threads run one after another) or the memory model; that is what the GPU
+// run and compute-sanitizer are for.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -73,6 +76,14 @@ uint64_t shuffle_xor(uint64_t value, int lane_mask);
 // block's last barrier gets the n-th slot of `floats` values of its warp; `first` says whether
 // this lane is the first to reach it (and must fill it) or another lane has filled it already.
 float* warp_collective_slot(size_t floats, bool& first);
+
+// cp.async: copies `bytes` (4, 8 or 16) from device memory into the block's dynamic shared
+// memory asynchronously. The destination reads as NaN until a cp_async_wait covers the copy's
+// group: cp_async_commit closes the group of the copies issued since the last one, and
+// cp_async_wait(n) lands every committed group but the n most recent (cp.async.wait_group n).
+void cp_async(void* shared_dst, const void* global_src, size_t bytes);
+void cp_async_commit();
+void cp_async_wait(int pending_groups);
 
 // The running block's dynamic shared memory (the launch's size, 16-byte aligned).
 void* dynamic_shared_memory_base();

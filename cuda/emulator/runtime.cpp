@@ -147,11 +147,22 @@ void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc);
 
 enum class FiberState { runnable, at_block_barrier, at_warp_barrier, done };
 
+// A cp.async copy in flight: the source bytes, read when it was issued, land in `dst` at the
+// wait that covers its group.
+struct AsyncCopy {
+  unsigned char* dst;
+  size_t size;
+  unsigned char bytes[16];
+  int group; // the commit group it joins: the fiber's commit count when it was issued
+};
+
 struct Fiber {
   Context context;
   FiberState state = FiberState::runnable;
   int shuffles = 0;         // shuffle_xor calls so far: their parity picks the exchange slots
   int collective_calls = 0; // warp_collective_slot calls since the block's last barrier
+  std::vector<AsyncCopy> async_copies; // issued and not landed, in issue order
+  int async_commits = 0;               // cp.async.commit_group calls so far
   void* sanitizer_stack = nullptr;
 };
 
@@ -201,6 +212,7 @@ public:
     memory_.reset(static_cast<unsigned char*>(aligned_block(bytes, 128)));
   }
   unsigned char* data() { return memory_.get(); }
+  size_t size() const { return bytes_; }
   // Shared memory starts as garbage on a GPU: all-ones bytes read as NaN in f32 and f16.
   void poison() { std::memset(memory_.get(), 0xff, bytes_); }
 
@@ -261,6 +273,8 @@ void fiber_main() {
   Block& b = *running;
   after_switch(nullptr, &b.scheduler_stack_bottom, &b.scheduler_stack_size);
   (*b.body)();
+  if (!b.fibers[b.current].async_copies.empty())
+    report_fault("cp.async: a thread finished with copies no cp.async.wait_group covered");
   b.fibers[b.current].state = FiberState::done;
   yield_to_scheduler(true); // never resumed
 }
@@ -443,6 +457,38 @@ float* warp_collective_slot(size_t floats, bool& first) {
 }
 
 void* dynamic_shared_memory_base() { return running->shared.data(); }
+
+void cp_async(void* shared_dst, const void* global_src, size_t bytes) {
+  Block& b = *running;
+  Fiber& f = b.fibers[b.current];
+  unsigned char* dst = static_cast<unsigned char*>(shared_dst);
+  const uintptr_t dst_at = reinterpret_cast<uintptr_t>(dst);
+  const uintptr_t shared_at = reinterpret_cast<uintptr_t>(b.shared.data());
+  if (bytes != 4 && bytes != 8 && bytes != 16)
+    return report_fault("cp.async: the copy size must be 4, 8 or 16 bytes");
+  if (dst_at % bytes != 0 || reinterpret_cast<uintptr_t>(global_src) % bytes != 0)
+    return report_fault("cp.async: a pointer is not aligned to the copy size");
+  if (!is_device_range(global_src, bytes))
+    return report_fault("cp.async: the source is not inside a device allocation");
+  if (dst_at < shared_at || dst_at + bytes > shared_at + b.shared.size())
+    return report_fault("cp.async: the destination is not in the block's dynamic shared memory "
+                        "(the only shared memory the emulator's cp.async writes)");
+  AsyncCopy copy{dst, bytes, {}, f.async_commits};
+  std::memcpy(copy.bytes, global_src, bytes);
+  f.async_copies.push_back(copy);
+  std::memset(dst, 0xff, bytes); // undefined until the copy lands: NaN in f32 and f16
+}
+
+void cp_async_commit() { ++running->fibers[running->current].async_commits; }
+
+void cp_async_wait(int pending_groups) {
+  Fiber& f = running->fibers[running->current];
+  const int landed_groups = f.async_commits - pending_groups; // groups 0 .. landed_groups - 1
+  auto copy = f.async_copies.begin();
+  for (; copy != f.async_copies.end() && copy->group < landed_groups; ++copy)
+    std::memcpy(copy->dst, copy->bytes, copy->size);
+  f.async_copies.erase(f.async_copies.begin(), copy);
+}
 
 void launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, Work thread_body) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;

@@ -1,12 +1,15 @@
 // Tests of the CUDA emulator itself (cuda/emulator/), built only with MINAMP_CUDA_EMULATOR: the
 // CUDA semantics the kernels rely on (barriers, shuffles, WMMA layouts, dynamic shared memory,
-// graph capture) and the faults it must report instead of computing garbage or hanging.
+// cp.async groups, graph capture) and the faults it must report instead of computing garbage or
+// hanging.
 // Like cuda/*.cu, this file goes through rewrite.cpp and has emulator.h force-included, so it is
 // written as CUDA (and checks the rewriting too).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
+
+#include "gemm.cuh" // the cp.async helpers
 
 namespace {
 
@@ -107,6 +110,75 @@ TEST(Emulator, DynamicSharedMemoryIsAlignedAndStartsAsNaN) {
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   for (float v : out.download()) EXPECT_TRUE(std::isnan(v));
   EXPECT_EQ(address.download()[0] % 128, 0u);
+}
+
+// One thread copies src [16] into shared memory by cp.async in four 16-byte chunks: chunks 0-2
+// in commit groups of their own, chunk 3 issued but not committed. It records the tile after
+// cp_async_wait<kPending> in seen[0:16] and after committing and draining in seen[16:32].
+template <int kPending> __global__ void cp_async_groups_kernel(const float* src, float* seen) {
+  using namespace minamp::gpu;
+  extern __shared__ __align__(128) unsigned char bytes[];
+  float* tile = reinterpret_cast<float*>(bytes);
+  for (int chunk = 0; chunk < 3; ++chunk) {
+    cp_async16(tile + 4 * chunk, src + 4 * chunk);
+    cp_async_commit();
+  }
+  cp_async16(tile + 12, src + 12);
+  cp_async_wait<kPending>();
+  for (int i = 0; i < 16; ++i) seen[i] = tile[i];
+  cp_async_commit();
+  cp_async_wait<0>();
+  for (int i = 0; i < 16; ++i) seen[16 + i] = tile[i];
+}
+
+// After wait_group n the committed groups but the n most recent have landed; the others, and
+// copies not yet committed, read as NaN (undefined on a GPU) until a later wait covers them.
+template <int kPending> void check_cp_async_groups() {
+  DeviceBuffer<float> src(16), seen(32);
+  std::vector<float> values(16);
+  for (int i = 0; i < 16; ++i) values[i] = 0.5f * float(i) - 3.0f;
+  src.upload(values);
+  cp_async_groups_kernel<kPending><<<1, 1, 64>>>(src.data, seen.data);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> got = seen.download();
+  for (int i = 0; i < 16; ++i) {
+    const int chunk = i / 4;
+    if (chunk < 3 - kPending)
+      EXPECT_EQ(got[i], values[i]) << "chunk " << chunk << " after wait_group " << kPending;
+    else
+      EXPECT_TRUE(std::isnan(got[i])) << "chunk " << chunk << " after wait_group " << kPending;
+    EXPECT_EQ(got[16 + i], values[i]) << "after draining";
+  }
+}
+
+TEST(Emulator, CpAsyncCopiesLandAtTheWaitThatCoversTheirGroup) {
+  check_cp_async_groups<0>();
+  check_cp_async_groups<1>();
+  check_cp_async_groups<2>();
+}
+
+// Issues one cp.async from src + offset; waits for it unless `leave_in_flight`.
+__global__ void cp_async_one_kernel(const float* src, int offset, bool leave_in_flight) {
+  using namespace minamp::gpu;
+  extern __shared__ __align__(128) unsigned char bytes[];
+  cp_async16(bytes, src + offset);
+  cp_async_commit();
+  if (!leave_in_flight) cp_async_wait<0>();
+}
+
+TEST(Emulator, CpAsyncMisuseIsAFault) {
+  DeviceBuffer<float> src(8);
+  src.upload(std::vector<float>(8, 1.0f));
+  cp_async_one_kernel<<<1, 32, 16>>>(src.data, 4, false);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess) << "a correct use";
+  cp_async_one_kernel<<<1, 32, 16>>>(src.data, 4, true);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure) << "a copy no wait covers";
+  cp_async_one_kernel<<<1, 32, 16>>>(src.data, 1, false);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure) << "a source not 16-byte aligned";
+  cp_async_one_kernel<<<1, 32, 16>>>(src.data, 8, false);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure) << "a source past its allocation";
+  cp_async_one_kernel<<<1, 32, 8>>>(src.data, 0, false);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure) << "a destination past the shared memory";
 }
 
 // C = A @ B for one 16x16x16 tile, A stored as `a_layout`, B as `b_layout`, C row-major.
