@@ -7,7 +7,10 @@
 //     block at a time;
 //   - threadIdx, blockIdx, blockDim and gridDim name the emulated thread's coordinates;
 //   - __syncthreads and __shfl_xor_sync switch between the block's threads, which run as
-//     cooperative fibers (runtime.cpp): a barrier is where a fiber waits for the others;
+//     cooperative fibers (runtime.cpp): a barrier is where a fiber waits for the others.
+//     Between two __syncthreads the warps run one after another, first to last in one phase
+//     and last to first in the next (odd blocks start backwards), so a race between warps
+//     (one writes what another still reads) gives a wrong result in some block or phase;
 //   - nvcuda::wmma fragments hold their whole 16x16 tile in every lane (the API hides how the
 //     tile is spread over the warp, so no correct kernel can tell), with the API's alignment
 //     rules checked;
@@ -22,8 +25,8 @@
 // pointer alignment and leading dimensions, launch sizes and shared-memory limits, copies that
 // leave a device allocation, cp.async copies that are misaligned, leave their buffers or are
 // never waited for, and host-synchronising calls during a graph capture. It does not see
-// timing, data races (threads run one after another) or the memory model; that is what the GPU
-// run and compute-sanitizer are for.
+// timing, the memory model, or a race whose two orders give the same result in the test's
+// data; that is what the GPU run and compute-sanitizer's racecheck are for.
 #pragma once
 
 #include <cuda_fp16.h>

@@ -1,8 +1,8 @@
 // The CUDA emulator's host side: the CUDA runtime calls minamp makes, implemented on the CPU
 // (memory, the stream, events, graph capture and replay, device attributes, errors), and the
 // scheduler that runs a kernel launch: block after block, each block's threads as cooperative
-// fibers that switch at __syncthreads and warp shuffles. See emulator.h for what
-// the emulator checks and what it cannot see.
+// fibers that switch at __syncthreads and warp shuffles, warp after warp between barriers in
+// alternating order. See emulator.h for what the emulator checks and what it cannot see.
 //
 // Work runs when it is issued (the stream is always idle), so events time the work between
 // them on the host clock. The emulated device is an H100-like part: 132 SMs, 227 KB of
@@ -295,28 +295,36 @@ void forget_collectives(Block& b) {
   std::fill(b.collective_count.begin(), b.collective_count.end(), 0);
 }
 
-// After every fiber ran until it finished or waits: releases the warps whose live lanes all
-// wait at a shuffle, else the block when every live thread waits at __syncthreads. Returns
-// false when neither is possible (a deadlock) or every thread has finished.
-bool release_barriers(Block& b) {
-  const int threads = int(b.fibers.size());
-  bool released = false, any_live = false, all_at_block = true;
-  for (int warp0 = 0; warp0 < threads; warp0 += 32) {
-    const int lanes = std::min(32, threads - warp0);
-    int waiting = 0, finished = 0;
-    for (int t = warp0; t < warp0 + lanes; ++t) {
-      waiting += b.fibers[t].state == FiberState::at_warp_barrier;
-      finished += b.fibers[t].state == FiberState::done;
-    }
-    if (waiting > 0 && waiting + finished == lanes) {
-      if (waiting != 32) report_fault("__shfl_xor_sync: a full-warp shuffle without all 32 lanes");
-      for (int t = warp0; t < warp0 + lanes; ++t)
-        if (b.fibers[t].state == FiberState::at_warp_barrier)
-          b.fibers[t].state = FiberState::runnable;
-      released = true;
-    }
+// Releases the warp of `lanes` threads from warp0 when all its live lanes wait at a shuffle.
+bool release_shuffle(Block& b, int warp0, int lanes) {
+  int waiting = 0, finished = 0;
+  for (int t = warp0; t < warp0 + lanes; ++t) {
+    waiting += b.fibers[t].state == FiberState::at_warp_barrier;
+    finished += b.fibers[t].state == FiberState::done;
   }
-  if (released) return true;
+  if (waiting == 0 || waiting + finished != lanes) return false;
+  if (waiting != 32) report_fault("__shfl_xor_sync: a full-warp shuffle without all 32 lanes");
+  for (int t = warp0; t < warp0 + lanes; ++t)
+    if (b.fibers[t].state == FiberState::at_warp_barrier) b.fibers[t].state = FiberState::runnable;
+  return true;
+}
+
+// Runs a warp's lanes (in decreasing order when `backwards`) until each has finished or waits
+// at __syncthreads, releasing the warp's shuffles as its lanes all reach them.
+void run_warp(Block& b, int warp0, int lanes, bool backwards) {
+  do {
+    for (int i = 0; i < lanes; ++i) {
+      const int t = warp0 + (backwards ? lanes - 1 - i : i);
+      if (b.fibers[t].state == FiberState::runnable) resume(b, t);
+    }
+  } while (release_shuffle(b, warp0, lanes));
+}
+
+// After every warp ran: releases the block when every live thread waits at __syncthreads.
+// Returns false when every thread has finished, or on a deadlock (reported): threads waiting
+// at different barriers.
+bool release_block(Block& b) {
+  bool any_live = false, all_at_block = true;
   for (const Fiber& f : b.fibers) {
     if (f.state == FiberState::done) continue;
     any_live = true;
@@ -334,8 +342,13 @@ bool release_barriers(Block& b) {
   return true;
 }
 
+// Runs one block. Between two __syncthreads the warps run one after another, each to the
+// barrier, in increasing order in one such phase and decreasing in the next (odd blocks start
+// backwards), lanes likewise: a warp that writes what another warp still reads before the
+// barrier, or any result that depends on the order of threads between barriers (a race),
+// changes between phases or blocks and fails the comparison with the CPU reference.
 void run_block(Block& b) {
-  const int threads = int(b.fibers.size());
+  const int threads = int(b.fibers.size()), warps = (threads + 31) / 32;
   for (int t = 0; t < threads; ++t) {
     Fiber& f = b.fibers[t];
     f = Fiber{};
@@ -343,10 +356,16 @@ void run_block(Block& b) {
   }
   forget_collectives(b);
   b.shared.poison();
+  const uint3 id = coordinates.block_idx;
+  const dim3 grid = coordinates.grid_dim;
+  int phase = int((id.x + grid.x * (id.y + grid.y * id.z)) % 2);
   do {
-    for (int t = 0; t < threads; ++t)
-      if (b.fibers[t].state == FiberState::runnable) resume(b, t);
-  } while (release_barriers(b));
+    const bool backwards = phase++ % 2 == 1;
+    for (int i = 0; i < warps; ++i) {
+      const int warp = backwards ? warps - 1 - i : i;
+      run_warp(b, warp * 32, std::min(32, threads - warp * 32), backwards);
+    }
+  } while (release_block(b));
 }
 
 void execute(dim3 grid, dim3 block, size_t shared_bytes, const Work& body) {

@@ -1,9 +1,8 @@
 // Tests of the CUDA emulator itself (cuda/emulator/), built only with MINAMP_CUDA_EMULATOR: the
-// CUDA semantics the kernels rely on (barriers, shuffles, WMMA layouts, dynamic shared memory,
-// cp.async groups, graph capture) and the faults it must report instead of computing garbage or
-// hanging.
-// Like cuda/*.cu, this file goes through rewrite.cpp and has emulator.h force-included, so it is
-// written as CUDA (and checks the rewriting too).
+// CUDA semantics the kernels rely on (barriers, shuffles, the warp order that exposes races, WMMA
+// layouts, dynamic shared memory, cp.async groups, graph capture) and the faults it must report
+// instead of computing garbage or hanging. Like cuda/*.cu, this file goes through rewrite.cpp and
+// has emulator.h force-included, so it is written as CUDA (and checks the rewriting too).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -93,6 +92,26 @@ TEST(Emulator, FullWarpShuffleAfterALaneExitedIsAFault) {
   DeviceBuffer<int> out(32);
   early_exit_shuffle_kernel<<<1, 32>>>(out.data);
   EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+}
+
+// Warp 1 writes a flag that warp 0 reads with no barrier between: a race.
+__global__ void racy_flag_kernel(int* out) {
+  __shared__ int flag;
+  if (threadIdx.x == 0) flag = 0;
+  __syncthreads();
+  if (threadIdx.x == 32) flag = 1;
+  if (threadIdx.x == 0) out[blockIdx.x] = flag;
+}
+
+// Between barriers the warps run one after another, in one order in even blocks and the other
+// in odd ones, so both outcomes of the race occur and a test comparing with a reference fails.
+TEST(Emulator, WarpsRunInBothOrdersBetweenBarriers) {
+  DeviceBuffer<int> out(2);
+  racy_flag_kernel<<<2, 64>>>(out.data);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<int> got = out.download();
+  EXPECT_NE(got[0], got[1]) << "the race reads the flag before its write in one block, after in "
+                               "the other";
 }
 
 // Every thread reads the dynamic shared memory before writing it: it must be garbage (NaN).
