@@ -50,6 +50,7 @@ configure() {
   [ -f "$build/build.ninja" ] && return 0
   echo "== configuring $build from deps/"
   if [ ! -d "$gtest_prefix/lib/cmake/GTest" ] && [ ! -d "$gtest_prefix/lib64/cmake/GTest" ]; then
+    rm -rf /tmp/googletest-build
     cmake -S deps/googletest -B /tmp/googletest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_INSTALL_PREFIX="$gtest_prefix" >/dev/null &&
       cmake --build /tmp/googletest-build -j16 >/dev/null &&

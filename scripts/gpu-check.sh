@@ -2,8 +2,9 @@
 # The GPU check, run ON the GPU machine from the repository root with deps/ carried (see
 # scripts/gather-deps.sh): builds GoogleTest into /tmp/prefix, configures and builds minamp for
 # sm_90, checks the GEMM kernels' machine code (tensor-core HMMA and cp.async LDGSTS present, no
-# local-memory LDL/STL), runs the whole test binary (GPU tests included), then compute-sanitizer
-# memcheck on the GPU tests and racecheck on the GEMM and reduction tests. Full logs go to ${OUT:-/tmp/minamp-gpu}.
+# local-memory LDL/STL), runs the whole test binary (a skipped GPU test fails it), then
+# compute-sanitizer memcheck on the GPU tests and racecheck on the GEMM and reduction tests.
+# Full logs go to ${OUT:-/tmp/minamp-gpu}.
 # Every stage runs and is recorded even when an earlier one failed; each has a time limit, cut so
 # that all of them stay within $BUDGET_S seconds (default 560, under the device tool's 600 s per
 # call), so the summary always prints. A pass/fail table ends the output and the exit status is
@@ -48,7 +49,11 @@ run_stage() {
   stage_results+=("$result, $((SECONDS - start)) s")
 }
 
+# Skipped when an earlier call on this machine installed it; a stale build folder (from another
+# checkout) is removed first.
 build_googletest() {
+  [ -d "$gtest_prefix/lib/cmake/GTest" ] || [ -d "$gtest_prefix/lib64/cmake/GTest" ] && return 0
+  rm -rf /tmp/googletest-build
   cmake -S deps/googletest -B /tmp/googletest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_INSTALL_PREFIX="$gtest_prefix" &&
     cmake --build /tmp/googletest-build -j16 &&
@@ -61,8 +66,21 @@ configure() {
     -DCMAKE_PREFIX_PATH="$PWD/deps/prefix;$gtest_prefix"
 }
 
+# The whole test binary; on the GPU machine a skipped GPU test (other than GpuAbsent.*, which
+# needs no device) means the GPU was not usable, which fails the stage instead of passing it.
+run_tests() {
+  "$build/minamp_tests" --gtest_output="json:$out/tests.json" || return 1
+  python3 - "$out/tests.json" <<'EOF'
+import json, sys
+report = json.load(open(sys.argv[1]))
+skipped = [f"{suite['name']}.{test['name']}" for suite in report["testsuites"]
+           for test in suite["testsuite"] if test.get("result") == "SKIPPED"
+           and suite["name"].startswith("Gpu") and suite["name"] != "GpuAbsent"]
+if skipped:
+    sys.exit(f"{len(skipped)} GPU tests skipped (first: {skipped[0]}): is the GPU usable?")
+EOF
+}
 # The large batch-norm test takes minutes under the sanitizers; it runs in the plain test stage.
-run_tests() { "$build/minamp_tests" --gtest_output="json:$out/tests.json"; }
 memcheck() {
   compute-sanitizer --tool memcheck --error-exitcode 1 "$build/minamp_tests" \
     --gtest_filter='Gpu*:-GpuBatchNorm.Large*'
