@@ -80,10 +80,11 @@ if skipped:
     sys.exit(f"{len(skipped)} GPU tests skipped (first: {skipped[0]}): is the GPU usable?")
 EOF
 }
-# The large batch-norm test takes minutes under the sanitizers; it runs in the plain test stage.
+# The large batch-norm test takes minutes under the sanitizers, and the examples (other processes)
+# run kernels the GPU tests check; both run in the plain test stage.
 memcheck() {
   compute-sanitizer --tool memcheck --error-exitcode 1 "$build/minamp_tests" \
-    --gtest_filter='Gpu*:-GpuBatchNorm.Large*'
+    --gtest_filter='Gpu*:-GpuBatchNorm.Large*:GpuExamples.*'
 }
 racecheck() {
   compute-sanitizer --tool racecheck --error-exitcode 1 "$build/minamp_tests" \
