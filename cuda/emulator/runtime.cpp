@@ -23,6 +23,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -124,6 +125,11 @@ minamp_emu_switch:
 void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
   auto* top =
       reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15));
+#if defined(__SANITIZE_ADDRESS__)
+  // The stack's previous fiber ended inside fiber_main, whose frame never returned, so
+  // AddressSanitizer may still hold redzones where this initial frame goes.
+  __asan_unpoison_memory_region(top - 9, 9 * sizeof(uint64_t));
+#endif
   top[-1] = 0;                                 // entry's return address: it never returns
   top[-2] = reinterpret_cast<uint64_t>(entry); // where the switch's `ret` goes
   for (int r = 3; r <= 8; ++r) top[-r] = 0;    // rbp, rbx, r12-r15
