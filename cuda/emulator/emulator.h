@@ -4,7 +4,8 @@
 // test on a machine without a GPU:
 //   - the CUDA keywords (__global__, __device__, __shared__, ...) become plain C++; a block's
 //     __shared__ variables are thread_local, which is right because one OS thread runs one
-//     block at a time;
+//     block at a time, and filled with NaN bytes in each block before any thread uses them
+//     (rewrite.cpp adds the call), as the dynamic shared memory is;
 //   - threadIdx, blockIdx, blockDim and gridDim name the emulated thread's coordinates;
 //   - __syncthreads and __shfl_xor_sync switch between the block's threads, which run as
 //     cooperative fibers (runtime.cpp): a barrier is where a fiber waits for the others.
@@ -87,6 +88,10 @@ float* warp_collective_slot(size_t floats, bool& first);
 void cp_async(void* shared_dst, const void* global_src, size_t bytes);
 void cp_async_commit();
 void cp_async_wait(int pending_groups);
+
+// Called where a static __shared__ variable is declared (rewrite.cpp adds the call): the first
+// thread of a block to get there fills it with NaN bytes, the garbage a block starts with.
+void static_shared_memory(void* variable, size_t bytes);
 
 // The running block's dynamic shared memory (the launch's size, 16-byte aligned).
 void* dynamic_shared_memory_base();

@@ -5,6 +5,10 @@
 //                                     [=](const auto&... a) { kernel(a...); }, args...)
 //   extern __shared__ __align__(16) T name[];
 //     -> T* name = ::minamp::emu::dynamic_shared_memory<T>();
+// and follows each static shared declaration with the call that gives the variable garbage
+// (NaN bytes) at the start of every block, as on a GPU:
+//   __shared__ T name[N];
+//     -> __shared__ T name[N]; ::minamp::emu::static_shared_memory(&name, sizeof(name));
 // Everything else is copied as is. A #line directive and newlines kept in place make compiler
 // errors and __FILE__/__LINE__ (CUDA_CHECK messages) name the original file and line.
 //
@@ -147,17 +151,26 @@ std::string rewrite_dynamic_shared(const std::string& s) {
   return std::regex_replace(s, declaration, "$1* $2 = ::minamp::emu::dynamic_shared_memory<$1>();");
 }
 
+// Run after rewrite_dynamic_shared, so the extern declarations are gone.
+std::string rewrite_static_shared(const std::string& s) {
+  static const std::regex declaration(
+      R"(__shared__\s+([A-Za-z_][\w:\s<>,]*?)\s+(\w+)\s*((?:\[[^\]]*\]\s*)*);)");
+  return std::regex_replace(
+      s, declaration, "__shared__ $1 $2$3; ::minamp::emu::static_shared_memory(&$2, sizeof($2));");
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::cerr << "usage: " << argv[0] << " INPUT OUTPUT\n"
-              << "Rewrites a CUDA source for the CPU emulator (kernel launches and dynamic shared "
+              << "Rewrites a CUDA source for the CPU emulator (kernel launches and shared "
                  "memory declarations).\n";
     return 2;
   }
   try {
-    const std::string text = rewrite_dynamic_shared(rewrite_launches(read_file(argv[1])));
+    const std::string text =
+        rewrite_static_shared(rewrite_dynamic_shared(rewrite_launches(read_file(argv[1]))));
     const std::string tmp = std::string(argv[2]) + ".tmp";
     {
       std::ofstream out(tmp, std::ios::binary);

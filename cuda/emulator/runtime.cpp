@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -236,6 +237,7 @@ struct Block {
   std::vector<Fiber> fibers;
   std::vector<uint64_t> shuffle_slots; // [warps][2][32]
   SharedMemory shared;                 // dynamic shared memory
+  std::vector<void*> static_shared;    // static __shared__ variables poisoned in this block
   // Per warp: the slots of warp_collective_slot since the last barrier, one after another.
   std::vector<std::vector<float>> collective_slots;
   std::vector<size_t> collective_count;
@@ -362,6 +364,7 @@ void run_block(Block& b) {
   }
   forget_collectives(b);
   b.shared.poison();
+  b.static_shared.clear();
   const uint3 id = coordinates.block_idx;
   const dim3 grid = coordinates.grid_dim;
   int phase = int((id.x + grid.x * (id.y + grid.y * id.z)) % 2);
@@ -479,6 +482,13 @@ float* warp_collective_slot(size_t floats, bool& first) {
     if (slots.size() < (index + 1) * floats) slots.resize((index + 1) * floats);
   }
   return slots.data() + index * floats;
+}
+
+void static_shared_memory(void* variable, size_t bytes) {
+  std::vector<void*>& seen = running->static_shared;
+  if (std::find(seen.begin(), seen.end(), variable) != seen.end()) return;
+  seen.push_back(variable);
+  std::memset(variable, 0xff, bytes);
 }
 
 void* dynamic_shared_memory_base() { return running->shared.data(); }

@@ -114,6 +114,23 @@ TEST(Emulator, WarpsRunInBothOrdersBetweenBarriers) {
                                "the other";
 }
 
+// Only block 0 writes the static shared variable; every block reads it.
+__global__ void static_shared_kernel(float* out) {
+  __shared__ float value;
+  if (blockIdx.x == 0) value = 1.0f;
+  out[blockIdx.x] = value;
+}
+
+TEST(Emulator, StaticSharedMemoryStartsAsNaNInEveryBlock) {
+  DeviceBuffer<float> out(3);
+  static_shared_kernel<<<3, 1>>>(out.data);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> got = out.download();
+  EXPECT_EQ(got[0], 1.0f);
+  EXPECT_TRUE(std::isnan(got[1])) << "block 1 must not see what block 0 wrote";
+  EXPECT_TRUE(std::isnan(got[2]));
+}
+
 // Every thread reads the dynamic shared memory before writing it: it must be garbage (NaN).
 __global__ void dynamic_shared_kernel(float* out, uintptr_t* address) {
   extern __shared__ __align__(128) unsigned char bytes[];
