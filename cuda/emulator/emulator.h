@@ -11,7 +11,9 @@
 //     cooperative fibers (runtime.cpp): a barrier is where a fiber waits for the others.
 //     Between two __syncthreads the warps run one after another, first to last in one phase
 //     and last to first in the next (odd blocks start backwards), so a race between warps
-//     (one writes what another still reads) gives a wrong result in some block or phase;
+//     (one writes what another still reads) gives a wrong result in some block or phase.
+//     Blocks run one at a time, the even ones upwards and then the odd ones downwards, so a
+//     block that depends on a neighbouring block's writes fails too;
 //   - nvcuda::wmma fragments hold their whole 16x16 tile in every lane (the API hides how the
 //     tile is spread over the warp, so no correct kernel can tell), with the API's alignment
 //     rules checked;

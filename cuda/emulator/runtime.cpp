@@ -1,8 +1,9 @@
 // The CUDA emulator's host side: the CUDA runtime calls minamp makes, implemented on the CPU
 // (memory, the stream, events, graph capture and replay, device attributes, errors), and the
-// scheduler that runs a kernel launch: block after block, each block's threads as cooperative
-// fibers that switch at __syncthreads and warp shuffles, warp after warp between barriers in
-// alternating order. See emulator.h for what the emulator checks and what it cannot see.
+// scheduler that runs a kernel launch: block after block (even blocks, then odd ones), each
+// block's threads as cooperative fibers that switch at __syncthreads and warp shuffles, warp
+// after warp between barriers in alternating order. See emulator.h for what the emulator
+// checks and what it cannot see.
 //
 // Work runs when it is issued (the stream is always idle), so events time the work between
 // them on the host clock. The emulated device is an H100-like part: 132 SMs, 227 KB of
@@ -392,12 +393,17 @@ void execute(dim3 grid, dim3 block, size_t shared_bytes, const Work& body) {
   coordinates.grid_dim = grid;
   coordinates.block_dim = block;
   launch_fault.clear();
-  for (unsigned z = 0; z < grid.z && launch_fault.empty(); ++z)
-    for (unsigned y = 0; y < grid.y && launch_fault.empty(); ++y)
-      for (unsigned x = 0; x < grid.x && launch_fault.empty(); ++x) {
-        coordinates.block_idx = make_uint3(x, y, z);
-        run_block(b);
-      }
+  // Blocks are independent on a GPU, which runs them in any order: here the even ones (in
+  // linear order) go first, upwards, then the odd ones downwards, so a block that reads what
+  // its neighbour on either side writes sees it unwritten for half of the blocks.
+  const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z, odd = blocks / 2;
+  for (uint64_t i = 0; i < blocks && launch_fault.empty(); ++i) {
+    const uint64_t linear = i < blocks - odd ? 2 * i : 2 * (blocks - 1 - i) + 1;
+    coordinates.block_idx =
+        make_uint3(unsigned(linear % grid.x), unsigned(linear / grid.x % grid.y),
+                   unsigned(linear / (uint64_t(grid.x) * grid.y)));
+    run_block(b);
+  }
   running = outer;
   if (!launch_fault.empty()) {
     std::fprintf(stderr, "minamp CUDA emulator: kernel fault: %s\n", launch_fault.c_str());

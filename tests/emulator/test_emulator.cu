@@ -5,6 +5,7 @@
 // has emulator.h force-included, so it is written as CUDA (and checks the rewriting too).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -112,6 +113,27 @@ TEST(Emulator, WarpsRunInBothOrdersBetweenBarriers) {
   const std::vector<int> got = out.download();
   EXPECT_NE(got[0], got[1]) << "the race reads the flag before its write in one block, after in "
                                "the other";
+}
+
+// Each block marks its slot, then reads the slot of its neighbour at `offset` (a dependency
+// between blocks, which a GPU does not order).
+__global__ void neighbour_kernel(int* marks, int* seen, int offset) {
+  const int b = int(blockIdx.x), neighbour = b + offset;
+  marks[b] = 1;
+  seen[b] = neighbour >= 0 && neighbour < int(gridDim.x) ? marks[neighbour] : -1;
+}
+
+TEST(Emulator, BlocksRunInAnOrderThatExposesDependenciesOnEitherNeighbour) {
+  for (int offset : {-1, 1}) {
+    DeviceBuffer<int> marks(8), seen(8);
+    marks.upload(std::vector<int>(8, 0));
+    neighbour_kernel<<<8, 1>>>(marks.data, seen.data, offset);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    const std::vector<int> got = seen.download();
+    EXPECT_NE(std::count(got.begin(), got.end(), 0), 0)
+        << "offset " << offset << ": some block must run before its neighbour";
+    EXPECT_NE(std::count(got.begin(), got.end(), 1), 0) << "offset " << offset;
+  }
 }
 
 // Only block 0 writes the static shared variable; every block reads it.
