@@ -24,12 +24,12 @@
 //   - kernel<<<...>>>(args) launches were rewritten by rewrite.cpp into launch_kernel calls.
 //
 // What the emulator checks beyond the results: barriers every live thread of the block
-// reaches (a deadlock is reported, not hung), full-warp shuffles after lanes exited, WMMA
-// pointer alignment and leading dimensions, launch sizes and shared-memory limits, copies that
-// leave a device allocation, cp.async copies that are misaligned, leave their buffers or are
-// never waited for, and host-synchronising calls during a graph capture. It does not see
-// timing, the memory model, or a race whose two orders give the same result in the test's
-// data; that is what the GPU run and compute-sanitizer's racecheck are for.
+// reaches, and at the same __syncthreads (a deadlock is reported, not hung), full-warp shuffles
+// after lanes exited, WMMA pointer alignment and leading dimensions, launch sizes and shared-memory
+// limits, copies that leave a device allocation, cp.async copies that are misaligned, leave their
+// buffers or are never waited for, and host-synchronising calls during a graph capture. It does not
+// see timing, the memory model, or a race whose two orders give the same result in the test's data;
+// that is what the GPU run and compute-sanitizer's racecheck are for.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -73,8 +73,9 @@ extern thread_local ThreadCoordinates coordinates;
 // cudaErrorLaunchFailure and `what` is printed.
 void report_fault(const char* what);
 
-// Waits until every live thread of the block reaches a barrier.
-void sync_block();
+// Waits until every live thread of the block reaches a barrier: the same __syncthreads, named
+// by its source location (threads waiting at different ones are a fault, as CUDA requires).
+void sync_block(const char* file, int line);
 // Exchanges one 64-bit value per lane across the warp: returns the value lane ^ lane_mask gave.
 uint64_t shuffle_xor(uint64_t value, int lane_mask);
 
@@ -129,7 +130,7 @@ cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute at
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
 }
 
-inline void __syncthreads() { ::minamp::emu::sync_block(); }
+#define __syncthreads() ::minamp::emu::sync_block(__FILE__, __LINE__)
 
 template <class T> T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
   static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>,

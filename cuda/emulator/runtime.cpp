@@ -171,6 +171,8 @@ struct Fiber {
   int collective_calls = 0; // warp_collective_slot calls since the block's last barrier
   std::vector<AsyncCopy> async_copies; // issued and not landed, in issue order
   int async_commits = 0;               // cp.async.commit_group calls so far
+  const char* barrier_file = nullptr;  // where the __syncthreads it waits at is
+  int barrier_line = 0;
   void* sanitizer_stack = nullptr;
 };
 
@@ -329,6 +331,25 @@ void run_warp(Block& b, int warp0, int lanes, bool backwards) {
   } while (release_shuffle(b, warp0, lanes));
 }
 
+// True when the live threads all wait at the same __syncthreads; else reports which two.
+bool same_barrier(const Block& b) {
+  const Fiber* first = nullptr;
+  for (const Fiber& f : b.fibers) {
+    if (f.state != FiberState::at_block_barrier) continue;
+    if (!first) {
+      first = &f;
+    } else if (f.barrier_line != first->barrier_line ||
+               std::strcmp(f.barrier_file, first->barrier_file) != 0) {
+      report_fault(("__syncthreads: the block's threads wait at different ones (" +
+                    std::string(first->barrier_file) + ":" + std::to_string(first->barrier_line) +
+                    " and " + f.barrier_file + ":" + std::to_string(f.barrier_line) + ")")
+                       .c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
 // After every warp ran: releases the block when every live thread waits at __syncthreads.
 // Returns false when every thread has finished, or on a deadlock (reported): threads waiting
 // at different barriers.
@@ -345,6 +366,7 @@ bool release_block(Block& b) {
                  "shuffle that not every thread reaches)");
     return false;
   }
+  if (!same_barrier(b)) return false;
   for (Fiber& f : b.fibers)
     if (f.state == FiberState::at_block_barrier) f.state = FiberState::runnable;
   forget_collectives(b);
@@ -461,8 +483,11 @@ void report_fault(const char* what) {
   if (launch_fault.empty()) launch_fault = what;
 }
 
-void sync_block() {
-  running->fibers[running->current].state = FiberState::at_block_barrier;
+void sync_block(const char* file, int line) {
+  Fiber& f = running->fibers[running->current];
+  f.barrier_file = file;
+  f.barrier_line = line;
+  f.state = FiberState::at_block_barrier;
   yield_to_scheduler(false);
 }
 

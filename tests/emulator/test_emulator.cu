@@ -84,6 +84,23 @@ TEST(Emulator, BarriersNotEveryThreadReachesAreAFaultNotAHang) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the error is reported once";
 }
 
+// The first warp waits at one __syncthreads, the second at another.
+__global__ void two_barriers_kernel(int* out) {
+  if (threadIdx.x < 32) {
+    __syncthreads();
+    out[threadIdx.x] = 1;
+  } else {
+    __syncthreads();
+    out[threadIdx.x] = 2;
+  }
+}
+
+TEST(Emulator, ThreadsAtDifferentSyncthreadsAreAFault) {
+  DeviceBuffer<int> out(64);
+  two_barriers_kernel<<<1, 64>>>(out.data);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+}
+
 __global__ void early_exit_shuffle_kernel(int* out) {
   if (threadIdx.x % 32 == 7) return;
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
