@@ -25,11 +25,11 @@
 //
 // What the emulator checks beyond the results: barriers every live thread of the block
 // reaches, and at the same __syncthreads (a deadlock is reported, not hung), full-warp shuffles
-// after lanes exited, WMMA pointer alignment and leading dimensions, launch sizes and shared-memory
-// limits, copies that leave a device allocation, cp.async copies that are misaligned, leave their
-// buffers or are never waited for, and host-synchronising calls during a graph capture. It does not
-// see timing, the memory model, or a race whose two orders give the same result in the test's data;
-// that is what the GPU run and compute-sanitizer's racecheck are for.
+// after lanes exited, WMMA pointer alignment and leading dimensions, launch sizes, launch bounds
+// and shared-memory limits, copies that leave a device allocation, cp.async copies that are
+// misaligned, leave their buffers or are never waited for, and host-synchronising calls during a
+// graph capture. It does not see timing, the memory model, or a race whose two orders give the same
+// result in the test's data; that is what the GPU run and compute-sanitizer's racecheck are for.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -95,6 +95,10 @@ void cp_async_wait(int pending_groups);
 // Called where a static __shared__ variable is declared (rewrite.cpp adds the call): the first
 // thread of a block to get there fills it with NaN bytes, the garbage a block starts with.
 void static_shared_memory(void* variable, size_t bytes);
+
+// Called first in a kernel defined with __launch_bounds__(max_threads[, ...]) (rewrite.cpp adds
+// the call): a block of more threads than max_threads is a fault, as the launch fails on a GPU.
+void check_launch_bounds(int max_threads, int min_blocks = 0, int max_blocks_per_cluster = 0);
 
 // The running block's dynamic shared memory (the launch's size, 16-byte aligned).
 void* dynamic_shared_memory_base();

@@ -5,10 +5,14 @@
 //                                     [=](const auto&... a) { kernel(a...); }, args...)
 //   extern __shared__ __align__(16) T name[];
 //     -> T* name = ::minamp::emu::dynamic_shared_memory<T>();
-// and follows each static shared declaration with the call that gives the variable garbage
-// (NaN bytes) at the start of every block, as on a GPU:
+// and adds two calls for checks a GPU makes: after each static shared declaration, the call
+// that gives the variable garbage (NaN bytes) in every block, and at the start of a kernel with
+// launch bounds, the call that fails a launch with more threads than they allow:
 //   __shared__ T name[N];
 //     -> __shared__ T name[N]; ::minamp::emu::static_shared_memory(&name, sizeof(name));
+//   __global__ void __launch_bounds__(B) kernel(params) {
+//     -> __global__ void __launch_bounds__(B) kernel(params) {
+//        ::minamp::emu::check_launch_bounds(B);
 // Everything else is copied as is. A #line directive and newlines kept in place make compiler
 // errors and __FILE__/__LINE__ (CUDA_CHECK messages) name the original file and line.
 //
@@ -159,18 +163,43 @@ std::string rewrite_static_shared(const std::string& s) {
       s, declaration, "__shared__ $1 $2$3; ::minamp::emu::static_shared_memory(&$2, sizeof($2));");
 }
 
+// Puts check_launch_bounds(bounds) first in the body of every kernel defined with
+// __launch_bounds__(bounds), on the line of its opening brace.
+std::string rewrite_launch_bounds(const std::string& s) {
+  static const std::string keyword = "__launch_bounds__";
+  const std::vector<bool> code = code_mask(s);
+  std::string out;
+  size_t copied = 0;
+  for (size_t at = s.find(keyword); at != std::string::npos; at = s.find(keyword, at + 1)) {
+    const size_t open = s.find_first_not_of(" \t\r\n", at + keyword.size());
+    if (!code[at] || open == std::string::npos || s[open] != '(') continue;
+    const size_t bounds_end = matching_paren(s, open);
+    const size_t params = s.find('(', bounds_end);
+    if (params == std::string::npos)
+      throw std::runtime_error("no parameter list after __launch_bounds__ at offset " +
+                               std::to_string(at));
+    const size_t body = s.find_first_not_of(" \t\r\n", matching_paren(s, params));
+    if (body == std::string::npos || s[body] != '{') continue; // a declaration
+    out.append(s, copied, body + 1 - copied);
+    out += " ::minamp::emu::check_launch_bounds" + s.substr(open, bounds_end - open) + ";";
+    copied = body + 1;
+  }
+  out.append(s, copied, std::string::npos);
+  return out;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::cerr << "usage: " << argv[0] << " INPUT OUTPUT\n"
-              << "Rewrites a CUDA source for the CPU emulator (kernel launches and shared "
-                 "memory declarations).\n";
+              << "Rewrites a CUDA source for the CPU emulator (kernel launches, shared "
+                 "memory declarations, launch bounds).\n";
     return 2;
   }
   try {
-    const std::string text =
-        rewrite_static_shared(rewrite_dynamic_shared(rewrite_launches(read_file(argv[1]))));
+    const std::string text = rewrite_launch_bounds(
+        rewrite_static_shared(rewrite_dynamic_shared(rewrite_launches(read_file(argv[1])))));
     const std::string tmp = std::string(argv[2]) + ".tmp";
     {
       std::ofstream out(tmp, std::ios::binary);

@@ -522,6 +522,12 @@ void static_shared_memory(void* variable, size_t bytes) {
   std::memset(variable, 0xff, bytes);
 }
 
+void check_launch_bounds(int max_threads, int, int) {
+  const dim3 d = coordinates.block_dim;
+  if (uint64_t(d.x) * d.y * d.z > uint64_t(max_threads))
+    report_fault("launch: more threads per block than the kernel's __launch_bounds__ allow");
+}
+
 void* dynamic_shared_memory_base() { return running->shared.data(); }
 
 void cp_async(void* shared_dst, const void* global_src, size_t bytes) {

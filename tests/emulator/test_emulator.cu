@@ -318,6 +318,16 @@ TEST(Emulator, WmmaOnAMisalignedPointerIsAFault) {
 
 __global__ void write_kernel(int* out, int value) { out[threadIdx.x] = value; }
 
+__global__ void __launch_bounds__(64) bounded_write_kernel(int* out) { out[threadIdx.x] = 1; }
+
+TEST(Emulator, LaunchBoundsAreChecked) {
+  DeviceBuffer<int> out(128);
+  bounded_write_kernel<<<1, 64>>>(out.data);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  bounded_write_kernel<<<1, 128>>>(out.data);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+}
+
 TEST(Emulator, LaunchLimitsAreChecked) {
   DeviceBuffer<int> out(2048);
   write_kernel<<<1, 1025>>>(out.data, 1);
