@@ -1,13 +1,15 @@
-// The examples on the CUDA backend as a user runs them: mlp and sine --compare with --device cuda
-// (FP32, then AMP from the same init) print their table and end where the same runs on the CPU
-// end. Compiled once per backend: MINAMP_EXAMPLE_SUFFIX names that backend's example binaries
-// ("" for the CUDA build, "_emulated" for the ones linked with the CPU emulator).
+// The programs on the CUDA backend as a user runs them: mlp and sine --compare with --device
+// cuda (FP32, then AMP from the same init) print their table and end where the same runs on the
+// CPU end; bench_train's GPU path (CUDA events, op profile, graph replay) writes every run.
+// Compiled once per backend: MINAMP_EXAMPLE_SUFFIX names that backend's binaries ("" for the
+// CUDA build, "_emulated" for the ones linked with the CPU emulator).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "cpu/test_program.h"
@@ -65,6 +67,38 @@ TEST(GpuExamples, MlpCompareOnCudaEndsWhereTheCpuRunDoes) {
 TEST(GpuExamples, SineCompareOnCudaEndsWhereTheCpuRunDoes) {
   MINAMP_REQUIRE_GPU();
   expect_compare_matches_cpu("sine", "--size 16 --hidden 32 --steps 30", 1e-3, 2e-2);
+}
+
+// Every model, precision and mode bench/run-gpu.sh asks for, at a tiny size: the JSON holds each
+// run, training runs carry their op profile, and the CUDA-graph replay of a step trains exactly
+// like the eager steps (same kernels in the same order).
+TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
+  MINAMP_REQUIRE_GPU();
+  const std::string json = fresh_dir("bench_train_cuda.json");
+  const ProgramRun run =
+      run_program(std::string("bench_train") + MINAMP_EXAMPLE_SUFFIX,
+                  "--device cuda --models mlp,sine --size 16 --steps 3 --warmup 1 --infer-steps 2 "
+                  "--profile 2 --cuda-graph --json " +
+                      json);
+  ASSERT_EQ(run.status, 0) << run.output;
+  const nlohmann::json report = read_summary(json);
+  EXPECT_EQ(report["device"], "cuda");
+  std::map<std::string, double> final_loss;
+  for (const nlohmann::json& r : report["runs"]) {
+    const std::string name =
+        r["model"].get<std::string>() + " " + r["precision"].get<std::string>() + " ";
+    const std::string mode = r["mode"];
+    final_loss[name + mode] = mode == "infer" ? 0.0 : r["final_loss"].get<double>();
+    if (mode == "train") {
+      EXPECT_FALSE(r["profile"]["ops"].empty()) << name;
+    }
+  }
+  EXPECT_EQ(final_loss.size(), 12u) << "mlp and sine x FP32 and AMP x train, infer, train-graph";
+  for (const char* name : {"mlp fp32 ", "mlp amp ", "sine fp32 ", "sine amp "}) {
+    const std::string key = name;
+    EXPECT_TRUE(std::isfinite(final_loss[key + "train"])) << key;
+    EXPECT_EQ(final_loss[key + "train-graph"], final_loss[key + "train"]) << key;
+  }
 }
 
 } // namespace
