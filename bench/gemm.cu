@@ -38,6 +38,11 @@ struct GemmShape {
 
 std::vector<GemmShape> all_shapes(const std::string& which) {
   std::vector<GemmShape> shapes;
+  if (which == "tiny") { // a quick check of the whole benchmark path (the tests run it)
+    shapes.push_back({"square 64", 64, 64, 64});
+    shapes.push_back({"edges, B transposed", 100, 36, 40, false, true});
+    shapes.push_back({"edges, A transposed", 72, 130, 24, true, false, DType::f32});
+  }
   if (which == "all" || which == "square")
     for (int64_t s : {512, 1024, 2048, 4096, 8192}) shapes.push_back({cat("square ", s), s, s, s});
   if (which == "all" || which == "model") {
@@ -52,7 +57,7 @@ std::vector<GemmShape> all_shapes(const std::string& which) {
     shapes.push_back({"classify conv3", 128 * 14 * 14, 64, 288, false, true});
     shapes.push_back({"classify conv4", 128 * 7 * 7, 64, 576, false, true});
   }
-  require(!shapes.empty(), "--shapes", "expected all, square or model, got '", which, "'");
+  require(!shapes.empty(), "--shapes", "expected all, square, model or tiny, got '", which, "'");
   return shapes;
 }
 
@@ -168,12 +173,17 @@ json check(cublasHandle_t handle, const GemmShape& s, Operands& x, const std::ve
 // Keeps the GPU busy for `ns` nanoseconds while the host queues the timed runs behind it, so
 // they start back to back and the events time the GPU, not the host's launch rate (the small
 // shapes take a few microseconds, about as long as queueing one run).
+// (On the CPU emulator, where work runs as it is issued, there is nothing to queue behind.)
 __global__ void spin_kernel(unsigned long long ns) {
+#if defined(MINAMP_CUDA_EMULATOR)
+  (void)ns;
+#else
   unsigned long long start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   } while (now - start < ns);
+#endif
 }
 
 // Event-timed runs: run(i) is launched `reps` times, each between its own pair of events, queued
@@ -344,7 +354,8 @@ std::vector<DType> parse_precisions(const std::string& text) {
 int run(int argc, char** argv) {
   CLI::App app{"minamp bench_gemm: minamp's WMMA and fp32 GEMMs beside cuBLAS (TFLOP/s)"};
   std::string shapes_name = "all", precisions = "f16,f32", json_path;
-  app.add_option("--shapes", shapes_name, "all, square or model")->capture_default_str();
+  app.add_option("--shapes", shapes_name, "all, square, model or tiny (a quick check)")
+      ->capture_default_str();
   app.add_option("--precisions", precisions, "f16 (WMMA vs cublasGemmEx), f32 (SIMT vs Sgemm)")
       ->capture_default_str();
   app.add_option("--json", json_path, "write the results to this JSON file");

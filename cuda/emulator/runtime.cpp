@@ -7,7 +7,7 @@
 //
 // Work runs when it is issued (the stream is always idle), so events time the work between
 // them on the host clock. The emulated device is an H100-like part: 132 SMs, 227 KB of
-// shared memory per block, 80 GB of memory.
+// shared memory per block, 80 GB of memory, 50 MB of L2.
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
@@ -37,6 +37,7 @@ constexpr int kSmCount = 132;
 constexpr int kDefaultSharedBytes = 48 * 1024;
 constexpr int kOptinSharedBytes = 227 * 1024;
 constexpr size_t kDeviceBytes = size_t(80) << 30;
+constexpr int kL2Bytes = 50 << 20;
 constexpr int kMaxBlockThreads = 1024;
 #if defined(__SANITIZE_ADDRESS__)
 constexpr size_t kFiberStackBytes = 1 << 20;
@@ -643,6 +644,29 @@ cudaError_t cudaSetDevice(int device) {
   return device == 0 ? cudaSuccess : fail(cudaErrorInvalidValue);
 }
 
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (!prop || device != 0) return fail(cudaErrorInvalidValue);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof(prop->name), "minamp CUDA emulator (H100-like)");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = kSmCount;
+  prop->totalGlobalMem = kDeviceBytes;
+  prop->sharedMemPerBlock = kDefaultSharedBytes;
+  prop->sharedMemPerBlockOptin = kOptinSharedBytes;
+  prop->l2CacheSize = kL2Bytes;
+  prop->maxThreadsPerBlock = kMaxBlockThreads;
+  prop->warpSize = 32;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device != 0) return fail(cudaErrorInvalidValue);
   switch (attr) {

@@ -1,6 +1,7 @@
 // The programs on the CUDA backend as a user runs them: mlp and sine --compare with --device
 // cuda (FP32, then AMP from the same init) print their table and end where the same runs on the
-// CPU end; bench_train's GPU path (CUDA events, op profile, graph replay) writes every run.
+// CPU end; bench_train's GPU path (CUDA events, op profile, graph replay) writes every run, and
+// bench_gemm checks and times every precision against cuBLAS.
 // Compiled once per backend: MINAMP_EXAMPLE_SUFFIX names that backend's binaries ("" for the
 // CUDA build, "_emulated" for the ones linked with the CPU emulator).
 #include <gtest/gtest.h>
@@ -98,6 +99,25 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
     const std::string key = name;
     EXPECT_TRUE(std::isfinite(final_loss[key + "train"])) << key;
     EXPECT_EQ(final_loss[key + "train-graph"], final_loss[key + "train"]) << key;
+  }
+}
+
+// bench_gemm's quick shapes (square and edge tiles, both transposes, f16 and f32 outputs): every
+// result passes its check against cuBLAS and an fp64 sum, and gets a time for both libraries.
+TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
+  MINAMP_REQUIRE_GPU();
+  const std::string json = fresh_dir("bench_gemm_cuda.json");
+  const ProgramRun run = run_program(std::string("bench_gemm") + MINAMP_EXAMPLE_SUFFIX,
+                                     "--shapes tiny --json " + json);
+  ASSERT_EQ(run.status, 0) << run.output;
+  const nlohmann::json report = read_summary(json);
+  ASSERT_EQ(report["rows"].size(), 6u) << "3 shapes x f16, f32";
+  for (const nlohmann::json& row : report["rows"]) {
+    const std::string what = row["shape"].get<std::string>() + " " + row["ab_dtype"].dump();
+    EXPECT_TRUE(row["check"]["ok"].get<bool>()) << what << ": " << row["check"].dump();
+    ASSERT_TRUE(row.contains("ratio")) << what;
+    EXPECT_GT(row["minamp"]["median_ms"].get<double>(), 0.0) << what;
+    EXPECT_GT(row["cublas"]["median_ms"].get<double>(), 0.0) << what;
   }
 }
 
