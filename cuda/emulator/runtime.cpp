@@ -208,6 +208,10 @@ private:
   int count_ = 0;
 };
 
+// Fills memory whose content a GPU leaves undefined (fresh allocations, shared memory, a cp.async
+// destination before its wait) with all-ones bytes, which read as NaN in f32 and f16.
+void fill_with_garbage(void* memory, size_t bytes) { std::memset(memory, 0xff, bytes); }
+
 // At least `bytes` (one, for zero) of memory aligned to `alignment`, from aligned_alloc (which
 // wants a whole number of alignment units); nullptr when there is none.
 void* aligned_block(size_t bytes, size_t alignment) {
@@ -224,8 +228,7 @@ public:
   }
   unsigned char* data() { return memory_.get(); }
   size_t size() const { return bytes_; }
-  // Shared memory starts as garbage on a GPU: all-ones bytes read as NaN in f32 and f16.
-  void poison() { std::memset(memory_.get(), 0xff, bytes_); }
+  void poison() { fill_with_garbage(memory_.get(), bytes_); } // it starts as garbage on a GPU
 
 private:
   struct Free {
@@ -520,7 +523,7 @@ void static_shared_memory(void* variable, size_t bytes) {
   std::vector<void*>& seen = running->static_shared;
   if (std::find(seen.begin(), seen.end(), variable) != seen.end()) return;
   seen.push_back(variable);
-  std::memset(variable, 0xff, bytes);
+  fill_with_garbage(variable, bytes);
 }
 
 void check_launch_bounds(int max_threads, int, int) {
@@ -549,7 +552,7 @@ void cp_async(void* shared_dst, const void* global_src, size_t bytes) {
   AsyncCopy copy{dst, bytes, {}, f.async_commits};
   std::memcpy(copy.bytes, global_src, bytes);
   f.async_copies.push_back(copy);
-  std::memset(dst, 0xff, bytes); // undefined until the copy lands: NaN in f32 and f16
+  fill_with_garbage(dst, bytes); // undefined until the copy lands
 }
 
 void cp_async_commit() { ++running->fibers[running->current].async_commits; }
@@ -695,7 +698,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (bytes > kDeviceBytes - device_bytes_in_use) return fail(cudaErrorMemoryAllocation);
   void* memory = aligned_block(bytes, 256);
   if (!memory) return fail(cudaErrorMemoryAllocation);
-  std::memset(memory, 0xff, bytes); // fresh device memory is garbage: NaN in f32 and f16
+  fill_with_garbage(memory, bytes);
   device_allocations()[reinterpret_cast<uintptr_t>(memory)] = bytes;
   device_bytes_in_use += bytes;
   *p = memory;

@@ -22,7 +22,7 @@ using minamp::test::fresh_dir;
 using minamp::test::ProgramRun;
 using minamp::test::run_program;
 
-nlohmann::json read_summary(const std::string& path) {
+nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << "missing " << path;
   return in.good() ? nlohmann::json::parse(in) : nlohmann::json::object();
@@ -41,8 +41,8 @@ void expect_compare_matches_cpu(const std::string& example, const std::string& a
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("memory saved"), std::string::npos) << run.output;
   for (const char* precision : {"fp32", "amp"}) {
-    const nlohmann::json on_cpu = read_summary(cpu + "/" + precision + "/summary.json");
-    const nlohmann::json on_gpu = read_summary(gpu + "/" + precision + "/summary.json");
+    const nlohmann::json on_cpu = read_json(cpu + "/" + precision + "/summary.json");
+    const nlohmann::json on_gpu = read_json(gpu + "/" + precision + "/summary.json");
     ASSERT_TRUE(on_cpu.contains("final_loss") && on_gpu.contains("final_loss")) << precision;
     EXPECT_EQ(on_gpu["device"], "cuda") << precision;
     EXPECT_EQ(on_gpu["steps"], on_cpu["steps"]) << precision;
@@ -82,7 +82,7 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
                   "--profile 2 --cuda-graph --json " +
                       json);
   ASSERT_EQ(run.status, 0) << run.output;
-  const nlohmann::json report = read_summary(json);
+  const nlohmann::json report = read_json(json);
   EXPECT_EQ(report["device"], "cuda");
   std::map<std::string, double> final_loss;
   for (const nlohmann::json& r : report["runs"]) {
@@ -110,7 +110,7 @@ TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
   const ProgramRun run = run_program(std::string("bench_gemm") + MINAMP_EXAMPLE_SUFFIX,
                                      "--shapes tiny --json " + json);
   ASSERT_EQ(run.status, 0) << run.output;
-  const nlohmann::json report = read_summary(json);
+  const nlohmann::json report = read_json(json);
   ASSERT_EQ(report["rows"].size(), 6u) << "3 shapes x f16, f32";
   for (const nlohmann::json& row : report["rows"]) {
     const std::string what = row["shape"].get<std::string>() + " " + row["ab_dtype"].dump();
