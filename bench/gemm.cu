@@ -6,7 +6,9 @@
 // minamp's stream (cuBLAS runs on it too): warm-up, then the median of many runs, the two
 // libraries interleaved in rounds, inputs rotated over enough buffers to leave the L2 cold when
 // one set would fit in it; a short spin kernel ahead of each timed series keeps the host's launch
-// rate out of the times. The JSON also records minamp's peak device bytes.
+// rate out of the times. The JSON also records minamp's peak device bytes. With --wmma-sweep,
+// other WMMA tile configurations than the library's are checked and timed the same way on the
+// shapes that matter most (tuning data: which configuration the library should use).
 #include <CLI/CLI.hpp>
 #include <cublas_v2.h>
 #include <nlohmann/json.hpp>
@@ -20,6 +22,7 @@
 
 #include "common.cuh"
 #include "core/rng.h"
+#include "gemm_wmma.cuh"
 #include "io/atomic_file.h"
 #include "kernels/kernels.h"
 
@@ -34,22 +37,24 @@ struct GemmShape {
   int64_t m, n, k;
   bool ta = false, tb = false;
   DType c16 = DType::f16; // C's dtype in the f16 runs (f32 runs always write f32)
+  bool sweep = false;     // --wmma-sweep times the other WMMA configurations on it too
 };
 
 std::vector<GemmShape> all_shapes(const std::string& which) {
   std::vector<GemmShape> shapes;
   if (which == "tiny") { // a quick check of the whole benchmark path (the tests run it)
-    shapes.push_back({"square 64", 64, 64, 64});
-    shapes.push_back({"edges, B transposed", 100, 36, 40, false, true});
+    shapes.push_back({"square 64", 64, 64, 64, false, false, DType::f16, true});
+    shapes.push_back({"edges, B transposed", 100, 36, 40, false, true, DType::f16, true});
     shapes.push_back({"edges, A transposed", 72, 130, 24, true, false, DType::f32});
   }
   if (which == "all" || which == "square")
-    for (int64_t s : {512, 1024, 2048, 4096, 8192}) shapes.push_back({cat("square ", s), s, s, s});
+    for (int64_t s : {512, 1024, 2048, 4096, 8192})
+      shapes.push_back({cat("square ", s), s, s, s, false, false, DType::f16, s == 4096});
   if (which == "all" || which == "model") {
     // sine at 512x512: a hidden 1x1 conv 256->256 over 262144 pixels (forward, input and weight
     // gradients; the weight gradient lands in fp32).
-    shapes.push_back({"sine fwd", 262144, 256, 256, false, true});
-    shapes.push_back({"sine dgrad", 262144, 256, 256, false, false});
+    shapes.push_back({"sine fwd", 262144, 256, 256, false, true, DType::f16, true});
+    shapes.push_back({"sine dgrad", 262144, 256, 256, false, false, DType::f16, true});
     shapes.push_back({"sine wgrad", 256, 256, 262144, true, false, DType::f32});
     // classify, batch 128 on 28x28: the forward im2col GEMMs M = N Ho Wo, N = Cout, K = 9 Cin.
     shapes.push_back({"classify conv1", 128 * 28 * 28, 32, 9, false, true});
@@ -93,8 +98,78 @@ void cublas_gemm(cublasHandle_t handle, const GemmShape& s, const Operands& x) {
                "cublasGemmEx");
 }
 
-void minamp_gemm(const GemmShape& s, Operands& x) {
-  kernels::gemm(x.a, s.ta, x.b, s.tb, x.c, GemmEpilogue{});
+// One way minamp computes a shape: the library's gemm, or a configuration of the WMMA sweep.
+struct MinampGemm {
+  std::string config; // "library", or the WMMA tile configuration
+  std::function<void(const GemmShape&, Operands&)> run;
+};
+
+const MinampGemm kLibraryGemm{"library", [](const GemmShape& s, Operands& x) {
+                                kernels::gemm(x.a, s.ta, x.b, s.tb, x.c, GemmEpilogue{});
+                              }};
+
+// --wmma-sweep: a WMMA tile configuration other than the library's (gemm_wmma.cuh), launched
+// alone over the whole C: no choice of a smaller configuration, no split K. For the swept shapes
+// only: A untransposed, f16 C.
+template <class Cfg> struct WmmaCandidate {
+  using OpA = gpu::OperandTraits<__half, gpu::OperandKind::matrix>;
+  template <bool kTransB>
+  using OpB =
+      gpu::OperandTraits<__half, kTransB ? gpu::OperandKind::transposed : gpu::OperandKind::matrix>;
+
+  static std::string name() {
+    return cat("wmma ", Cfg::BM, "x", Cfg::BN, "x", Cfg::BK, ", ", Cfg::WARPS_M * Cfg::WARPS_N,
+               " warps of ", Cfg::kWarpM, "x", Cfg::kWarpN, ", ", Cfg::STAGES, " stages");
+  }
+  static int smem_bytes(bool trans_b) {
+    return trans_b ? gpu::WmmaFamily::smem_bytes<Cfg, OpA, OpB<true>>()
+                   : gpu::WmmaFamily::smem_bytes<Cfg, OpA, OpB<false>>();
+  }
+  template <bool kTransB> static void launch(const gpu::GemmArgs& args) {
+    gpu::GemmLaunch<gpu::WmmaFamily>::On<OpA, OpB<kTransB>>::template launch<Cfg, __half>(
+        args, args.c, args.epilogue, gpu::KSplit{1, args.k});
+  }
+  static void run(const GemmShape& s, Operands& x) {
+    require(!s.ta && x.a.dtype() == DType::f16 && x.c.dtype() == DType::f16, "--wmma-sweep",
+            "swept shapes have A untransposed, f16 A and B, f16 C; '", s.name, "' does not");
+    gpu::GemmArgs args;
+    args.a = gpu::matrix_operand(x.a, false);
+    args.b = gpu::matrix_operand(x.b, s.tb);
+    args.c = x.c.raw();
+    args.c_dtype = DType::f16;
+    args.m = s.m, args.n = s.n, args.k = s.k;
+    if (s.tb)
+      launch<true>(args);
+    else
+      launch<false>(args);
+  }
+};
+
+// The configurations the sweep tries on a shape, beside the library's (128x128x32, 8 warps of
+// 64x32, 3 stages for large shapes): a longer k-step, a deeper pipeline, 64x64 warp tiles with a
+// wider block or with 4 warps. One that needs more shared memory than the device allows is
+// skipped: a line says so, and `skipped` (the JSON's wmma_sweep_skipped) lists it.
+template <class Cfg>
+void add_candidate(std::vector<MinampGemm>& out, const GemmShape& s, json& skipped) {
+  using Candidate = WmmaCandidate<Cfg>;
+  const int bytes = Candidate::smem_bytes(s.tb), limit = gpu::max_dynamic_smem();
+  if (bytes <= limit) {
+    out.push_back({Candidate::name(), Candidate::run});
+    return;
+  }
+  const std::string why = cat(s.name, ": ", Candidate::name(), " skipped, it needs ", bytes,
+                              " bytes of shared memory and the device allows ", limit);
+  std::printf("%s\n", why.c_str());
+  skipped.push_back(why);
+}
+
+std::vector<MinampGemm> wmma_sweep(const GemmShape& s, json& skipped) {
+  std::vector<MinampGemm> out;
+  add_candidate<gpu::WmmaConfig<128, 128, 64, 2, 4, 3>>(out, s, skipped);
+  add_candidate<gpu::WmmaConfig<128, 128, 32, 2, 4, 4>>(out, s, skipped);
+  add_candidate<gpu::WmmaConfig<128, 256, 32, 2, 4, 3>>(out, s, skipped);
+  add_candidate<gpu::WmmaConfig<128, 128, 32, 2, 2, 4>>(out, s, skipped);
+  return out;
 }
 
 // Host values in [-1, 1), already rounded to f16 when the operands are f16 (so the host copy is
@@ -149,10 +224,10 @@ double max_relative_difference(const std::vector<float>& x, const std::vector<fl
 }
 
 // Checks minamp against cuBLAS on the first operand set, both outputs poisoned with NaN first.
-json check(cublasHandle_t handle, const GemmShape& s, Operands& x, const std::vector<float>& a,
-           const std::vector<float>& b) {
+json check(cublasHandle_t handle, const GemmShape& s, const MinampGemm& minamp, Operands& x,
+           const std::vector<float>& a, const std::vector<float>& b) {
   kernels::fill(x.c, NAN);
-  minamp_gemm(s, x);
+  minamp.run(s, x);
   const std::vector<float> ours = x.c.to_vector();
   kernels::fill(x.c, NAN);
   cublas_gemm(handle, s, x);
@@ -255,9 +330,9 @@ TimingPlan plan_for(double estimate_ms) {
 }
 
 // Warm-up, then rounds of minamp and cuBLAS runs over the rotating operand sets.
-json time_both(cublasHandle_t handle, const GemmShape& s, std::vector<Operands>& sets,
-               double flops) {
-  const auto ours = [&](int i) { minamp_gemm(s, sets[size_t(i) % sets.size()]); };
+json time_both(cublasHandle_t handle, const GemmShape& s, const MinampGemm& minamp,
+               std::vector<Operands>& sets, double flops) {
+  const auto ours = [&](int i) { minamp.run(s, sets[size_t(i) % sets.size()]); };
   const auto theirs = [&](int i) { cublas_gemm(handle, s, sets[size_t(i) % sets.size()]); };
   EventTimer warmup(5);
   warmup.time(theirs);
@@ -290,38 +365,50 @@ std::vector<Operands> make_sets(const GemmShape& s, DType ab, const std::vector<
   return sets;
 }
 
-json bench_shape(cublasHandle_t handle, const GemmShape& s, DType ab, size_t l2_bytes) {
+// One row per way of computing the shape (`minamp`: the library, then any swept
+// configurations), all on the same operands, each checked and then timed beside cuBLAS.
+void bench_shape(cublasHandle_t handle, const GemmShape& s, DType ab, size_t l2_bytes,
+                 const std::vector<MinampGemm>& minamp, const std::function<void(json)>& emit) {
   Rng rng(uint64_t(s.m * 31 + s.n * 17 + s.k));
   const std::vector<float> a = random_values(rng, s.m * s.k, ab);
   const std::vector<float> b = random_values(rng, s.k * s.n, ab);
   std::vector<Operands> sets = make_sets(s, ab, a, b, l2_bytes);
-  json row = {{"shape", s.name},
-              {"m", s.m},
-              {"n", s.n},
-              {"k", s.k},
-              {"trans_a", s.ta},
-              {"trans_b", s.tb},
-              {"ab_dtype", dtype_name(ab)},
-              {"c_dtype", dtype_name(sets[0].c.dtype())},
-              {"operand_sets", sets.size()}};
-  row["check"] = check(handle, s, sets[0], a, b);
-  if (!row["check"]["ok"].get<bool>()) return row;
-  const json times = time_both(handle, s, sets, 2.0 * double(s.m) * double(s.n) * double(s.k));
-  row["minamp"] = times["minamp"];
-  row["cublas"] = times["cublas"];
-  row["ratio"] = times["minamp"]["tflops"].get<double>() / times["cublas"]["tflops"].get<double>();
-  return row;
+  const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
+  for (const MinampGemm& gemm : minamp) {
+    json row = {{"shape", s.name},
+                {"config", gemm.config},
+                {"m", s.m},
+                {"n", s.n},
+                {"k", s.k},
+                {"trans_a", s.ta},
+                {"trans_b", s.tb},
+                {"ab_dtype", dtype_name(ab)},
+                {"c_dtype", dtype_name(sets[0].c.dtype())},
+                {"operand_sets", sets.size()}};
+    row["check"] = check(handle, s, gemm, sets[0], a, b);
+    if (row["check"]["ok"].get<bool>()) {
+      const json times = time_both(handle, s, gemm, sets, flops);
+      row["minamp"] = times["minamp"];
+      row["cublas"] = times["cublas"];
+      row["ratio"] =
+          times["minamp"]["tflops"].get<double>() / times["cublas"]["tflops"].get<double>();
+    }
+    emit(row);
+  }
 }
 
 void print_row(const json& row) {
-  const std::string what = cat(row["shape"].get<std::string>(), " (", row["m"].get<int64_t>(), "x",
-                               row["n"].get<int64_t>(), "x", row["k"].get<int64_t>(), ")");
+  const std::string config = row["config"].get<std::string>();
+  const std::string what =
+      config == "library" ? cat(row["shape"].get<std::string>(), " (", row["m"].get<int64_t>(), "x",
+                                row["n"].get<int64_t>(), "x", row["k"].get<int64_t>(), ")")
+                          : cat("  ", config);
   if (!row.contains("ratio")) {
-    std::printf("%-40s %-4s CHECK FAILED: %s\n", what.c_str(),
+    std::printf("%-48s %-4s CHECK FAILED: %s\n", what.c_str(),
                 row["ab_dtype"].get<std::string>().c_str(), row["check"].dump().c_str());
     return;
   }
-  std::printf("%-40s %-4s %10.2f %10.2f %7.1f%%   (max rel diff %.1e)\n", what.c_str(),
+  std::printf("%-48s %-4s %10.2f %10.2f %7.1f%%   (max rel diff %.1e)\n", what.c_str(),
               row["ab_dtype"].get<std::string>().c_str(), row["minamp"]["tflops"].get<double>(),
               row["cublas"]["tflops"].get<double>(), 100 * row["ratio"].get<double>(),
               row["check"]["max_rel_diff_vs_cublas"].get<double>());
@@ -354,11 +441,15 @@ std::vector<DType> parse_precisions(const std::string& text) {
 int run(int argc, char** argv) {
   CLI::App app{"minamp bench_gemm: minamp's WMMA and fp32 GEMMs beside cuBLAS (TFLOP/s)"};
   std::string shapes_name = "all", precisions = "f16,f32", json_path;
+  bool sweep = false;
   app.add_option("--shapes", shapes_name, "all, square, model or tiny (a quick check)")
       ->capture_default_str();
   app.add_option("--precisions", precisions, "f16 (WMMA vs cublasGemmEx), f32 (SIMT vs Sgemm)")
       ->capture_default_str();
   app.add_option("--json", json_path, "write the results to this JSON file");
+  app.add_flag("--wmma-sweep", sweep,
+               "also time other WMMA tile configurations than the library's (f16 square 4096, "
+               "sine fwd and dgrad; in tiny, the first two shapes)");
   CLI11_PARSE(app, argc, argv);
   require(cuda_available(), "bench_gemm", cuda_unavailable_reason());
 
@@ -372,14 +463,20 @@ int run(int argc, char** argv) {
   std::printf("bench_gemm on %s (%d SMs, L2 %d MB), cuBLAS %d\n",
               device["name"].get<std::string>().c_str(), device["sm_count"].get<int>(),
               device["l2_bytes"].get<int>() >> 20, cublas_version);
-  std::printf("%-40s %-4s %10s %10s %8s\n", "shape (MxNxK)", "in", "minamp", "cuBLAS", "ratio");
-  json rows = json::array();
+  std::printf("%-48s %-4s %10s %10s %8s\n", "shape (MxNxK)", "in", "minamp", "cuBLAS", "ratio");
+  json rows = json::array(), sweep_skipped = json::array();
   bool all_ok = true;
   for (DType ab : parse_precisions(precisions)) {
     for (const GemmShape& s : all_shapes(shapes_name)) {
-      rows.push_back(bench_shape(handle, s, ab, size_t(device["l2_bytes"].get<int>())));
-      all_ok = all_ok && rows.back()["check"]["ok"].get<bool>();
-      print_row(rows.back());
+      std::vector<MinampGemm> minamp{kLibraryGemm};
+      if (sweep && s.sweep && ab == DType::f16)
+        for (MinampGemm& candidate : wmma_sweep(s, sweep_skipped))
+          minamp.push_back(std::move(candidate));
+      bench_shape(handle, s, ab, size_t(device["l2_bytes"].get<int>()), minamp, [&](json row) {
+        all_ok = all_ok && row["check"]["ok"].get<bool>();
+        print_row(row);
+        rows.push_back(std::move(row));
+      });
     }
   }
   cublasDestroy(handle);
@@ -392,7 +489,8 @@ int run(int argc, char** argv) {
                        {"timing", "CUDA events per run on one stream, queued behind a spin kernel, "
                                   "median; minamp and cuBLAS alternate in 2 rounds after 5 "
                                   "warm-up runs each"},
-                       {"rows", rows}};
+                       {"rows", rows},
+                       {"wmma_sweep_skipped", sweep_skipped}};
   if (!json_path.empty()) {
     io::write_file_atomically(json_path, result.dump(2) + "\n");
     std::printf("wrote %s\n", json_path.c_str());

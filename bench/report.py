@@ -68,18 +68,19 @@ def load_one(path, problems):
     return result
 
 
-def load(paths, problems, items="runs"):
-    """One result from several files of the same tool: their items (runs, or bench_gemm's rows)
-    joined and their models merged, every other field from the first. None when no file could be
-    read."""
+def load(paths, problems, items=("runs",)):
+    """One result from several files of the same tool: their lists named in items (runs, or
+    bench_gemm's rows and skipped sweep configurations) joined and their models merged, every
+    other field from the first. None when no file could be read."""
     results = [r for r in (load_one(p, problems) for p in paths or []) if r is not None]
     if not results:
         return None
-    merged = dict(results[0], **{items: []})
+    merged = dict(results[0], **{key: [] for key in items})
     if "models" in merged:
         merged["models"] = {}
     for r in results:
-        merged[items] += r.get(items, [])
+        for key in items:
+            merged[key] += r.get(key, [])
         if "models" in merged:
             merged["models"].update(r.get("models", {}))
     return merged
@@ -128,9 +129,14 @@ def loss_target(name, model, minamp):
     return row
 
 
+def is_library(row):
+    """A row of the library's GEMM, not of a configuration tried by bench_gemm --wmma-sweep."""
+    return row.get("config", "library") == "library"
+
+
 def gemm_target(gemm):
-    rows = [r for r in (gemm or {}).get("rows", [])
-            if r["shape"] == "square 4096" and r["ab_dtype"] == "f16" and "ratio" in r]
+    rows = [r for r in (gemm or {}).get("rows", []) if r["shape"] == "square 4096"
+            and r["ab_dtype"] == "f16" and "ratio" in r and is_library(r)]
     row = rows[0] if rows else None
     return {"target": "WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)",
             "minamp": row and row["minamp"]["tflops"], "reference": row and row["cublas"]["tflops"],
@@ -234,6 +240,8 @@ def gemm_lines(gemm, markdown):
     rows = []
     for r in gemm["rows"]:
         name = f"{r['shape']} ({r['m']}x{r['n']}x{r['k']})"
+        if not is_library(r):  # a --wmma-sweep row: under its shape's row
+            name = f"{r['shape']}, {r['config']}"
         dtypes = f"{r['ab_dtype']}/{r['c_dtype']}"
         if "ratio" not in r:
             rows.append([name, dtypes, "-", "-", "-", "FAILED"])
@@ -243,7 +251,8 @@ def gemm_lines(gemm, markdown):
         diff = r["check"]["max_rel_diff_vs_cublas"]
         rows.append([name, dtypes, fmt(r["minamp"]["tflops"], 3), fmt(r["cublas"]["tflops"], 3),
                      percent, "ok" if diff is None else f"ok ({diff:.1e})"])
-    return table(head, rows, markdown)
+    skipped = [f"sweep: {why}" for why in gemm.get("wmma_sweep_skipped", [])]
+    return table(head, rows, markdown) + ([""] + skipped if skipped else [])
 
 
 def table(head, rows, markdown):
@@ -309,7 +318,7 @@ def main():
 
     problems = []
     minamp, pytorch = load(args.minamp, problems), load(args.pytorch, problems)
-    gemm = load(args.gemm, problems, items="rows")
+    gemm = load(args.gemm, problems, items=("rows", "wmma_sweep_skipped"))
     if gemm:  # some of bench_gemm's parts, not all
         problems += [f"bench_gemm: no {os.path.basename(p)}" for p in args.gemm
                      if not os.path.exists(p)]

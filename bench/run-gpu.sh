@@ -92,11 +92,14 @@ stage() {
 }
 
 # bench_gemm PART (square-f16, model-f16 or all-f32): one process per part, so that a failure
-# in one keeps the others (bench_gemm writes its JSON at the end).
+# in one keeps the others (bench_gemm writes its JSON at the end). The f16 parts also time the
+# WMMA sweep's tile configurations (square 4096, sine fwd and dgrad): tuning data.
 gemm_parts=(square-f16 model-f16 all-f32)
 run_gemm() {
-  stage "bench_gemm $1" 60 "$build/bench_gemm" --shapes "${1%-*}" --precisions "${1#*-}" \
-    --json "$work/gemm-$1.json"
+  local sweep=()
+  [ "${1#*-}" = f16 ] && sweep=(--wmma-sweep)
+  stage "bench_gemm $1" 90 "$build/bench_gemm" --shapes "${1%-*}" --precisions "${1#*-}" \
+    "${sweep[@]}" --json "$work/gemm-$1.json"
 }
 
 # run_model MODEL: minamp in FP32, then AMP (one process each, so that a slow or failing AMP run

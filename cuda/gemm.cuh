@@ -44,6 +44,10 @@ enum class OperandKind {
   im2col,     // the im2col matrix [out_pixels, kh*kw*Cin] of a conv input x, gathered on the fly
 };
 
+// The largest M, N, K (and im2col extent) a GEMM takes: the kernels index in int, and their tile
+// arithmetic runs up to one block tile (at most 256) past a size.
+constexpr int64_t kMaxGemmExtent = INT32_MAX - 256;
+
 // One operand as stored: `rows` x `cols` are the stored (untransposed) sizes.
 struct GemmOperand {
   OperandKind kind = OperandKind::matrix;

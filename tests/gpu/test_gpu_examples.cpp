@@ -11,6 +11,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 
 #include "cpu/test_program.h"
@@ -108,16 +109,25 @@ TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
   MINAMP_REQUIRE_GPU();
   const std::string json = fresh_dir("bench_gemm_cuda.json");
   const ProgramRun run = run_program(std::string("bench_gemm") + MINAMP_EXAMPLE_SUFFIX,
-                                     "--shapes tiny --json " + json);
+                                     "--shapes tiny --wmma-sweep --json " + json);
   ASSERT_EQ(run.status, 0) << run.output;
   const nlohmann::json report = read_json(json);
-  ASSERT_EQ(report["rows"].size(), 6u) << "3 shapes x f16, f32";
+  // 3 shapes x f16, f32 with the library's kernels; the first two f16 shapes also with each of
+  // the sweep's 4 WMMA configurations, less those the device has too little shared memory for
+  // (none on sm_80+ or on the emulator).
+  ASSERT_EQ(report["rows"].size(), 6u + 2u * 4u - report["wmma_sweep_skipped"].size());
+  std::set<std::string> configs;
   for (const nlohmann::json& row : report["rows"]) {
-    const std::string what = row["shape"].get<std::string>() + " " + row["ab_dtype"].dump();
+    const std::string what = row["shape"].get<std::string>() + " " + row["ab_dtype"].dump() + " " +
+                             row["config"].get<std::string>();
+    configs.insert(row["config"].get<std::string>());
     EXPECT_TRUE(row["check"]["ok"].get<bool>()) << what << ": " << row["check"].dump();
     ASSERT_TRUE(row.contains("ratio")) << what;
     EXPECT_GT(row["minamp"]["median_ms"].get<double>(), 0.0) << what;
     EXPECT_GT(row["cublas"]["median_ms"].get<double>(), 0.0) << what;
+  }
+  if (report["wmma_sweep_skipped"].empty()) {
+    EXPECT_EQ(configs.size(), 5u) << "library + 4 swept configurations";
   }
 }
 
