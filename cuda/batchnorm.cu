@@ -110,7 +110,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = at.i;
     const int c = at.c;
     const float xhat = (load_f(x, i) - p.mean[c]) * p.invstd[c];
-    const float normalised = p.gamma[c] * xhat + p.beta[c]; // the backward recomputes exactly this
+    // One rounding (fma), as the CPU reference; the backward recomputes exactly this.
+    const float normalised = fmaf(p.gamma[c], xhat, p.beta[c]);
     store_f(y, i, relu && normalised < 0.0f ? 0.0f : normalised);
   }
 }
@@ -123,7 +124,7 @@ __device__ __forceinline__ void normalised_and_grad(const TX* x, const TDy* dy, 
                                                     const ChannelParams& p, bool relu, float& xhat,
                                                     float& dy_hat) {
   xhat = (load_f(x, i) - p.mean[c]) * p.invstd[c];
-  const bool masked = relu && !(p.gamma[c] * xhat + p.beta[c] > 0.0f);
+  const bool masked = relu && !(fmaf(p.gamma[c], xhat, p.beta[c]) > 0.0f);
   dy_hat = masked ? 0.0f : load_f(dy, i);
 }
 

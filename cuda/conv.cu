@@ -40,9 +40,10 @@ ConvGeometry conv_geometry(const char* op, const Tensor& x, const Tensor& w,
           g.pad, ")");
   g.out_h = (g.height + 2 * g.pad - g.kernel_h) / g.stride + 1;
   g.out_w = (g.width + 2 * g.pad - g.kernel_w) / g.stride + 1;
-  require(x.numel() < INT32_MAX && g.out_pixels() * w.shape()[0] < INT32_MAX &&
-              g.out_pixels() * g.patch() < INT32_MAX,
-          op, "sizes must fit in 32 bits, got x ", describe(x), ", w ", describe(w));
+  require(x.numel() <= kMaxGemmExtent && g.out_pixels() * w.shape()[0] <= kMaxGemmExtent &&
+              g.out_pixels() * g.patch() <= kMaxGemmExtent,
+          op, "sizes must fit in 32 bits (at most ", kMaxGemmExtent, " elements), got x ",
+          describe(x), ", w ", describe(w));
   return g;
 }
 

@@ -365,6 +365,7 @@ CudaGraph* cuda_graph_capture(const std::function<void()>& work) {
       ended == cudaSuccess ? cudaGraphInstantiate(&exec, graph, 0) : ended;
   if (graph) (void)cudaGraphDestroy(graph);
   if (instantiated != cudaSuccess) {
+    (void)cudaGetLastError(); // so that the next launch check does not report this error again
     allocator.release_private_pool();
     g_graph_exists = false;
   }

@@ -120,7 +120,9 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 #pragma omp simd
     for (int64_t c = 0; c < channels; ++c) {
       const float xhat = (x_row[c] - mu[c]) * inv[c];
-      const float normalised = g[c] * xhat + b[c]; // the backward recomputes exactly this
+      // One rounding (fma), as on the GPU, so that the ReLU mask, which the backward recomputes
+      // exactly, agrees with the CUDA kernels whatever the compiler contracts.
+      const float normalised = std::fma(g[c], xhat, b[c]);
       y_row[c] = bn.relu ? relu(normalised) : normalised;
     }
   }
@@ -152,7 +154,7 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
           for (int64_t c = 0; c < channels; ++c) {
             const float xhat = (x_row[c] - mu[c]) * inv[c];
             // Widened before the mask: masking the float makes GCC branch instead of vectorise.
-            const double dy_hat = relu_masked<double>(relu, dy_row[c], g[c] * xhat + b[c]);
+            const double dy_hat = relu_masked<double>(relu, dy_row[c], std::fma(g[c], xhat, b[c]));
             block[c] += dy_hat;
             block[channels + c] += dy_hat * xhat;
           }
@@ -179,7 +181,7 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
 #pragma omp simd
     for (int64_t c = 0; c < channels; ++c) {
       const float xhat = (x_row[c] - mu[c]) * inv[c];
-      const float dy_hat = relu_masked(bn.relu, dy_row[c], g[c] * xhat + b[c]);
+      const float dy_hat = relu_masked(bn.relu, dy_row[c], std::fma(g[c], xhat, b[c]));
       dx_row[c] = bn.training ? g[c] * inv[c] / n * (n * dy_hat - sdy[c] - xhat * sdyx[c])
                               : g[c] * inv[c] * dy_hat;
     }
