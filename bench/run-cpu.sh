@@ -7,9 +7,22 @@
 #
 #   bash bench/run-cpu.sh [BUILD_DIR]      (default: build, configured by `make build`)
 #
-# BENCH_THREADS sets the threads of both frameworks (default: nproc). The figures are only as
-# clean as the machine is idle: the report records the load average.
+# BENCH_THREADS sets the threads of both frameworks (default: nproc); COMMIT names the measured
+# commit (default: git's HEAD). The figures are only as clean as the machine is idle: the report
+# records the load average.
 set -uo pipefail
+# -h/--help prints the comment above; one BUILD_DIR at most, not starting with '-'.
+usage() { sed -n '2,/^[^#]/{/^# shellcheck/d; s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
+for arg in "$@"; do
+  case $arg in
+  -h | --help) usage; exit 0 ;;
+  -*) echo "run-cpu: unknown option '$arg' (see: bash $0 --help)" >&2; exit 2 ;;
+  esac
+done
+if [ $# -gt 1 ]; then
+  echo "run-cpu: unexpected argument '$2': takes one BUILD_DIR at most (see: bash $0 --help)" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/.." || exit 1
 
 build=${1:-build}

@@ -13,8 +13,19 @@
 # that does not build leaves the others to run. Every stage has a time limit, cut to what is left
 # of $BUDGET_S seconds (default 540) in all, so a result comes back even when one hangs (later
 # stages are then skipped); expect 3-5 minutes on an H100. COMMIT names the measured commit where
-# the copied tree has no .git.
+# the copied tree has no .git. PYTHON (default python3) runs bench/pytorch/train.py and
+# bench/report.py; CUDA_HOME (default /usr/local/cuda) has its bin/ appended to PATH.
+#
+#   COMMIT=<sha> bash bench/run-gpu.sh      (no arguments)
 set -uo pipefail
+# -h/--help prints the comment above; the script takes no arguments.
+usage() { sed -n '2,/^[^#]/{/^# shellcheck/d; s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
+for arg in "$@"; do
+  case $arg in
+  -h | --help) usage; exit 0 ;;
+  *) echo "run-gpu: unknown argument '$arg' (see: bash $0 --help)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.." || exit 1
 
 build=${BUILD:-build-gpu}

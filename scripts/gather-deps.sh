@@ -9,8 +9,19 @@
 #
 # CMakeLists.txt puts deps/prefix first on CMAKE_PREFIX_PATH. The files to copy come from
 # `dpkg -L`, so they are exactly what the packages install; copied CMake configs that name an
-# absolute /usr path are rewritten relative to their own location. Rebuilds deps/ from scratch.
+# absolute /usr path are rewritten relative to their own location. Rebuilds deps/ from scratch,
+# after installing those packages that are missing (apt-get, through sudo when not root).
+#
+#   bash scripts/gather-deps.sh       (no arguments)
 set -euo pipefail
+# -h/--help prints the comment above; the script takes no arguments.
+usage() { sed -n '2,/^[^#]/{/^# shellcheck/d; s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
+for arg in "$@"; do
+  case $arg in
+  -h | --help) usage; exit 0 ;;
+  *) echo "gather-deps: unknown argument '$arg' (see: bash $0 --help)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 
 packages=(libeigen3-dev nlohmann-json3-dev libcli11-dev libstb-dev zlib1g-dev libgtest-dev)

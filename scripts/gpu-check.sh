@@ -8,12 +8,23 @@
 # Every stage runs and is recorded even when an earlier one failed; each has a time limit, cut so
 # that all of them stay within $BUDGET_S seconds (default 560, under the device tool's 600 s per
 # call), so the summary always prints. A pass/fail table ends the output and the exit status is
-# non-zero when any stage failed or timed out.
+# non-zero when any stage failed or timed out. The build folder is $BUILD (default build-gpu);
+# CUDA_HOME (default /usr/local/cuda) has its bin/ appended to PATH.
 #
-# Extra arguments are run afterwards as one more stage, from the repository root, e.g.
+#   bash scripts/gpu-check.sh [COMMAND [ARG...]]
+#
+# COMMAND with its arguments, if given, runs afterwards as one more stage, from the repository
+# root, e.g.
 #   scripts/gpu-check.sh build-gpu/sine --compare --out "$OUT/sine"
 # shellcheck disable=SC2317 # the stage functions run through run_stage (bash -c)
 set -uo pipefail
+# -h/--help prints the comment above; a first argument starting with '-' is no COMMAND. Later
+# arguments are COMMAND's own (scripts/gpu-check.sh build-gpu/sine --help runs sine --help).
+usage() { sed -n '2,/^[^#]/{/^# shellcheck/d; s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
+case ${1-} in
+-h | --help) usage; exit 0 ;;
+-*) echo "gpu-check: unknown option '$1' (see: bash $0 --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.." || exit 1
 
 out=${OUT:-/tmp/minamp-gpu}
