@@ -451,7 +451,10 @@ int run(int argc, char** argv) {
                "also time other WMMA tile configurations than the library's (f16 square 4096, "
                "sine fwd and dgrad; in tiny, the first two shapes)");
   CLI11_PARSE(app, argc, argv);
-  require(cuda_available(), "bench_gemm", cuda_unavailable_reason());
+  if (!json_path.empty()) io::require_writable(json_path, "--json");
+  const std::vector<GemmShape> shapes = all_shapes(shapes_name);
+  const std::vector<DType> dtypes = parse_precisions(precisions);
+  if (!cuda_available()) throw Error(cuda_unavailable_reason());
 
   const json device = device_info();
   cublasHandle_t handle = nullptr;
@@ -466,8 +469,8 @@ int run(int argc, char** argv) {
   std::printf("%-48s %-4s %10s %10s %8s\n", "shape (MxNxK)", "in", "minamp", "cuBLAS", "ratio");
   json rows = json::array(), sweep_skipped = json::array();
   bool all_ok = true;
-  for (DType ab : parse_precisions(precisions)) {
-    for (const GemmShape& s : all_shapes(shapes_name)) {
+  for (DType ab : dtypes) {
+    for (const GemmShape& s : shapes) {
       std::vector<MinampGemm> minamp{kLibraryGemm};
       if (sweep && s.sweep && ab == DType::f16)
         for (MinampGemm& candidate : wmma_sweep(s, sweep_skipped))

@@ -443,18 +443,19 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--models", models, "comma-separated: mlp, sine, classify")->capture_default_str();
   app.add_option("--precisions", precisions, "comma-separated: fp32, amp")->capture_default_str();
+  const int64_t max_steps = 1'000'000'000;
   app.add_option("--steps", cfg.steps, "timed training steps (after warm-up)")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t(1), max_steps))
       ->capture_default_str();
   app.add_option("--warmup", cfg.warmup, "untimed training steps first")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(int64_t(0), max_steps))
       ->capture_default_str();
   app.add_option("--infer-steps", cfg.infer_steps, "timed forward-only passes")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t(1), max_steps))
       ->capture_default_str();
   app.add_option("--profile", cfg.profile_steps,
                  "after the timed steps, this many more with the op profiler on: time per op")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(int64_t(0), max_steps))
       ->capture_default_str();
   app.add_flag("--cuda-graph", cfg.cuda_graph,
                "also time training replayed from a CUDA graph of one step (mode train-graph)");
@@ -463,6 +464,7 @@ int run(int argc, char** argv) {
   app.add_option("--seed", cfg.seed, "seed of the weights and data")->capture_default_str();
   app.add_option("--json", json_path, "write the results to this JSON file");
   CLI11_PARSE(app, argc, argv);
+  if (!json_path.empty()) io::require_writable(json_path, "--json");
 
   const auto model_names = parse_list(models, "--models", {"mlp", "sine", "classify"});
   const auto precision_names = parse_list(precisions, "--precisions", {"fp32", "amp"});

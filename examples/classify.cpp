@@ -166,10 +166,10 @@ int main(int argc, char** argv) {
     int channels = 3;
     std::string data_dir = "/usr/share/datasets/fashion-mnist", images_root;
     app.add_option("--batch-size", batch_size, "images per training batch")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(int64_t(1), examples::kMaxBatch))
         ->capture_default_str();
     app.add_option("--epochs", epochs, "passes over the training set")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(int64_t(1), examples::kMaxSteps))
         ->capture_default_str();
     app.add_option("--data", data_dir, "directory of Fashion-MNIST's *-ubyte.gz files")
         ->capture_default_str();
@@ -186,10 +186,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(int64_t(2), int64_t(1000000)))
         ->capture_default_str();
     app.add_option("--width", width, "channels of the first conv stage (the second has twice)")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(int64_t(1), examples::kMaxWidth / 2))
         ->capture_default_str();
     app.add_option("--subset", subset, "use only the first N training and N test images (0: all)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(CLI::Range(int64_t(0), INT64_MAX));
     CLI11_PARSE(app, argc, argv);
 
     Dataset data = images_root.empty()
@@ -198,6 +198,13 @@ int main(int argc, char** argv) {
     data.train = first_images(data.train, subset);
     data.test = first_images(data.test, subset);
     const std::string source = images_root.empty() ? data_dir : images_root;
+    require(data.classes >= 2, "classify", source, ": ", data.classes,
+            " class; a classifier needs at least 2");
+    require(data.train.size() > 0, "classify", source, ": no training images",
+            images_root.empty() ? ""
+                                : cat(" (every ", holdout_every,
+                                      "th image of a class, its first included, is held out "
+                                      "for testing: see --holdout-every)"));
     require(data.train.size() >= batch_size, "--batch-size", batch_size, " is more than the ",
             data.train.size(), " training images of ", source);
     require(data.test.size() > 0, "classify", source, ": no test images");
@@ -214,7 +221,17 @@ int main(int argc, char** argv) {
     spec.loss = examples::LossKind::cross_entropy;
     spec.optimizer = examples::OptimizerKind::adam;
     spec.steps_per_epoch = data.train.size() / batch_size; // the last partial batch is dropped
+    require(epochs <= examples::kMaxSteps / spec.steps_per_epoch, "--epochs", "at most ",
+            examples::kMaxSteps, " steps, got ", epochs, " epochs of ", spec.steps_per_epoch);
     spec.steps = epochs * spec.steps_per_epoch;
+    spec.config = {{"data", source},
+                   {"subset", std::to_string(subset)},
+                   {"batch_size", std::to_string(batch_size)},
+                   {"width", std::to_string(width)}};
+    if (!images_root.empty())
+      spec.config.insert({{"image_size", std::to_string(image_size)},
+                          {"channels", std::to_string(channels)},
+                          {"holdout_every", std::to_string(holdout_every)}});
     spec.build_model = [&](Rng& rng) {
       return build_cnn(rng, data.train.images.shape(), width, data.classes);
     };

@@ -68,16 +68,24 @@ amp::GradScalerOptions scaler_options(const Options& options, bool amp) {
   return scaler;
 }
 
-// Progress: one line rewritten in place on a terminal, plain lines every `every` steps otherwise.
+// Progress: one line rewritten in place on a terminal, plain lines otherwise; every `every`
+// steps, or with every = 0 every tenth of the run or kQuietSeconds after the last line, whichever
+// comes first (a long run shows it is alive).
 class Progress {
 public:
-  Progress(std::string label, int64_t first, int64_t total, int every, int64_t steps_per_epoch)
-      : label_(std::move(label)), first_(first), total_(total), every_(every),
-        steps_per_epoch_(steps_per_epoch), tty_(isatty(STDOUT_FILENO)), start_(Clock::now()) {}
-  // True when update(step, ...) prints a line (every `every` steps and at the last).
-  bool due(int64_t step) const { return step + 1 == total_ || (step + 1) % every_ == 0; }
+  Progress(std::string label, int64_t first, int64_t total, int64_t every, int64_t steps_per_epoch)
+      : label_(std::move(label)), first_(first), total_(total),
+        every_(every > 0 ? every : std::max<int64_t>(1, total / 10)), timed_(every == 0),
+        steps_per_epoch_(steps_per_epoch), tty_(isatty(STDOUT_FILENO)), start_(Clock::now()),
+        last_line_(start_) {}
+  // True when update(step, ...) prints a line (and always at the last step).
+  bool due(int64_t step) const {
+    return step + 1 == total_ || (step + 1) % every_ == 0 ||
+           (timed_ && seconds_since(last_line_) >= kQuietSeconds);
+  }
   void update(int64_t step, double loss, double scale) {
     if (!due(step)) return;
+    last_line_ = Clock::now();
     const bool last = step + 1 == total_;
     const double elapsed = seconds_since(start_);
     const double rate = (step + 1 - first_) / std::max(elapsed, 1e-9);
@@ -97,12 +105,14 @@ public:
   }
 
 private:
+  static constexpr double kQuietSeconds = 10;
   std::string label_;
   int64_t first_, total_;
-  int every_;
+  int64_t every_;
+  bool timed_;
   int64_t steps_per_epoch_;
   bool tty_;
-  Clock::time_point start_;
+  Clock::time_point start_, last_line_;
 };
 
 // ---- the run's log: what metrics.csv, epochs.csv and the plots show ----
@@ -350,13 +360,18 @@ public:
   RunResult train(const std::string& out_dir);
 
 private:
-  // What a checkpoint must share with this run to resume it (saved as its metadata).
+  // What a checkpoint must share with this run to resume it (saved as its metadata): the
+  // example, its precision and optimizer, the seed and the options that define the model and
+  // the data.
   io::Metadata identity() const {
     const bool unscaled = amp_ && !scaler_->is_enabled();
-    return {{"example", spec_.example},
-            {"precision", unscaled ? precision_ + " without loss scaling" : precision_},
-            {"optimizer", spec_.optimizer == OptimizerKind::adam ? "adam" : "sgd"},
-            {"steps_per_epoch", std::to_string(spec_.steps_per_epoch)}};
+    io::Metadata identity = spec_.config;
+    identity.insert({{"example", spec_.example},
+                     {"precision", unscaled ? precision_ + " without loss scaling" : precision_},
+                     {"optimizer", spec_.optimizer == OptimizerKind::adam ? "adam" : "sgd"},
+                     {"steps_per_epoch", std::to_string(spec_.steps_per_epoch)},
+                     {"seed", std::to_string(options_.seed)}});
+    return identity;
   }
   int64_t epochs_done(int64_t steps) const {
     return spec_.steps_per_epoch > 0 ? steps / spec_.steps_per_epoch : 0;
@@ -505,11 +520,8 @@ RunResult Run::train(const std::string& out_dir) {
 
   RunResult result;
   result.precision = precision_;
-  const int every = options_.log_every > 0
-                        ? options_.log_every
-                        : static_cast<int>(std::max<int64_t>(1, spec_.steps / 10));
   Progress progress(cat(spec_.example, " ", precision_, " ", device_), first_step_, spec_.steps,
-                    every, spec_.steps_per_epoch);
+                    options_.log_every, spec_.steps_per_epoch);
   const double wall_before = log_.steps.empty() ? 0.0 : log_.steps.back().wall_s;
   Allocator& allocator = allocator_for(device_);
   allocator.reset_peak();
@@ -597,6 +609,13 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--seed", options.seed, "seed of the initial weights and the data")
+      ->check(CLI::Validator(
+          [](const std::string& text) { // "-5" would wrap around to 2^64 - 5
+            return text.find('-') == std::string::npos
+                       ? std::string()
+                       : "expected a non-negative integer, got " + text;
+          },
+          ""))
       ->capture_default_str();
   app.add_option("--lr", options.lr, "learning rate")->capture_default_str();
   app.add_option("--out", options.out, "output directory (default out/<example>)");
@@ -612,10 +631,13 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
       ->capture_default_str();
   app.add_option("--growth-interval", options.growth_interval,
                  "clean steps before the loss scale grows")
+      ->check(CLI::Range(1, INT32_MAX))
       ->capture_default_str();
   app.add_flag("--no-loss-scaling", options.no_loss_scaling,
                "AMP without loss scaling (ablation: small gradients flush to zero)");
-  app.add_option("--log-every", options.log_every, "progress line every N steps (0: auto)");
+  app.add_option("--log-every", options.log_every,
+                 "progress line every N steps (0: every tenth of the run or 10 s)")
+      ->check(CLI::Range(int64_t(0), kMaxSteps));
   app.add_option("--save-weights", options.save_weights,
                  "write DIR/init.safetensors before the first step and DIR/final.safetensors "
                  "after the last (PyTorch state_dict names and layouts; with --compare, "
@@ -624,9 +646,16 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
                  "start from the weights in this safetensors file");
   app.add_option("--checkpoint-every", options.checkpoint_every,
                  "every N steps, write a training checkpoint to OUT/checkpoint.safetensors")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t(0), kMaxSteps));
   app.add_option("--resume", options.resume,
                  "continue the run saved in this training checkpoint (same options)");
+}
+
+void require_host_memory(double bytes, const std::string& what) {
+  const double available = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  require(bytes <= available, what.c_str(), "needs ", std::round(bytes / 1048576.0),
+          " MiB of host memory, more than this machine's ", std::round(available / 1048576.0),
+          " MiB");
 }
 
 Device resolve_device(const std::string& name) {
@@ -665,6 +694,8 @@ Options options_for(const Options& options, const std::string& precision) {
 
 int run_example(const TrainSpec& spec, const Options& options) {
   const Device device = resolve_device(options.device);
+  require(options.resume.empty() || options.load_weights.empty(), "--resume",
+          "continues from the checkpoint's weights; it cannot be combined with --load-weights");
   const std::string out = options.out.empty() ? "out/" + spec.example : options.out;
   if (!options.compare) {
     const RunResult r = train(spec, options, device, options.amp, out);
@@ -672,7 +703,7 @@ int run_example(const TrainSpec& spec, const Options& options) {
                 spec.example.c_str(), r.precision.c_str(), device_name(device), r.final_loss,
                 r.wall_s, mib(r.peak_bytes).c_str(), static_cast<long long>(r.skipped_steps),
                 r.final_scale);
-    std::printf("wrote %s/metrics.csv and %s/summary.json\n", out.c_str(), out.c_str());
+    std::printf("wrote %s/ (metrics.csv, summary.json, plots)\n", out.c_str());
     return 0;
   }
   require(options.resume.empty(), "--resume",
@@ -690,7 +721,7 @@ int run_example(const TrainSpec& spec, const Options& options) {
               static_cast<long long>(amp.skipped_steps), amp.final_scale);
   print_comparison("Inference (forward only)", fp32.inference_wall_s, amp.inference_wall_s,
                    fp32.inference_peak_bytes, amp.inference_peak_bytes, nullptr, nullptr);
-  std::printf("\nwrote %s/fp32/ and %s/amp/ (metrics.csv, summary.json)\n", out.c_str(),
+  std::printf("\nwrote %s/fp32/ and %s/amp/ (metrics.csv, summary.json, plots)\n", out.c_str(),
               out.c_str());
   return 0;
 }
@@ -700,6 +731,9 @@ int guarded_main(const std::function<int()>& body) {
     return body();
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of host memory (std::bad_alloc): the sizes asked for need "
+                         "more memory than this machine has\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
   }

@@ -11,10 +11,23 @@
 #include <string>
 
 #include "amp/grad_scaler.h"
+#include "io/safetensors.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 
 namespace minamp::examples {
+
+// The largest counts and sizes the programs take (CLI::Range checks them: "--steps: Value 0 not
+// in range 1 to 1000000000"). Past them a step count overflows or a model needs more memory
+// than any machine has, and the run would die without a word instead of saying so.
+constexpr int64_t kMaxSteps = 1'000'000'000;
+constexpr int64_t kMaxWidth = 65'536;     // features or channels of one layer
+constexpr int64_t kMaxBatch = 16'777'216; // rows of one batch
+constexpr int64_t kMaxLayers = 1'000;
+
+// Throws Error naming `what` when `bytes` of host memory are more than this machine has (a
+// data set built in std::vectors would otherwise be killed by the kernel part-way).
+void require_host_memory(double bytes, const std::string& what);
 
 // Options common to every example.
 struct Options {
@@ -29,7 +42,7 @@ struct Options {
   float init_scale = 65536.0f;
   int growth_interval = 2000;
   bool no_loss_scaling = false;
-  int log_every = 0;            // progress lines; 0 picks a default from the step count
+  int64_t log_every = 0;        // steps between progress lines; 0: a tenth of the run or 10 s
   std::string save_weights;     // directory for init.safetensors and final.safetensors
   std::string load_weights;     // a weights file to start from
   int64_t checkpoint_every = 0; // steps between training checkpoints; 0: none
@@ -58,6 +71,9 @@ struct TrainSpec {
   LossKind loss = LossKind::mse;
   OptimizerKind optimizer = OptimizerKind::sgd;
   int64_t steps = 0;
+  // The options that define the model and the data (e.g. {"widths", "16,16"}): training
+  // checkpoints record them with the seed, and --resume refuses a checkpoint whose differ.
+  io::Metadata config;
   // Epochs (classifiers): steps_per_epoch > 0 makes the run spec.steps / steps_per_epoch epochs.
   // start_epoch is called before an epoch's first step with the data-order generator (seeded
   // from --seed and saved in training checkpoints), e.g. to reshuffle the training set; the

@@ -19,6 +19,7 @@ std::vector<int64_t> parse_widths(const std::string& text) {
       size_t used = 0;
       const long long w = std::stoll(item, &used);
       require(used == item.size() && w > 0, "--widths", "'", item, "' is not a positive integer");
+      require(w <= examples::kMaxWidth, "--widths", item, " is wider than ", examples::kMaxWidth);
       widths.push_back(w);
     } catch (const std::logic_error&) {
       throw Error(cat("--widths: '", item, "' is not a positive integer (expected e.g. 16,16)"));
@@ -39,16 +40,21 @@ int main(int argc, char** argv) {
     int64_t batch_size = 512, epochs = 10, batches = 50;
     app.add_option("--widths", widths_text, "hidden layer widths")->capture_default_str();
     app.add_option("--batch-size", batch_size, "rows per batch")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(int64_t(1), examples::kMaxBatch))
         ->capture_default_str();
     app.add_option("--epochs", epochs, "passes over the batches")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(int64_t(1), examples::kMaxSteps))
         ->capture_default_str();
     app.add_option("--batches", batches, "random batches per epoch")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(int64_t(1), examples::kMaxSteps))
         ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     const std::vector<int64_t> widths = parse_widths(widths_text);
+    require(epochs <= examples::kMaxSteps / batches, "--epochs x --batches", "at most ",
+            examples::kMaxSteps, " steps, got ", epochs, " x ", batches);
+    examples::require_host_memory(
+        double(batches) * double(batch_size) * 9 * sizeof(float),
+        cat("the data set of --batches ", batches, " x --batch-size ", batch_size));
 
     // The data set: `batches` pairs of standard-normal inputs [B, 8] and targets [B, 1].
     Rng data_rng(options.seed + 1);
@@ -61,6 +67,9 @@ int main(int argc, char** argv) {
     examples::TrainSpec spec;
     spec.example = "mlp";
     spec.steps = epochs * batches;
+    spec.config = {{"widths", widths_text},
+                   {"batch_size", std::to_string(batch_size)},
+                   {"batches", std::to_string(batches)}};
     spec.loss = examples::LossKind::mse;
     spec.optimizer = examples::OptimizerKind::sgd;
     spec.build_model = [&](Rng& rng) {

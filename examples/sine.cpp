@@ -41,15 +41,15 @@ int main(int argc, char** argv) {
     examples::add_common_options(app, options, 1e-3f);
     int64_t steps = 512, size = 0, hidden = 256, layers = 2;
     app.add_option("--steps", steps, "training steps on the one example")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(int64_t(1), examples::kMaxSteps))
         ->capture_default_str();
     app.add_option("--size", size, "grid size S (default 512 on a GPU, 64 on the CPU)")
         ->check(CLI::Range(2, 8192));
     app.add_option("--hidden", hidden, "channels of the hidden layers")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(int64_t(1), examples::kMaxWidth))
         ->capture_default_str();
     app.add_option("--layers", layers, "hidden Conv+BN+ReLU blocks after the first")
-        ->check(CLI::NonNegativeNumber)
+        ->check(CLI::Range(int64_t(0), examples::kMaxLayers))
         ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     if (size == 0) size = examples::resolve_device(options.device) == Device::cuda ? 512 : 64;
@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
     examples::TrainSpec spec;
     spec.example = "sine";
     spec.steps = steps;
+    spec.config = {{"size", std::to_string(size)},
+                   {"hidden", std::to_string(hidden)},
+                   {"layers", std::to_string(layers)}};
     spec.loss = examples::LossKind::mse;
     spec.optimizer = examples::OptimizerKind::adam;
     spec.build_model = [&](Rng& rng) {

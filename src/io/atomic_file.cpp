@@ -43,8 +43,8 @@ bool write_all(int fd, const std::string& bytes) {
 
 std::string read_file(const std::string& path) {
   struct stat info {};
-  require(::stat(path.c_str(), &info) == 0, "read_file", path, ": cannot open (", errno_text(),
-          ")");
+  const bool exists = ::stat(path.c_str(), &info) == 0; // before errno_text() reads errno
+  require(exists, "read_file", path, ": cannot open (", errno_text(), ")");
   require(S_ISREG(info.st_mode), "read_file", path, ": not a regular file");
   std::ifstream in(path, std::ios::binary);
   require(in.good(), "read_file", path, ": cannot open for reading");
@@ -54,14 +54,32 @@ std::string read_file(const std::string& path) {
   return contents.str();
 }
 
-void write_file_atomically(const std::string& path, const std::string& bytes) {
-  std::string temp_path = path + ".tmp.XXXXXX";
+namespace {
+// Creates the empty file "<path>.tmp.XXXXXX" and returns its descriptor, with its name in
+// `temp_path`; throws Error naming `op` and `path` when it cannot.
+int create_temp_next_to(const std::string& path, const char* op, std::string& temp_path) {
+  temp_path = path + ".tmp.XXXXXX";
   std::vector<char> temp_name(temp_path.begin(), temp_path.end());
   temp_name.push_back('\0');
   const int fd = ::mkstemp(temp_name.data());
-  require(fd >= 0, "write_file_atomically", path, ": cannot create a temp file next to it (",
-          errno_text(), ")");
+  require(fd >= 0, op, path, ": cannot create a temp file next to it (", errno_text(), ")");
   temp_path = temp_name.data();
+  return fd;
+}
+} // namespace
+
+void require_writable(const std::string& path, const char* what) {
+  struct stat info {};
+  const bool is_directory = ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+  require(!is_directory, what, path, ": is a directory");
+  std::string temp_path;
+  ::close(create_temp_next_to(path, what, temp_path));
+  ::unlink(temp_path.c_str());
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  std::string temp_path;
+  const int fd = create_temp_next_to(path, "write_file_atomically", temp_path);
   if (::fchmod(fd, 0644) != 0 || !write_all(fd, bytes) || ::fsync(fd) != 0) {
     const std::string reason = errno_text();
     ::close(fd);

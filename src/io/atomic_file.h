@@ -15,4 +15,9 @@ std::string read_file(const std::string& path);
 // removing the temp file; the previous file at `path`, if any, is then untouched.
 void write_file_atomically(const std::string& path, const std::string& bytes);
 
+// Throws Error naming `what` (e.g. "--json") and `path` when write_file_atomically(path, ...)
+// could not create its temp file there (checked by creating and removing one), or `path` is a
+// directory: a long run that writes its results at the end fails before it starts instead.
+void require_writable(const std::string& path, const char* what);
+
 } // namespace minamp::io

@@ -1,15 +1,32 @@
 // SGD and Adam: state allocation and the fused step kernels' arguments.
 #include "optim/optimizer.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace minamp::optim {
+
+namespace {
+// The hyperparameter checks of torch.optim ("Invalid learning rate: -1"), which also refuse
+// infinity: `value` must be finite and in [lo, hi) (hi = infinity: no upper bound).
+void require_hyperparameter(const char* op, const char* name, float value, float lo,
+                            float hi = INFINITY) {
+  require(std::isfinite(value) && value >= lo && value < hi, op, name, " must be a finite number",
+          " >= ", lo, (std::isinf(hi) ? "" : cat(" and < ", hi)), ", got ", value);
+}
+} // namespace
 
 Optimizer::Optimizer(std::vector<Parameter*> params) : params_(std::move(params)) {
   require(!params_.empty(), "Optimizer", "got an empty parameter list");
 }
 
 void Optimizer::zero_grad() { zero_grads(params_); }
+
+void Optimizer::set_lr(float lr) {
+  require_hyperparameter("Optimizer", "lr", lr, 0.0f);
+  lr_ = lr;
+}
 
 std::vector<ParamSlot> Optimizer::slots() {
   std::vector<ParamSlot> out(params_.size());
@@ -39,6 +56,9 @@ std::vector<Tensor> zeros_like_masters(const std::vector<Parameter*>& params) {
 
 SGD::SGD(std::vector<Parameter*> params, float lr, float momentum, float weight_decay)
     : Optimizer(std::move(params)), momentum_(momentum), weight_decay_(weight_decay) {
+  require_hyperparameter("SGD", "lr", lr, 0.0f);
+  require_hyperparameter("SGD", "momentum", momentum, 0.0f);
+  require_hyperparameter("SGD", "weight_decay", weight_decay, 0.0f);
   lr_ = lr;
   if (momentum_ != 0.0f) state0_ = zeros_like_masters(params_);
 }
@@ -61,6 +81,11 @@ std::vector<std::pair<std::string, Tensor*>> SGD::named_state() {
 Adam::Adam(std::vector<Parameter*> params, float lr, float beta1, float beta2, float eps,
            float weight_decay)
     : Optimizer(std::move(params)) {
+  require_hyperparameter("Adam", "lr", lr, 0.0f);
+  require_hyperparameter("Adam", "beta1", beta1, 0.0f, 1.0f);
+  require_hyperparameter("Adam", "beta2", beta2, 0.0f, 1.0f);
+  require_hyperparameter("Adam", "eps", eps, 0.0f);
+  require_hyperparameter("Adam", "weight_decay", weight_decay, 0.0f);
   lr_ = lr;
   params_cfg_.beta1 = beta1;
   params_cfg_.beta2 = beta2;

@@ -20,7 +20,8 @@ public:
   void zero_grad();
   const std::vector<Parameter*>& params() const { return params_; }
   float lr() const { return lr_; }
-  void set_lr(float lr) { lr_ = lr; }
+  // Throws Error for a learning rate PyTorch refuses (negative, NaN) or that is infinite.
+  void set_lr(float lr);
   // The optimizer's state tensors with their names (for checkpoints), and where it lives.
   virtual std::vector<std::pair<std::string, Tensor*>> named_state() = 0;
   virtual void to(Device device);

@@ -428,6 +428,21 @@ TEST(GradScaler, RejectsInvalidOptions) {
   expect_error([&] { amp::GradScaler s(bad); }, "growth_interval");
 }
 
+TEST(Optimizers, RejectHyperparametersPyTorchRefuses) {
+  Problem p;
+  const std::vector<Parameter*> params = p.model.parameters();
+  expect_error([&] { optim::SGD s(params, -1.0f); }, "SGD: lr must be a finite number >= 0");
+  expect_error([&] { optim::SGD s(params, NAN); }, "got nan");
+  expect_error([&] { optim::SGD s(params, INFINITY); }, "SGD: lr");
+  expect_error([&] { optim::SGD s(params, 0.1f, -0.5f); }, "SGD: momentum");
+  expect_error([&] { optim::Adam a(params, 0.1f, 1.0f); }, "Adam: beta1 must be");
+  expect_error([&] { optim::Adam a(params, 0.1f, 0.9f, -0.1f); }, "Adam: beta2");
+  expect_error([&] { optim::Adam a(params, 0.1f, 0.9f, 0.999f, -1e-8f); }, "Adam: eps");
+  optim::Adam adam(params, 0.0f); // lr 0 is allowed, as in PyTorch
+  expect_error([&] { adam.set_lr(NAN); }, "lr");
+  EXPECT_EQ(adam.lr(), 0.0f);
+}
+
 // --- why loss scaling ----------------------------------------------------------------------
 
 TEST(LossScaling, TinyGradientsFlushToZeroWithoutScalingAndSurviveWithIt) {

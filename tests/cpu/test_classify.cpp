@@ -186,6 +186,24 @@ TEST(Classify, DataProblemsAreOneLineErrorsWithNoOutput) {
   EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
 }
 
+TEST(Classify, ImageFoldersThatCannotTrainAreOneLineErrors) {
+  const std::string out = fresh_dir("classify_bad_folder");
+  const std::string fixture = std::string(MINAMP_SOURCE_DIR) + "/data/tiny-images";
+  const std::string one_class = fresh_dir("classify_one_class");
+  fs::create_directories(one_class);
+  fs::copy(fixture + "/circles", one_class + "/circles");
+  expect_one_line_error(run_program("classify", "--images " + one_class + " --out " + out),
+                        {one_class, "1 class; a classifier needs at least 2"});
+  const std::string one_each = fresh_dir("classify_one_image_each"); // all held out for testing
+  for (const char* name : {"circles", "squares"}) {
+    fs::create_directories(one_each + "/" + name);
+    fs::copy(fixture + "/" + name + "/img0.png", one_each + "/" + name + "/img0.png");
+  }
+  expect_one_line_error(run_program("classify", "--images " + one_each + " --out " + out),
+                        {one_each, "no training images", "--holdout-every"});
+  EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
+}
+
 TEST(Classify, BadCheckpointsAreOneLineErrorsWithNoOutput) {
   const std::string source = fresh_dir("classify_ckpt_source");
   ASSERT_EQ(
@@ -200,10 +218,10 @@ TEST(Classify, BadCheckpointsAreOneLineErrorsWithNoOutput) {
       {checkpoint, "precision 'amp', this run has 'fp32'"});
   expect_one_line_error(run_program("classify", small_run(data(), 2, 16) + " --amp " + "--resume " +
                                                     checkpoint + " --out " + out),
-                        {checkpoint, "steps_per_epoch '12', this run has '24'"});
+                        {checkpoint, "batch_size '32', this run has '16'"});
   expect_one_line_error(run_program("classify", small_run(data(), 2, 32, 8) + " --amp " +
                                                     "--resume " + checkpoint + " --out " + out),
-                        {checkpoint, "'0.weight' has shape [4, 1, 3, 3], expected [8, 1, 3, 3]"});
+                        {checkpoint, "width '4', this run has '8'"});
   expect_one_line_error(run_program("classify", small_run(data(), 2) + " --load-weights " +
                                                     checkpoint + " --out " + out),
                         {checkpoint, "unexpected entry"});

@@ -10,6 +10,9 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/allocator.h"
 #include "io/safetensors.h"
@@ -46,6 +49,46 @@ TEST(Examples, BadValuesAreOneLineErrors) {
   run = run_program("sine", "--device tpu");
   EXPECT_NE(run.status, 0);
   EXPECT_NE(run.output.find("--device"), std::string::npos) << run.output;
+  // Counts past their limits (which would overflow a step count or exhaust memory) and values
+  // that would wrap or poison training are refused before anything is written.
+  const std::string out = fresh_dir("bad_values");
+  const std::pair<const char*, std::vector<std::string>> cases[] = {
+      {"--epochs 0", {"--epochs", "not in range 1 to 1000000000"}},
+      {"--epochs 1000000 --batches 1000000", {"--epochs x --batches", "at most 1000000000"}},
+      {"--epochs 1 --batches 1000000000 --batch-size 16000000",
+       {"--batches", "more than this machine's"}},
+      {"--widths 4000000000", {"--widths", "wider than 65536"}},
+      {"--seed -5", {"--seed", "non-negative"}},
+      {"--lr nan", {"SGD: lr must be a finite number >= 0, got nan"}},
+      {"--log-every -1", {"--log-every"}},
+      {"--resume a --load-weights b", {"--resume", "--load-weights"}},
+      {"--load-weights /nonexistent.safetensors", {"No such file or directory"}},
+  };
+  for (const auto& [args, parts] : cases) {
+    run = run_program("mlp", std::string(args) + " --out " + out);
+    EXPECT_NE(run.status, 0) << args;
+    for (const std::string& part : parts)
+      EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out)) << "a refused run wrote output";
+}
+
+TEST(Examples, ResumeRefusesACheckpointOfOtherDataOrSeed) {
+  const std::string first = fresh_dir("resume_source"), out = fresh_dir("resume_other");
+  ASSERT_EQ(run_program("mlp", "--epochs 2 --batches 3 --checkpoint-every 2 --out " + first).status,
+            0);
+  const std::string resume = " --resume " + first + "/checkpoint.safetensors --out " + out;
+  for (const auto& [args, what] :
+       {std::pair<const char*, const char*>{"--epochs 2 --batches 4", "batches '3'"},
+        {"--epochs 2 --batches 3 --batch-size 64", "batch_size '512'"},
+        {"--epochs 2 --batches 3 --seed 9", "seed '0'"},
+        {"--epochs 2 --batches 3 --widths 8", "widths '16,16'"}}) {
+    const ProgramRun run = run_program("mlp", args + resume);
+    EXPECT_NE(run.status, 0) << args;
+    EXPECT_NE(run.output.find(what), std::string::npos) << args << ": " << run.output;
+  }
+  EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3" + resume).status, 0)
+      << "more epochs of the same data resume";
 }
 
 TEST(Examples, CudaWithoutAGpuSaysWhy) {

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "core/rng.h"
@@ -229,7 +231,17 @@ TEST(AtomicFile, ReplacesFilesAndLeavesNoTempFiles) {
   expect_error_naming(dir.path("no/such/dir/f"),
                       [&] { io::write_file_atomically(dir.path("no/such/dir/f"), "x"); });
   expect_error_naming(dir.path("missing"), [&] { io::read_file(dir.path("missing")); });
+  expect_error_naming(std::strerror(ENOENT), [&] { io::read_file(dir.path("missing")); });
   expect_error_naming(dir.root(), [&] { io::read_file(dir.root()); });
+
+  // require_writable: the errors write_file_atomically would raise, up front, leaving no file.
+  expect_error_naming("--json", [&] { io::require_writable(dir.path("no/such/f"), "--json"); });
+  expect_error_naming("is a directory", [&] { io::require_writable(dir.root(), "--json"); });
+  io::require_writable(dir.path("new.json"), "--json");
+  EXPECT_FALSE(std::filesystem::exists(dir.path("new.json")));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.root()),
+                          std::filesystem::directory_iterator()),
+            2);
 }
 
 } // namespace
