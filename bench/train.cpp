@@ -476,10 +476,11 @@ int run(int argc, char** argv) {
           "needs --device cuda (CUDA graphs replay GPU work)");
   if (cfg.size == 0) cfg.size = cfg.device == Device::cuda ? 512 : 64;
 
-  std::printf("bench_train on %s (%d threads): %lld warm-up + %lld timed steps, sine %lldx%lld\n",
+  const bool sine = std::find(model_names.begin(), model_names.end(), "sine") != model_names.end();
+  std::printf("bench_train on %s (%d threads): %lld warm-up + %lld timed steps%s\n",
               device_name(cfg.device), Eigen::nbThreads(), static_cast<long long>(cfg.warmup),
-              static_cast<long long>(cfg.steps), static_cast<long long>(cfg.size),
-              static_cast<long long>(cfg.size));
+              static_cast<long long>(cfg.steps),
+              sine ? cat(", sine ", cfg.size, "x", cfg.size).c_str() : "");
   json result = run_all(model_names, precision_names, cfg);
   result["framework"] = "minamp";
   result["device"] = device_name(cfg.device);

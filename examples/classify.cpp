@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
     app.add_option("--subset", subset, "use only the first N training and N test images (0: all)")
         ->check(CLI::Range(int64_t(0), INT64_MAX));
     CLI11_PARSE(app, argc, argv);
+    examples::resolve_device(options.device); // --device cuda without a GPU: before the data loads
 
     Dataset data = images_root.empty()
                        ? read_fashion_mnist(data_dir)

@@ -587,7 +587,8 @@ void Run::write_outputs(const std::string& out_dir, const RunResult& result) con
                             {"skipped_steps", result.skipped_steps},
                             {"final_scale", result.final_scale},
                             {"inference_wall_s", result.inference_wall_s},
-                            {"inference_peak_bytes", result.inference_peak_bytes}};
+                            {"inference_peak_bytes", result.inference_peak_bytes},
+                            {"config", spec_.config}}; // the model and data options
   if (first_step_ > 0) summary["resumed_at_step"] = first_step_;
   if (evaluates()) {
     summary["epochs"] = log_.epochs.size();

@@ -4,11 +4,12 @@
 //   out/sine/amp/metrics.csv:AMP
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/plot.h"
 
 using namespace minamp;
@@ -18,8 +19,7 @@ namespace {
 // The values of `column` in the CSV file at `path` (header row first), as a plot series.
 io::PlotSeries read_column(const std::string& path, const std::string& column,
                            const std::string& name) {
-  std::ifstream in(path);
-  require(in.good(), "plot_metrics", "cannot open ", path);
+  std::istringstream in(io::read_file(path)); // names the path and the reason when it cannot
   std::string line, cell;
   require(static_cast<bool>(std::getline(in, line)), "plot_metrics", path, " is empty");
   std::stringstream header(line);
@@ -40,6 +40,14 @@ io::PlotSeries read_column(const std::string& path, const std::string& column,
     }
   }
   return series;
+}
+
+// True when the plot would show some point of `series`: a finite value (positive for --log-y).
+bool has_drawable_point(const std::vector<io::PlotSeries>& series, bool log_y) {
+  for (const io::PlotSeries& s : series)
+    for (double y : s.y)
+      if (std::isfinite(y) && (!log_y || y > 0)) return true;
+  return false;
 }
 
 } // namespace
@@ -64,6 +72,9 @@ int main(int argc, char** argv) {
       const std::string label = colon == std::string::npos ? input : input.substr(colon + 1);
       series.push_back(read_column(path, column, label));
     }
+    require(has_drawable_point(series, log_y), "plot_metrics", "nothing to draw: column '", column,
+            "' has no ", log_y ? "positive finite value (--log-y)" : "finite value",
+            " in any input");
     io::PlotOptions options;
     options.title = title.empty() ? column : title;
     options.x_label = "step";

@@ -215,6 +215,32 @@ TEST(Examples, RunsWritePlotsNextToTheirMetrics) {
 
 // The loop reads each step's loss, scale and skip flag on the host in batches (not after every
 // step, which would wait for the GPU each time); every row must still show its own step's values.
+TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
+  const std::string out = fresh_dir("plot_metrics");
+  ASSERT_EQ(run_program("mlp", "--compare --epochs 1 --batches 5 --out " + out).status, 0);
+  const std::string fp32 = out + "/fp32/metrics.csv", amp = out + "/amp/metrics.csv";
+  ProgramRun run = run_program("plot_metrics", "--column loss --out " + out + "/loss.png " + fp32 +
+                                                   ":FP32 " + amp + ":AMP");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_GT(std::filesystem::file_size(out + "/loss.png"), 0u);
+
+  const std::string header_only = out + "/header_only.csv";
+  std::ofstream(header_only) << "step,loss\n";
+  const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {"--column nope " + fp32, {"no column 'nope'", "step,loss"}},
+      {"--column skipped --log-y " + fp32, {"nothing to draw", "positive"}},
+      {header_only, {"nothing to draw", "'loss'"}},
+      {out + "/missing.csv", {"missing.csv", "No such file or directory"}},
+  };
+  for (const auto& [args, parts] : cases) {
+    run = run_program("plot_metrics", "--out " + out + "/bad.png " + args);
+    EXPECT_NE(run.status, 0) << args;
+    for (const std::string& part : parts)
+      EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out + "/bad.png"));
+}
+
 TEST(Examples, MetricsShowEachStepsScaleAndSkipThoughReadInBatches) {
   // Rows: step, loss, wall_s, scale, skipped.
   auto read_rows = [](const std::string& path) {
