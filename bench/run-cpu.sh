@@ -12,7 +12,8 @@
 # records the load average.
 set -uo pipefail
 # -h/--help prints the comment above; one BUILD_DIR at most, not starting with '-'.
-usage() { sed -n '2,/^[^#]/{/^# shellcheck/d; s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
+# shellcheck source=scripts/args.sh
+source "$(dirname "$0")/../scripts/args.sh" # usage
 for arg in "$@"; do
   case $arg in
   -h | --help) usage; exit 0 ;;

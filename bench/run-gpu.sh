@@ -19,13 +19,9 @@
 #   COMMIT=<sha> bash bench/run-gpu.sh      (no arguments)
 set -uo pipefail
 # -h/--help prints the comment above; the script takes no arguments.
-usage() { sed -n '2,/^[^#]/{/^# shellcheck/d; s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
-for arg in "$@"; do
-  case $arg in
-  -h | --help) usage; exit 0 ;;
-  *) echo "run-gpu: unknown argument '$arg' (see: bash $0 --help)" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=scripts/args.sh
+source "$(dirname "$0")/../scripts/args.sh"
+no_arguments run-gpu "$@"
 cd "$(dirname "$0")/.." || exit 1
 
 build=${BUILD:-build-gpu}

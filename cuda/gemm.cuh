@@ -331,26 +331,40 @@ __device__ __forceinline__ void load_operand_tile(T* tile, const View& view, int
     load_tile<Tile::kRows, Tile::kCols, THREADS>(tile, Tile::kLd, view, k0, outer0);
 }
 
+// This block's share of a GEMM: the first row m0 and column n0 of its BM x BN tile of C (grid.x
+// walks M, grid.y walks N) and its slice [k_begin, k_end) of K (split K, gemm_split.h: grid.z
+// walks the slices, and block_share moves c to the slice's own [M, N] partial C).
+struct BlockShare {
+  int m0, n0, k_begin, k_end;
+};
+template <class Cfg, class CT>
+__device__ __forceinline__ BlockShare block_share(int m, int n, int k, int k_per_split, CT*& c) {
+  c += blockIdx.z * int64_t(m) * n;
+  const int k_begin = blockIdx.z * k_per_split;
+  const int k_end = int(min(int64_t(k), int64_t(k_begin) + k_per_split)); // no int overflow
+  return {int(blockIdx.x) * Cfg::BM, int(blockIdx.y) * Cfg::BN, k_begin, k_end};
+}
+
 // The multi-stage cp.async main loop shared by the GEMM kernels: STAGES rotating shared buffers
-// of [A tile, B tile] (Smem::kStageElems each) over the K tiles from k_begin (a multiple of BK)
-// to k_end of this block's C tile at (m0, n0). Tiles 0 .. STAGES-2 are put in flight first, one
-// commit group each; each iteration waits for tile kt, fills tile kt + STAGES - 1 into the
-// buffer tile kt-1 used, and calls consume(tile_a, tile_b) on tile kt. Ends with every group
-// drained: the caller may reuse the buffers after a __syncthreads. A k_end inside the matrix
+// of [A tile, B tile] (Smem::kStageElems each) over the K tiles of this block's share (from
+// k_begin, a multiple of BK, to k_end) for its C tile at (m0, n0). Tiles 0 .. STAGES-2 are put in
+// flight first, one commit group each; each iteration waits for tile kt, fills tile kt + STAGES - 1
+// into the buffer tile kt-1 used, and calls consume(tile_a, tile_b) on tile kt. Ends with every
+// group drained: the caller may reuse the buffers after a __syncthreads. A k_end inside the matrix
 // must be a multiple of BK (split-K slices are whole tiles); past K the loaders read zeros.
 template <class Cfg, class Smem, class ViewA, class ViewB, class T, class Consume>
-__device__ __forceinline__ void gemm_pipeline(T* smem, const ViewA& a, const ViewB& b, int m0,
-                                              int n0, int k_begin, int k_end, Consume&& consume) {
+__device__ __forceinline__ void gemm_pipeline(T* smem, const ViewA& a, const ViewB& b,
+                                              const BlockShare& share, Consume&& consume) {
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
   auto stage_a = [&](int s) { return smem + s * Smem::kStageElems; };
   auto stage_b = [&](int s) { return smem + s * Smem::kStageElems + TileA::kElems; };
   auto load_stage = [&](int s, int k_tile) {
-    const int k0 = k_begin + k_tile * Cfg::BK;
-    load_operand_tile<TileA, Cfg::kThreads>(stage_a(s), a, m0, k0);
-    load_operand_tile<TileB, Cfg::kThreads>(stage_b(s), b, n0, k0);
+    const int k0 = share.k_begin + k_tile * Cfg::BK;
+    load_operand_tile<TileA, Cfg::kThreads>(stage_a(s), a, share.m0, k0);
+    load_operand_tile<TileB, Cfg::kThreads>(stage_b(s), b, share.n0, k0);
   };
-  const int k_tiles = (k_end - k_begin + Cfg::BK - 1) / Cfg::BK;
+  const int k_tiles = (share.k_end - share.k_begin + Cfg::BK - 1) / Cfg::BK;
 #pragma unroll
   for (int s = 0; s < Cfg::STAGES - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);

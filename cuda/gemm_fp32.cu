@@ -83,11 +83,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   extern __shared__ __align__(128) unsigned char smem_bytes[];
   float* smem = reinterpret_cast<float*>(smem_bytes);
 
-  const int m0 = blockIdx.x * Cfg::BM, n0 = blockIdx.y * Cfg::BN;
-  // Split-K (gemm_split.h): this block sums its slice of K into the slice's partial C.
-  const int k_begin = blockIdx.z * k_per_split;
-  const int k_end = int(min(int64_t(k), int64_t(k_begin) + k_per_split)); // no int overflow
-  c += blockIdx.z * int64_t(m) * n;
+  const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tx = (warp % Cfg::kWarpsN) * 8 + lane % 8; // thread position along N
   const int ty = (warp / Cfg::kWarpsN) * 4 + lane / 8; // thread position along M
@@ -113,15 +109,15 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         for (int j = 0; j < Cfg::TN; ++j) acc[i][j] = fmaf(a_col[i], b_row[j], acc[i][j]);
     }
   };
-  gemm_pipeline<Cfg, Smem>(smem, a, b, m0, n0, k_begin, k_end, consume);
+  gemm_pipeline<Cfg, Smem>(smem, a, b, share, consume);
 
 #pragma unroll
   for (int i = 0; i < Cfg::TM; ++i) {
-    const int row = m0 + owned_index<!TileA::kKContiguous>(ty, Cfg::kThreadsM, i);
+    const int row = share.m0 + owned_index<!TileA::kKContiguous>(ty, Cfg::kThreadsM, i);
     if (row >= m) continue;
 #pragma unroll
     for (int j = 0; j < Cfg::TN; ++j) {
-      const int col = n0 + owned_index<!TileB::kKContiguous>(tx, Cfg::kThreadsN, j);
+      const int col = share.n0 + owned_index<!TileB::kKContiguous>(tx, Cfg::kThreadsN, j);
       if (col < n) store_output(c, n, row, col, acc[i][j], ep);
     }
   }

@@ -123,11 +123,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   extern __shared__ __align__(128) unsigned char smem_bytes[];
   __half* smem = reinterpret_cast<__half*>(smem_bytes);
 
-  const int m0 = blockIdx.x * Cfg::BM, n0 = blockIdx.y * Cfg::BN;
-  // Split-K (gemm_split.h): this block sums its slice of K into the slice's partial C.
-  const int k_begin = blockIdx.z * k_per_split;
-  const int k_end = int(min(int64_t(k), int64_t(k_begin) + k_per_split)); // no int overflow
-  c += blockIdx.z * int64_t(m) * n;
+  const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
   const int warp = threadIdx.x / 32;
   const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
   const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
@@ -141,7 +137,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const auto consume = [&](const __half* tile_a, const __half* tile_b) {
     mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, warp_row, warp_col, acc);
   };
-  gemm_pipeline<Cfg, Smem>(smem, a, b, m0, n0, k_begin, k_end, consume);
+  gemm_pipeline<Cfg, Smem>(smem, a, b, share, consume);
   __syncthreads(); // every warp is done reading the pipeline buffers
 
   // Epilogue: accumulators -> fp32 staging tile -> alpha/beta/bias/ReLU -> C.
@@ -155,8 +151,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   __syncthreads();
   for (int idx = threadIdx.x; idx < Cfg::BM * Cfg::BN; idx += Cfg::kThreads) {
     const int r = idx / Cfg::BN, col = idx % Cfg::BN;
-    if (m0 + r < m && n0 + col < n)
-      store_output(c, n, m0 + r, n0 + col, staging[r * Cfg::kStagingLd + col], ep);
+    const int row = share.m0 + r, column = share.n0 + col;
+    if (row < m && column < n)
+      store_output(c, n, row, column, staging[r * Cfg::kStagingLd + col], ep);
   }
 }
 

@@ -15,13 +15,9 @@
 #   bash scripts/gather-deps.sh       (no arguments)
 set -euo pipefail
 # -h/--help prints the comment above; the script takes no arguments.
-usage() { sed -n '2,/^[^#]/{/^# shellcheck/d; s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
-for arg in "$@"; do
-  case $arg in
-  -h | --help) usage; exit 0 ;;
-  *) echo "gather-deps: unknown argument '$arg' (see: bash $0 --help)" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=scripts/args.sh
+source "$(dirname "$0")/args.sh"
+no_arguments gather-deps "$@"
 cd "$(dirname "$0")/.."
 
 packages=(libeigen3-dev nlohmann-json3-dev libcli11-dev libstb-dev zlib1g-dev libgtest-dev)

@@ -20,7 +20,8 @@
 set -uo pipefail
 # -h/--help prints the comment above; a first argument starting with '-' is no COMMAND. Later
 # arguments are COMMAND's own (scripts/gpu-check.sh build-gpu/sine --help runs sine --help).
-usage() { sed -n '2,/^[^#]/{/^# shellcheck/d; s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
+# shellcheck source=scripts/args.sh
+source "$(dirname "$0")/args.sh" # usage
 case ${1-} in
 -h | --help) usage; exit 0 ;;
 -*) echo "gpu-check: unknown option '$1' (see: bash $0 --help)" >&2; exit 2 ;;

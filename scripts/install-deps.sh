@@ -5,13 +5,9 @@
 #   bash scripts/install-deps.sh      (no arguments; run by `make deps` and every build target)
 set -euo pipefail
 # -h/--help prints the comment above; the script takes no arguments.
-usage() { sed -n '2,/^[^#]/{/^# shellcheck/d; s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
-for arg in "$@"; do
-  case $arg in
-  -h | --help) usage; exit 0 ;;
-  *) echo "install-deps: unknown argument '$arg' (see: bash $0 --help)" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=scripts/args.sh
+source "$(dirname "$0")/args.sh"
+no_arguments install-deps "$@"
 
 packages=(
   cmake ninja-build g++ make pkg-config
