@@ -172,9 +172,11 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(int64_t(1), examples::kMaxSteps))
         ->capture_default_str();
     app.add_option("--data", data_dir, "directory of Fashion-MNIST's *-ubyte.gz files")
+        ->check(examples::kNonEmptyPath)
         ->capture_default_str();
     app.add_option("--images", images_root,
-                   "train on an image folder ROOT/<class>/*.{png,jpg} instead of Fashion-MNIST");
+                   "train on an image folder ROOT/<class>/*.{png,jpg} instead of Fashion-MNIST")
+        ->check(examples::kNonEmptyPath);
     app.add_option("--image-size", image_size, "with --images: side images are resized to")
         ->check(CLI::Range(int64_t(4), int64_t(1024)))
         ->capture_default_str();

@@ -33,6 +33,25 @@ double seconds_since(Clock::time_point start) {
 
 std::string mib(size_t bytes) { return cat(std::round(bytes / 1048576.0 * 100) / 100, " MiB"); }
 
+// Throws Error naming `option` unless `dir` is a directory or could be made one: its nearest
+// existing ancestor is a directory this process may write to.
+void require_directory_can_exist(const std::string& dir, const char* option) {
+  std::filesystem::path path = std::filesystem::absolute(dir);
+  while (!std::filesystem::exists(path) && path.has_parent_path() && path != path.parent_path())
+    path = path.parent_path();
+  const bool usable = std::filesystem::is_directory(path) &&
+                      (path == std::filesystem::absolute(dir) || ::access(path.c_str(), W_OK) == 0);
+  require(usable, option, "cannot create the directory ", dir, " (", path.string(),
+          std::filesystem::is_directory(path) ? " is not writable)" : " is not a directory)");
+}
+
+// Creates `dir` and its parents; throws Error naming `option` and the reason when it cannot.
+void make_directory(const std::string& dir, const char* option) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  require(!error, option, "cannot create the directory ", dir, " (", error.message(), ")");
+}
+
 // The data-order generator's stream: apart from the weights' (stream 0), same seed.
 constexpr uint64_t kDataStream = 1;
 
@@ -513,8 +532,11 @@ void Run::finish_epoch(int64_t epoch, double wall_s, Progress& progress) {
 }
 
 RunResult Run::train(const std::string& out_dir) {
-  std::filesystem::create_directories(out_dir);
-  if (!options_.save_weights.empty()) std::filesystem::create_directories(options_.save_weights);
+  const bool save_weights = !options_.save_weights.empty();
+  require_directory_can_exist(out_dir, "--out"); // both checked before either is created
+  if (save_weights) require_directory_can_exist(options_.save_weights, "--save-weights");
+  make_directory(out_dir, "--out");
+  if (save_weights) make_directory(options_.save_weights, "--save-weights");
   if (!options_.save_weights.empty() && first_step_ == 0)
     io::save_weights(options_.save_weights + "/init.safetensors", *model_);
 
@@ -619,7 +641,8 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
           ""))
       ->capture_default_str();
   app.add_option("--lr", options.lr, "learning rate")->capture_default_str();
-  app.add_option("--out", options.out, "output directory (default out/<example>)");
+  app.add_option("--out", options.out, "output directory (default out/<example>)")
+      ->check(kNonEmptyPath);
   app.add_flag("--amp", options.amp, "train with mixed precision (autocast + GradScaler)");
   app.add_flag("--compare", options.compare,
                "train FP32, then AMP from the same init, and print the comparison table");
@@ -642,15 +665,24 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
   app.add_option("--save-weights", options.save_weights,
                  "write DIR/init.safetensors before the first step and DIR/final.safetensors "
                  "after the last (PyTorch state_dict names and layouts; with --compare, "
-                 "DIR/fp32 and DIR/amp)");
+                 "DIR/fp32 and DIR/amp)")
+      ->check(kNonEmptyPath);
   app.add_option("--load-weights", options.load_weights,
-                 "start from the weights in this safetensors file");
+                 "start from the weights in this safetensors file")
+      ->check(kNonEmptyPath);
   app.add_option("--checkpoint-every", options.checkpoint_every,
                  "every N steps, write a training checkpoint to OUT/checkpoint.safetensors")
       ->check(CLI::Range(int64_t(0), kMaxSteps));
   app.add_option("--resume", options.resume,
-                 "continue the run saved in this training checkpoint (same options)");
+                 "continue the run saved in this training checkpoint (same options)")
+      ->check(kNonEmptyPath);
 }
+
+const CLI::Validator kNonEmptyPath(
+    [](const std::string& text) {
+      return text.empty() ? std::string("expected a path, got ''") : "";
+    },
+    "");
 
 void require_host_memory(double bytes, const std::string& what) {
   const double available = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));

@@ -25,6 +25,9 @@ constexpr int64_t kMaxWidth = 65'536;     // features or channels of one layer
 constexpr int64_t kMaxBatch = 16'777'216; // rows of one batch
 constexpr int64_t kMaxLayers = 1'000;
 
+// CLI11 check of a path option: "" is refused instead of silently meaning "not given".
+extern const CLI::Validator kNonEmptyPath;
+
 // Throws Error naming `what` when `bytes` of host memory are more than this machine has (a
 // data set built in std::vectors would otherwise be killed by the kernel part-way).
 void require_host_memory(double bytes, const std::string& what);

@@ -63,6 +63,8 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--log-every -1", {"--log-every"}},
       {"--resume a --load-weights b", {"--resume", "--load-weights"}},
       {"--load-weights /nonexistent.safetensors", {"No such file or directory"}},
+      {"--save-weights ''", {"--save-weights", "expected a path"}},
+      {"--save-weights /dev/null/minamp", {"--save-weights", "/dev/null is not a directory"}},
   };
   for (const auto& [args, parts] : cases) {
     run = run_program("mlp", std::string(args) + " --out " + out);
