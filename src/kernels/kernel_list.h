@@ -77,8 +77,10 @@ void sum_squares(const Tensor& x, Tensor& sum_sq);
 // coef[0] = min(1, max_norm / (sqrt(sum_sq[0]) + 1e-6)), as torch.nn.utils.clip_grad_norm_.
 void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef);
 
-// For every gradient: g *= 1 / scale[0]; found_inf[0] = 1 if any result is inf or NaN (it is
-// never reset here). scale and found_inf are f32 [1] on the gradients' device.
+// PyTorch's _amp_foreach_non_finite_check_and_unscale_: for every gradient, found_inf[0] = 1 if
+// the scaled g is inf or NaN (never reset here), then g *= 1 / scale[0] (the reciprocal taken in
+// double and rounded to float, as GradScaler.unscale_). scale and found_inf are f32 [1] on the
+// gradients' device.
 void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf);
 // PyTorch's _amp_update_scale_: on found_inf, scale *= backoff and tracker = 0; otherwise
 // ++tracker, and when it reaches interval, scale *= growth (if still finite) and tracker = 0.

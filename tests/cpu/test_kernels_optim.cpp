@@ -166,10 +166,13 @@ TEST(CpuAmpUnscale, MultipliesByInverseScaleAndFlagsInfAndNaN) {
     EXPECT_EQ(found_inf.item(), 1.0f) << bad;
   }
 
-  Tensor huge = Tensor::from_vector({3e38f}, {1}); // finite, but overflows once unscaled
+  // As PyTorch, the scaled gradient is checked: one that overflows only once unscaled (a scale
+  // below 1) is not an overflow, and is unscaled to inf.
+  Tensor huge = Tensor::from_vector({3e38f}, {1});
   found_inf = flag(0.0f);
   cpu::amp_unscale({&huge}, flag(0.5f), found_inf);
-  EXPECT_EQ(found_inf.item(), 1.0f);
+  EXPECT_EQ(found_inf.item(), 0.0f);
+  EXPECT_EQ(huge.item(), INFINITY);
 
   Tensor fine = random_tensor(rng, {3});
   found_inf = flag(1.0f); // never reset by the kernel

@@ -131,23 +131,41 @@ TEST(GpuOptim, ZeroGradsClearsEveryGradient) {
 
 // ---- Scale update.
 
+TEST(GpuAmp, UnscaleChecksTheScaledGradientAsPyTorch) {
+  MINAMP_REQUIRE_GPU();
+  // Finite before unscaling, inf after (a scale below 1): PyTorch checks the scaled value, so
+  // this is no overflow, and the gradient becomes inf.
+  Tensor grad = gpu(Tensor::from_vector({1.0f, 3e38f, -2.0f}, {3}));
+  std::vector<Tensor*> grads{&grad};
+  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
+  kernels::amp_unscale(grads, gpu(Tensor::full({1}, 0.5f)), found_inf);
+  EXPECT_EQ(found_inf.item(), 0.0f);
+  EXPECT_EQ(grad.to_vector(), (std::vector<float>{2.0f, INFINITY, -4.0f}));
+}
+
 TEST(GpuAmp, UpdateScaleFollowsPyTorchStepByStep) {
   MINAMP_REQUIRE_GPU();
-  const ScalerParams scaler{2.0f, 0.5f, 3};
-  Tensor scale = gpu(Tensor::full({1}, 1024.0f));
-  Tensor tracker = gpu(Tensor::zeros({1}, DType::i32));
-  Tensor scale_ref = Tensor::full({1}, 1024.0f);
-  Tensor tracker_ref = Tensor::zeros({1}, DType::i32);
-  // good, good, good (grow), inf (back off), good, inf, good x3 (grow)
-  for (float inf : {0.f, 0.f, 0.f, 1.f, 0.f, 1.f, 0.f, 0.f, 0.f}) {
-    const Tensor found_inf = Tensor::full({1}, inf);
-    kernels::amp_update_scale(scale, tracker, gpu(found_inf), scaler);
-    kernels::amp_update_scale(scale_ref, tracker_ref, found_inf, scaler);
-    EXPECT_EQ(scale.item(), scale_ref.item());
-    EXPECT_EQ(tracker.item(), tracker_ref.item());
+  // The default factors, then others (so a kernel that ignores them fails).
+  for (const ScalerParams& scaler : {ScalerParams{2.0f, 0.5f, 3}, ScalerParams{4.0f, 0.25f, 3}}) {
+    Tensor scale = gpu(Tensor::full({1}, 1024.0f));
+    Tensor tracker = gpu(Tensor::zeros({1}, DType::i32));
+    Tensor scale_ref = Tensor::full({1}, 1024.0f);
+    Tensor tracker_ref = Tensor::zeros({1}, DType::i32);
+    float expected = 1024.0f; // PyTorch's rule, step by step
+    int clean = 0;
+    // good, good, good (grow), inf (back off), good, inf, good x3 (grow)
+    for (float inf : {0.f, 0.f, 0.f, 1.f, 0.f, 1.f, 0.f, 0.f, 0.f}) {
+      const Tensor found_inf = Tensor::full({1}, inf);
+      kernels::amp_update_scale(scale, tracker, gpu(found_inf), scaler);
+      kernels::amp_update_scale(scale_ref, tracker_ref, found_inf, scaler);
+      clean = inf != 0.f ? 0 : (clean + 1) % scaler.growth_interval;
+      expected *= inf != 0.f ? scaler.backoff_factor : clean == 0 ? scaler.growth_factor : 1.0f;
+      EXPECT_EQ(scale.item(), expected);
+      EXPECT_EQ(scale_ref.item(), expected);
+      EXPECT_EQ(tracker.item(), float(clean));
+      EXPECT_EQ(tracker_ref.item(), float(clean));
+    }
   }
-  EXPECT_EQ(scale.item(), 1024.0f); // 1024 * 2 / 2 / 2 * 2
-  EXPECT_EQ(tracker.item(), 0.0f);
 }
 
 TEST(GpuAmp, UpdateScaleNeverGrowsToInfinity) {

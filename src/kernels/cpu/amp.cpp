@@ -9,15 +9,16 @@ namespace minamp::cpu {
 void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf) {
   require_f32("amp_unscale", "scale", scale, 1);
   require_f32("amp_unscale", "found_inf", found_inf, 1);
-  const float inv_scale = 1.0f / scale.data<float>()[0];
+  // As GradScaler.unscale_: the reciprocal in double, rounded to float.
+  const float inv_scale = float(1.0 / double(scale.data<float>()[0]));
   bool overflow = false;
   for (Tensor* grad : grads) {
     require(grad && grad->defined() && grad->dtype() == DType::f32, "amp_unscale",
             "gradients must be defined f32 tensors, got ", describe(grad));
     float* g = grad->data<float>();
-    for (int64_t i = 0; i < grad->numel(); ++i) {
-      g[i] *= inv_scale;
+    for (int64_t i = 0; i < grad->numel(); ++i) { // the scaled value is checked, as PyTorch
       overflow = overflow || !std::isfinite(g[i]);
+      g[i] *= inv_scale;
     }
   }
   if (overflow) found_inf.data<float>()[0] = 1.0f; // set, never reset
