@@ -120,6 +120,30 @@ TEST(CpuBatchNorm, RunningStatisticsFollowPyTorch) {
   EXPECT_EQ(layer.running_var.to_vector(), var1);
 }
 
+// Another momentum and eps than PyTorch's defaults are the ones used (neither is hard-wired).
+TEST(CpuBatchNorm, MomentumAndEpsAreTheCallers) {
+  Rng rng(33);
+  BatchNormLayer layer(rng, {12, 5});
+  const Doubles mean0 = to_doubles(layer.running_mean), var0 = to_doubles(layer.running_var);
+  const BatchNormReference batch = layer.reference(true, false);
+  BatchNormParams bn = params(true, false);
+  bn.momentum = 0.3f;
+  bn.eps = 1e-1f; // large enough to move invstd far beyond the tolerance
+  Tensor y = poisoned(layer.x.shape());
+  Tensor mean = poisoned({5}), invstd = poisoned({5});
+  cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                         layer.running_var, bn);
+  Doubles expected_mean(5), expected_var(5), expected_invstd(5);
+  for (int c = 0; c < 5; ++c) {
+    expected_mean[c] = 0.7 * mean0[c] + 0.3 * batch.mean[c];
+    expected_var[c] = 0.7 * var0[c] + 0.3 * batch.var[c] * 12.0 / 11.0;
+    expected_invstd[c] = 1.0 / std::sqrt(batch.var[c] + double(bn.eps));
+  }
+  EXPECT_LT(relative_error_to(layer.running_mean, expected_mean), kF32Tolerance);
+  EXPECT_LT(relative_error_to(layer.running_var, expected_var), kF32Tolerance);
+  EXPECT_LT(relative_error_to(invstd, expected_invstd), kF32Tolerance);
+}
+
 // dx, dgamma, dbeta of L = sum(r .* batchnorm(x)) by central differences, dgamma / dbeta
 // accumulating onto their starting values.
 TEST(CpuBatchNorm, BackwardMatchesFiniteDifferences) {

@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -32,9 +35,32 @@ inline ProgramRun run_program(const std::string& name, const std::string& args) 
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
-// A path under the test temp dir for `name` (tests that run in parallel use different names).
+// The temp folder of this test process, removed when the process exits. ctest runs every test
+// in a process of its own and runs them in parallel, GpuExamples.* beside emulated.GpuExamples.*
+// (the same test, the same names): a folder per process keeps them apart.
+class ProcessTempDir {
+public:
+  ProcessTempDir()
+      : path_(::testing::TempDir() + "minamp_" + std::to_string(::getpid()) + "_" +
+              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count())) {
+    std::filesystem::create_directories(path_);
+  }
+  ~ProcessTempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  ProcessTempDir(const ProcessTempDir&) = delete;
+  ProcessTempDir& operator=(const ProcessTempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+private:
+  std::string path_;
+};
+
+// A path for `name` in this process's temp folder (tests in one process use different names).
 inline std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "minamp_" + name;
+  static const ProcessTempDir dir;
+  return dir.path() + "/" + name;
 }
 
 // temp_path(name), removed first if it exists.

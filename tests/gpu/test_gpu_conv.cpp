@@ -44,9 +44,6 @@ const std::vector<ConvCase> kCases = {
     {1, 11, 10, 4, 6, 2, 2, 3, 0},   // stride 3 > kernel 2: rows and columns between taps get dx 0
 };
 
-// f16 inputs (or outputs) round to f16: compare at the f16 tolerance.
-double tolerance(DType dtype) { return test::tolerance_for(dtype); }
-
 void check_forward(const ConvCase& c, DType dtype, DType y_dtype, bool bias_relu, uint64_t seed) {
   Rng rng(seed);
   const Tensor x = test::random_tensor(rng, c.x_shape(), dtype);
@@ -64,8 +61,8 @@ void check_forward(const ConvCase& c, DType dtype, DType y_dtype, bool bias_relu
   Tensor y_gpu = test::poisoned(c.y_shape(), y_dtype, Device::cuda);
   kernels::conv2d_forward(x.to(Device::cuda), w.to(Device::cuda), y_gpu, c.params(), epilogue);
 
-  const DType compare = dtype == DType::f16 || y_dtype == DType::f16 ? DType::f16 : DType::f32;
-  EXPECT_LT(test::relative_error(y_gpu.to_vector(), y_cpu.to_vector()), tolerance(compare))
+  EXPECT_LT(test::relative_error(y_gpu.to_vector(), y_cpu.to_vector()),
+            test::tolerance_for(dtype, y_dtype))
       << describe_case(c, dtype) << " -> y " << y_dtype << " bias+relu " << bias_relu;
 }
 
@@ -88,11 +85,13 @@ void check_backward(const ConvCase& c, DType dtype, bool want_dx, bool want_dw, 
                            dw_gpu, c.params());
 
   if (want_dx) {
-    EXPECT_LT(test::relative_error(dx_gpu.to_vector(), dx_cpu.to_vector()), tolerance(dtype))
+    EXPECT_LT(test::relative_error(dx_gpu.to_vector(), dx_cpu.to_vector()),
+              test::tolerance_for(dtype, dtype))
         << "dx of " << describe_case(c, dtype);
   }
   if (want_dw) {
-    EXPECT_LT(test::relative_error(dw_gpu.to_vector(), dw_cpu.to_vector()), tolerance(dtype))
+    EXPECT_LT(test::relative_error(dw_gpu.to_vector(), dw_cpu.to_vector()), // dw is f32
+              test::tolerance_for(dtype, DType::f32))
         << "dw of " << describe_case(c, dtype);
   }
 }
@@ -149,10 +148,12 @@ TEST(GpuConv, MixedDtypes) {
   kernels::conv2d_forward(x_gpu, w_gpu, y_gpu, c.params(), {});
   kernels::conv2d_backward(x_gpu, w_gpu, dy.to(Device::cuda), dx_gpu, dw_gpu, c.params());
 
-  const double tol = tolerance(DType::f16);
-  EXPECT_LT(test::relative_error(y_gpu.to_vector(), y_cpu.to_vector()), tol);
-  EXPECT_LT(test::relative_error(dx_gpu.to_vector(), dx_cpu.to_vector()), tol);
-  EXPECT_LT(test::relative_error(dw_gpu.to_vector(), dw_cpu.to_vector()), tol);
+  EXPECT_LT(test::relative_error(y_gpu.to_vector(), y_cpu.to_vector()),
+            test::tolerance_for(DType::f16, DType::f16));
+  EXPECT_LT(test::relative_error(dx_gpu.to_vector(), dx_cpu.to_vector()),
+            test::tolerance_for(DType::f16, DType::f32));
+  EXPECT_LT(test::relative_error(dw_gpu.to_vector(), dw_cpu.to_vector()),
+            test::tolerance_for(DType::f16, DType::f32));
 }
 
 TEST(GpuConv, RejectsBadArguments) {

@@ -98,8 +98,9 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
   EXPECT_EQ(final_loss.size(), 12u) << "mlp and sine x FP32 and AMP x train, infer, train-graph";
   for (const char* name : {"mlp fp32 ", "mlp amp ", "sine fp32 ", "sine amp "}) {
     const std::string key = name;
-    EXPECT_TRUE(std::isfinite(final_loss[key + "train"])) << key;
-    EXPECT_EQ(final_loss[key + "train-graph"], final_loss[key + "train"]) << key;
+    ASSERT_TRUE(final_loss.count(key + "train") && final_loss.count(key + "train-graph")) << key;
+    EXPECT_TRUE(std::isfinite(final_loss.at(key + "train"))) << key;
+    EXPECT_EQ(final_loss.at(key + "train-graph"), final_loss.at(key + "train")) << key;
   }
 }
 

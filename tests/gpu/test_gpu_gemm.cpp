@@ -26,10 +26,7 @@ std::string describe_case(const GemmCase& g) {
              " relu=", g.relu);
 }
 
-// f16 anywhere means f16 rounding of inputs or output: compare at the f16 tolerance.
-double tolerance(const GemmCase& g) {
-  return test::tolerance_for(g.ab == DType::f16 || g.c == DType::f16 ? DType::f16 : DType::f32);
-}
+double tolerance(const GemmCase& g) { return test::tolerance_for(g.ab, g.c); }
 
 // Runs the case on the GPU and on the CPU reference from the same random inputs and returns
 // the relative error of the GPU result. With beta == 0, C starts as NaN on both sides.

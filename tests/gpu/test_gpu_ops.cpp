@@ -25,11 +25,10 @@ const std::vector<DType> kFloating = {DType::f32, DType::f16};
 
 Tensor gpu(const Tensor& t) { return t.to(Device::cuda); }
 
-// The loosest tolerance among the dtypes involved.
-double tolerance(std::initializer_list<DType> dtypes) {
-  double tol = 0.0;
-  for (DType d : dtypes) tol = std::max(tol, tolerance_for(d));
-  return tol;
+// The tolerance for an output of dtype `output` computed from inputs of dtypes `inputs`.
+double tolerance(std::initializer_list<DType> inputs, DType output) {
+  const bool f16_input = std::find(inputs.begin(), inputs.end(), DType::f16) != inputs.end();
+  return tolerance_for(f16_input ? DType::f16 : DType::f32, output);
 }
 
 // Expects the GPU output to match the CPU reference within `tol` (NaN never passes).
@@ -105,7 +104,7 @@ TEST(GpuElementwise, AddInplaceMixedDtypes) {
         kernels::add_inplace(out, gpu(src), -0.7f);
         Tensor ref = dst.clone();
         kernels::add_inplace(ref, src, -0.7f);
-        expect_close(out, ref, tolerance({dst_type, src_type}),
+        expect_close(out, ref, tolerance({dst_type, src_type}, dst_type),
                      label("add_inplace", n, src_type, dst_type));
       }
 }
@@ -122,7 +121,7 @@ TEST(GpuElementwise, MulScalarReadsTheScaleOnTheDeviceAndMayAlias) {
         kernels::mul_scalar(gpu(src), gpu(scale), out);
         Tensor ref = Tensor::empty({n}, dst_type);
         kernels::mul_scalar(src, scale, ref);
-        expect_close(out, ref, tolerance({src_type, dst_type}),
+        expect_close(out, ref, tolerance({src_type}, dst_type),
                      label("mul_scalar", n, src_type, dst_type));
       }
   const Tensor src = random_tensor(rng, {1000}, DType::f32);
@@ -289,7 +288,7 @@ TEST(GpuLoss, MseForwardAndBackward) {
         kernels::mse_backward(gpu(pred), gpu(target), gpu(dloss), dpred);
         Tensor dpred_ref = Tensor::empty({n}, pred_type);
         kernels::mse_backward(pred, target, dloss, dpred_ref);
-        expect_close(dpred, dpred_ref, tolerance({pred_type, target_type}),
+        expect_close(dpred, dpred_ref, tolerance({pred_type, target_type}, pred_type),
                      label("mse_backward", n, pred_type, target_type));
       }
 }
@@ -324,6 +323,32 @@ TEST(GpuLoss, CrossEntropyForwardAndBackward) {
     }
 }
 
+// Logits around +100, where exp overflows even in fp32 unless the kernels subtract each row's
+// maximum first, as the reference does (f32 and f16 logits; the math is fp32 for both).
+TEST(GpuLoss, CrossEntropyOfLargeLogitsIsStable) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(44);
+  const Tensor dloss = Tensor::full({1}, 1.0f);
+  for (DType dtype : kFloating) {
+    const float centre = 100.0f;
+    const Tensor logits =
+        random_tensor(rng, {17, 10}, dtype, Device::cpu, centre - 8.0f, centre + 8.0f);
+    const Tensor labels = random_labels(rng, 17, 10);
+    const std::string what = cat("cross_entropy around ", centre, " ", dtype);
+    Tensor loss = poisoned({1}, DType::f32, Device::cuda);
+    kernels::cross_entropy_forward(gpu(logits), gpu(labels), loss);
+    Tensor loss_ref = Tensor::empty({1});
+    kernels::cross_entropy_forward(logits, labels, loss_ref);
+    ASSERT_TRUE(std::isfinite(loss_ref.item())) << what;
+    expect_close(loss, loss_ref, tolerance_for(DType::f32), what);
+    Tensor dlogits = poisoned({17, 10}, dtype, Device::cuda);
+    kernels::cross_entropy_backward(gpu(logits), gpu(labels), gpu(dloss), dlogits);
+    Tensor dlogits_ref = Tensor::empty({17, 10}, dtype);
+    kernels::cross_entropy_backward(logits, labels, dloss, dlogits_ref);
+    expect_close(dlogits, dlogits_ref, tolerance_for(dtype), what);
+  }
+}
+
 TEST(GpuLoss, CrossEntropyOutOfRangeLabelGivesNaNNotACrash) {
   MINAMP_REQUIRE_GPU();
   Rng rng(43);
@@ -332,11 +357,25 @@ TEST(GpuLoss, CrossEntropyOutOfRangeLabelGivesNaNNotACrash) {
   Tensor loss = Tensor::zeros({1}, DType::f32, Device::cuda);
   kernels::cross_entropy_forward(logits, labels, loss);
   EXPECT_TRUE(std::isnan(loss.item()));
-  Tensor dlogits = Tensor::zeros({4, 5}, DType::f32, Device::cuda);
+  Tensor dlogits = poisoned({4, 5}, DType::f32, Device::cuda);
   kernels::cross_entropy_backward(logits, labels, gpu(Tensor::full({1}, 1.0f)), dlogits);
   const std::vector<float> grad = dlogits.to_vector();
+  // Rows 0 and 3 have valid labels: their gradients are those of the same rows alone (the mean
+  // over 4 rows: dloss / 4 each).
+  const std::vector<float> logit_values = logits.to_vector();
+  for (int row : {0, 3}) {
+    const Tensor one_row = Tensor::from_vector(
+        std::vector<float>(logit_values.begin() + row * 5, logit_values.begin() + row * 5 + 5),
+        {1, 5});
+    Tensor expected = Tensor::empty({1, 5});
+    kernels::cross_entropy_backward(one_row,
+                                    Tensor::from_vector({row == 0 ? 0.0f : 4.0f}, {1}, DType::i32),
+                                    Tensor::full({1}, 0.25f), expected);
+    const std::vector<float> want = expected.to_vector();
+    for (int k = 0; k < 5; ++k)
+      EXPECT_NEAR(grad[row * 5 + k], want[k], 1e-6) << "row " << row << " has a valid label";
+  }
   for (int k = 0; k < 5; ++k) {
-    EXPECT_TRUE(std::isfinite(grad[k])) << "row 0 has a valid label";
     EXPECT_TRUE(std::isnan(grad[5 + k])) << "row 1 has label -1";
     EXPECT_TRUE(std::isnan(grad[10 + k])) << "row 2 has label 5 with K = 5";
   }
@@ -348,17 +387,19 @@ struct BatchNormCase {
   int64_t rows, channels;
   DType dtype;
   bool training, relu;
+  float momentum = 0.1f, eps = 1e-5f;
 };
 
 std::string describe_case(const BatchNormCase& c) {
   return cat("batchnorm [", c.rows, ", ", c.channels, "] ", c.dtype,
-             c.training ? " training" : " eval", c.relu ? " relu" : "");
+             c.training ? " training" : " eval", c.relu ? " relu" : "", " momentum ", c.momentum,
+             " eps ", c.eps);
 }
 
 // Runs forward and backward on both devices and compares every output.
 void check_batchnorm(const BatchNormCase& c, Rng& rng) {
   SCOPED_TRACE(describe_case(c));
-  const BatchNormParams bn{c.training, 0.1f, 1e-5f, c.relu};
+  const BatchNormParams bn{c.training, c.momentum, c.eps, c.relu};
   const Shape x_shape{c.rows, c.channels}, channel_shape{c.channels};
   const Tensor x = random_tensor(rng, x_shape, c.dtype, Device::cpu, -1.0f, 3.0f);
   const Tensor gamma = random_tensor(rng, channel_shape, DType::f32, Device::cpu, 0.5f, 1.5f);
@@ -415,6 +456,12 @@ TEST(GpuBatchNorm, SmallShapesEveryMode) {
       for (bool training : {true, false})
         for (bool relu : {false, true})
           check_batchnorm({rows, channels, dtype, training, relu}, rng);
+  // One row (batch-1 inference) in eval mode, where training would have no variance.
+  for (DType dtype : kFloating)
+    for (bool relu : {false, true}) check_batchnorm({1, 6, dtype, false, relu}, rng);
+  // Another momentum and eps than PyTorch's defaults, so that neither can be hard-wired.
+  for (bool training : {true, false})
+    check_batchnorm({17, 33, DType::f32, training, true, 0.3f, 1e-3f}, rng);
 }
 
 TEST(GpuBatchNorm, LargeActivation262144x256) {
