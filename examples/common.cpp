@@ -39,8 +39,7 @@ void require_directory_can_exist(const std::string& dir, const char* option) {
   std::filesystem::path path = std::filesystem::absolute(dir);
   while (!std::filesystem::exists(path) && path.has_parent_path() && path != path.parent_path())
     path = path.parent_path();
-  const bool usable = std::filesystem::is_directory(path) &&
-                      (path == std::filesystem::absolute(dir) || ::access(path.c_str(), W_OK) == 0);
+  const bool usable = std::filesystem::is_directory(path) && ::access(path.c_str(), W_OK) == 0;
   require(usable, option, "cannot create the directory ", dir, " (", path.string(),
           std::filesystem::is_directory(path) ? " is not writable)" : " is not a directory)");
 }
@@ -537,7 +536,7 @@ RunResult Run::train(const std::string& out_dir) {
   if (save_weights) require_directory_can_exist(options_.save_weights, "--save-weights");
   make_directory(out_dir, "--out");
   if (save_weights) make_directory(options_.save_weights, "--save-weights");
-  if (!options_.save_weights.empty() && first_step_ == 0)
+  if (save_weights && first_step_ == 0)
     io::save_weights(options_.save_weights + "/init.safetensors", *model_);
 
   RunResult result;
