@@ -16,7 +16,7 @@
 //     block that depends on a neighbouring block's writes fails too;
 //   - nvcuda::wmma fragments hold their whole 16x16 tile in every lane (the API hides how the
 //     tile is spread over the warp, so no correct kernel can tell), with the API's alignment
-//     rules checked;
+//     rules checked; mma_sync sums like a tensor core, truncating (detail::tensor_core_sum);
 //   - cp.async (gemm.cuh's helpers call cp_async below) is asynchronous as on sm_80: a copy's
 //     destination reads as NaN from its issue until the cp.async.wait_group that covers its
 //     commit group, so a missing or too weak wait, or a buffer refilled while other threads
@@ -219,15 +219,53 @@ void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, float value) {
 }
 
 namespace detail {
-// out = a @ b + c in fp32, each sum in k order.
+// Products of f16 values added to an fp32 accumulator the way tensor cores are measured to do
+// it (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021), not as an FMA chain: the
+// products are exact; a group of kTensorCoreTerms of them and the accumulator are aligned to the
+// largest exponent among them, every bit below that term's 24-bit significand is dropped
+// (truncation, no guard bits) and the exact sum of what is left is rounded toward zero to fp32.
+// This errs on the pessimistic side (the hardware may keep guard bits or take more terms at
+// once), so a tolerance that holds here holds on a GPU.
+constexpr int kTensorCoreTerms = 8;
+
+inline float round_toward_zero(double x) {
+  const float nearest = static_cast<float>(x);
+  if (!std::isfinite(nearest) || std::abs(double(nearest)) <= std::abs(x)) return nearest;
+  return std::nextafter(nearest, 0.0f);
+}
+
+inline float tensor_core_sum(float accumulator, const double* products, int count) {
+  double exact = accumulator;
+  int largest = INT32_MIN; // the exponent e of the largest term, |term| < 2^e
+  for (int i = 0; i < count; ++i) exact += products[i];
+  if (!std::isfinite(exact)) return static_cast<float>(exact); // inf or NaN propagate
+  const auto exponent_of = [&](double x) {
+    int e = 0;
+    if (x != 0.0) std::frexp(x, &e);
+    if (x != 0.0) largest = std::max(largest, e);
+  };
+  exponent_of(accumulator);
+  for (int i = 0; i < count; ++i) exponent_of(products[i]);
+  if (largest == INT32_MIN) return accumulator + 0.0f;  // every term is zero
+  const double quantum = std::ldexp(1.0, largest - 24); // the largest term's last kept bit
+  double sum = std::trunc(double(accumulator) / quantum) * quantum;
+  for (int i = 0; i < count; ++i) sum += std::trunc(products[i] / quantum) * quantum;
+  return round_toward_zero(sum);
+}
+
+// out = a @ b + c, summed over k in groups of kTensorCoreTerms by tensor_core_sum.
 inline void multiply_add(const float* a, const float* b, const float* c, float* out) {
-  for (int r = 0; r < 16; ++r) {
-    float row[16];
-    for (int col = 0; col < 16; ++col) row[col] = c[r * 16 + col];
-    for (int k = 0; k < 16; ++k)
-      for (int col = 0; col < 16; ++col) row[col] += a[r * 16 + k] * b[k * 16 + col];
-    for (int col = 0; col < 16; ++col) out[r * 16 + col] = row[col];
-  }
+  for (int r = 0; r < 16; ++r)
+    for (int col = 0; col < 16; ++col) {
+      float acc = c[r * 16 + col];
+      for (int k0 = 0; k0 < 16; k0 += kTensorCoreTerms) {
+        double products[kTensorCoreTerms];
+        for (int k = 0; k < kTensorCoreTerms; ++k)
+          products[k] = double(a[r * 16 + k0 + k]) * double(b[(k0 + k) * 16 + col]);
+        acc = tensor_core_sum(acc, products, kTensorCoreTerms);
+      }
+      out[r * 16 + col] = acc;
+    }
 }
 } // namespace detail
 

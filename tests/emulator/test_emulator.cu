@@ -305,6 +305,23 @@ TEST(Emulator, WmmaFragmentsFollowTheirLayouts) {
   check_wmma_layouts<wmma::col_major, wmma::col_major>();
 }
 
+// mma_sync adds like a tensor core (emulator.h): exact products, bits below the largest term's
+// 24-bit significand dropped per group of 8, the sum rounded toward zero.
+TEST(Emulator, WmmaSumsTruncateLikeTensorCores) {
+  using nvcuda::wmma::detail::tensor_core_sum;
+  const double exact[8] = {3.0 * 5.0, -0.5 * 0.25, 1024.0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(tensor_core_sum(2.0f, exact, 8), 2.0f + 15.0f - 0.125f + 1024.0f); // all bits kept
+  double tiny[8];
+  std::fill(tiny, tiny + 8, 3 * std::ldexp(1.0, -25)); // 3/4 of 1.0f's last bit each
+  // Exact: 1 + 6 * 2^-23, an fp32 value (and an FMA chain gives more), but a tensor core drops
+  // each term's bits below 2^-23 before adding.
+  EXPECT_EQ(tensor_core_sum(1.0f, tiny, 8), 1.0f);
+  const double just_below[1] = {std::ldexp(1.0, 24) - 0.25}; // in [2^23, 2^24): quantum 1
+  EXPECT_EQ(tensor_core_sum(0.0f, just_below, 1), std::ldexp(1.0f, 24) - 1.0f); // not 2^24
+  const double overflow[2] = {3e38, 3e38};
+  EXPECT_EQ(tensor_core_sum(0.0f, overflow, 2), INFINITY);
+}
+
 TEST(Emulator, WmmaOnAMisalignedPointerIsAFault) {
   DeviceBuffer<__half> a(256 + 8), b(256);
   DeviceBuffer<float> c(256);
