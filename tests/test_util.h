@@ -42,8 +42,9 @@ inline double relative_error(const Tensor& out, const Tensor& ref) {
 }
 
 // The tolerance for comparing a kernel against the fp32 CPU reference: ~1e-6 for fp32 math
-// (a little more for long sums), ~1e-3 when inputs or outputs are f16.
-inline double tolerance_for(DType dtype) { return dtype == DType::f16 ? 2e-3 : 2e-5; }
+// (5e-6: the largest error of any fp32 GPU test on the CPU emulator, which runs the kernels' own
+// summation orders, is 6.5e-7), ~1e-3 when inputs or outputs are f16.
+inline double tolerance_for(DType dtype) { return dtype == DType::f16 ? 2e-3 : 5e-6; }
 // The same by the inputs' and the output's dtype. f16 inputs with an f32 output get 1e-4: the
 // products of f16 values are exact in fp32 and only the fp32 sums may differ (tensor cores round
 // their partial sums their own way), while a result that went through f16 on its way to the f32
