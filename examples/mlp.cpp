@@ -67,7 +67,10 @@ int main(int argc, char** argv) {
     examples::TrainSpec spec;
     spec.example = "mlp";
     spec.steps = epochs * batches;
-    spec.config = {{"widths", widths_text},
+    std::string widths_config; // the parsed widths, so "16, 16" and "16,16" are one model
+    for (int64_t w : widths)
+      widths_config += (widths_config.empty() ? "" : ",") + std::to_string(w);
+    spec.config = {{"widths", widths_config},
                    {"batch_size", std::to_string(batch_size)},
                    {"batches", std::to_string(batches)}};
     spec.loss = examples::LossKind::mse;

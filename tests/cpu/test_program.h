@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <array>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -40,9 +39,8 @@ inline ProgramRun run_program(const std::string& name, const std::string& args) 
 // (the same test, the same names): a folder per process keeps them apart.
 class ProcessTempDir {
 public:
-  ProcessTempDir()
-      : path_(::testing::TempDir() + "minamp_" + std::to_string(::getpid()) + "_" +
-              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count())) {
+  ProcessTempDir() : path_(::testing::TempDir() + "minamp_" + std::to_string(::getpid())) {
+    std::filesystem::remove_all(path_); // left by a crashed process with the same id
     std::filesystem::create_directories(path_);
   }
   ~ProcessTempDir() {

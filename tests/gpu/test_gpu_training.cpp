@@ -50,14 +50,13 @@ Trained train_on(Device device, bool amp, const ModelFactory& make_model, const 
   Trained out;
   out.initial = values_of(*model);
   model->to(device);
-  const std::unique_ptr<optim::Optimizer> opt = make_optimizer(kind, *model);
-  optim::Optimizer& optimizer = *opt;
+  const std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(kind, *model);
   amp::GradScalerOptions options;
   options.enabled = amp;
   amp::GradScaler scaler(options, device);
   const Tensor xd = x.to(device), yd = y.to(device);
   for (int step = 0; step < steps; ++step) {
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     Var loss;
     {
       amp::Autocast autocast(amp);
@@ -65,7 +64,7 @@ Trained train_on(Device device, bool amp, const ModelFactory& make_model, const 
     }
     out.losses.push_back(loss.value().item());
     scaler.scale(loss).backward();
-    scaler.step(optimizer);
+    scaler.step(*optimizer);
     scaler.update();
   }
   out.parameters = values_of(*model);
