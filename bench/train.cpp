@@ -459,7 +459,8 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--cuda-graph", cfg.cuda_graph,
                "also time training replayed from a CUDA graph of one step (mode train-graph)");
-  app.add_option("--size", cfg.size, "sine grid size S (default 512 on a GPU, 64 on the CPU)")
+  app.add_option("--size", cfg.size,
+                 "sine grid size S (default 512 on a GPU, 64 on the CPU, 16 on the CUDA emulator)")
       ->check(CLI::Range(2, 8192));
   app.add_option("--seed", cfg.seed, "seed of the weights and data")->capture_default_str();
   app.add_option("--json", json_path, "write the results to this JSON file");
@@ -474,16 +475,17 @@ int run(int argc, char** argv) {
           cuda_unavailable_reason());
   require(!cfg.cuda_graph || cfg.device == Device::cuda, "--cuda-graph",
           "needs --device cuda (CUDA graphs replay GPU work)");
-  if (cfg.size == 0) cfg.size = cfg.device == Device::cuda ? 512 : 64;
+  if (cfg.size == 0) cfg.size = examples::default_sine_size(cfg.device);
 
   const bool sine = std::find(model_names.begin(), model_names.end(), "sine") != model_names.end();
   std::printf("bench_train on %s (%d threads): %lld warm-up + %lld timed steps%s\n",
-              device_name(cfg.device), Eigen::nbThreads(), static_cast<long long>(cfg.warmup),
-              static_cast<long long>(cfg.steps),
+              device_description(cfg.device).c_str(), Eigen::nbThreads(),
+              static_cast<long long>(cfg.warmup), static_cast<long long>(cfg.steps),
               sine ? cat(", sine ", cfg.size, "x", cfg.size).c_str() : "");
   json result = run_all(model_names, precision_names, cfg);
   result["framework"] = "minamp";
   result["device"] = device_name(cfg.device);
+  result["device_name"] = device_description(cfg.device);
   result["threads"] = Eigen::nbThreads();
   result["sine_size"] = cfg.size;
   result["seed"] = cfg.seed;

@@ -189,6 +189,22 @@ const char* cuda_unavailable_reason() {
   return reason.empty() ? nullptr : reason.c_str();
 }
 
+std::string cuda_device_name() {
+  int device = 0;
+  cudaDeviceProp properties{};
+  CUDA_CHECK(cudaGetDevice(&device), "cudaGetDevice");
+  CUDA_CHECK(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  return properties.name;
+}
+
+bool cuda_emulated() {
+#ifdef MINAMP_CUDA_EMULATOR
+  return true;
+#else
+  return false;
+#endif
+}
+
 // Never destroyed: tensors with static storage duration may free memory during exit, after
 // function-local statics would already be gone. It exists even without a device (its
 // allocate() then throws the reason), so that Tensor's storage destructor can always reach it.

@@ -597,6 +597,7 @@ void Run::write_profile(const std::string& out_dir, int64_t steps) const {
 void Run::write_outputs(const std::string& out_dir, const RunResult& result) const {
   nlohmann::json summary = {{"example", spec_.example},
                             {"device", device_name(device_)},
+                            {"device_name", device_description(device_)},
                             {"precision", result.precision},
                             {"loss_scaling", scaler_->is_enabled()},
                             {"steps", spec_.steps},
@@ -717,6 +718,11 @@ void print_comparison(const std::string& what, double fp32_s, double amp_s, size
 }
 
 // The options of one precision's run under --compare: weights go to their own subdirectory.
+// "cpu", or "cuda (NVIDIA H100 80GB HBM3)".
+std::string device_label(Device device) {
+  return device == Device::cpu ? "cpu" : cat("cuda (", device_description(device), ")");
+}
+
 Options options_for(const Options& options, const std::string& precision) {
   Options run = options;
   if (!run.save_weights.empty()) run.save_weights += "/" + precision;
@@ -732,9 +738,9 @@ int run_example(const TrainSpec& spec, const Options& options) {
   if (!options.compare) {
     const RunResult r = train(spec, options, device, options.amp, out);
     std::printf("%s %s on %s: final loss %.6g in %.2f s, peak %s, skipped %lld, scale %g\n",
-                spec.example.c_str(), r.precision.c_str(), device_name(device), r.final_loss,
-                r.wall_s, mib(r.peak_bytes).c_str(), static_cast<long long>(r.skipped_steps),
-                r.final_scale);
+                spec.example.c_str(), r.precision.c_str(), device_label(device).c_str(),
+                r.final_loss, r.wall_s, mib(r.peak_bytes).c_str(),
+                static_cast<long long>(r.skipped_steps), r.final_scale);
     std::printf("wrote %s/ (metrics.csv, summary.json, plots)\n", out.c_str());
     return 0;
   }
@@ -743,7 +749,7 @@ int run_example(const TrainSpec& spec, const Options& options) {
   const RunResult fp32 = train(spec, options_for(options, "fp32"), device, false, out + "/fp32");
   const RunResult amp = train(spec, options_for(options, "amp"), device, true, out + "/amp");
   std::printf("\n%s on %s, %lld steps (same init and data)%s", spec.example.c_str(),
-              device_name(device), static_cast<long long>(spec.steps),
+              device_label(device).c_str(), static_cast<long long>(spec.steps),
               device == Device::cpu ? " — CPU f16 is an emulation for study: the speed claim "
                                       "belongs to the GPU\n"
                                     : "\n");

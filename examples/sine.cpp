@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
     app.add_option("--steps", steps, "training steps on the one example")
         ->check(CLI::Range(int64_t(1), examples::kMaxSteps))
         ->capture_default_str();
-    app.add_option("--size", size, "grid size S (default 512 on a GPU, 64 on the CPU)")
+    app.add_option("--size", size,
+                   "grid size S (default 512 on a GPU, 64 on the CPU, 16 on the CUDA emulator)")
         ->check(CLI::Range(2, 8192));
     app.add_option("--hidden", hidden, "channels of the hidden layers")
         ->check(CLI::Range(int64_t(1), examples::kMaxWidth))
@@ -52,7 +53,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(int64_t(0), examples::kMaxLayers))
         ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
-    if (size == 0) size = examples::resolve_device(options.device) == Device::cuda ? 512 : 64;
+    if (size == 0) size = examples::default_sine_size(examples::resolve_device(options.device));
 
     const std::vector<float> grid = examples::coordinate_grid(size);
     const std::vector<float> target = examples::quantized_sine(grid);

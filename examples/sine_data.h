@@ -7,7 +7,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/allocator.h"
+
 namespace minamp::examples {
+
+// The grid size S when --size is not given: the blog's 512 on a GPU, 64 on the CPU, and 16 on
+// the CUDA emulator (every GPU thread runs as a fiber on the CPU: a 64x64 step takes seconds).
+inline int64_t default_sine_size(Device device) {
+  if (device == Device::cpu) return 64;
+  return cuda_emulated() ? 16 : 512;
+}
 
 // [1, S, S, 2]: channel 0 is x (along columns), channel 1 is y (along rows), as the blog's
 // np.meshgrid(x, y) stacked into channels.

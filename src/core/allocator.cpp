@@ -71,6 +71,12 @@ const char* cuda_unavailable_reason() {
   return reason ? reason : "";
 }
 
+std::string device_description(Device device) {
+  return device == Device::cpu ? std::string("cpu") : backend::cuda_device_name();
+}
+
+bool cuda_emulated() { return backend::cuda_emulated(); }
+
 Device parse_device(const std::string& name) {
   if (name == "cpu") return Device::cpu;
   if (name == "cuda") return Device::cuda;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -40,5 +41,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 bool cuda_available();
 // Why cuda_available() is false (empty when it is true).
 const char* cuda_unavailable_reason();
+// Where Device::cuda runs: "cpu" for Device::cpu; for Device::cuda the GPU's name, e.g.
+// "NVIDIA H100 80GB HBM3", or the CUDA emulator's (throws Error when CUDA is unavailable).
+std::string device_description(Device device);
+// True when Device::cuda is the CPU emulator of cuda/emulator (the *_emulated programs).
+bool cuda_emulated();
 
 } // namespace minamp

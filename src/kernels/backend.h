@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
 
 #include "core/allocator.h"
 
@@ -11,6 +12,10 @@ namespace minamp::backend {
 
 // nullptr when a CUDA device can be used; otherwise a sentence saying why not.
 const char* cuda_unavailable_reason();
+// The CUDA device's name (e.g. "NVIDIA H100 80GB HBM3"); throws when there is none.
+std::string cuda_device_name();
+// True when the CUDA backend runs on the CPU emulator of cuda/emulator (the *_emulated programs).
+bool cuda_emulated();
 Allocator& cuda_allocator();
 void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Waits for all queued GPU work (a no-op without CUDA).

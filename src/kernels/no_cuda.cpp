@@ -9,6 +9,12 @@ const char* cuda_unavailable_reason() {
          "-DMINAMP_CUDA=OFF)";
 }
 
+std::string cuda_device_name() {
+  throw Error(cat("cuda device name: ", cuda_unavailable_reason()));
+}
+
+bool cuda_emulated() { return false; }
+
 Allocator& cuda_allocator() { throw Error(cat("cuda allocator: ", cuda_unavailable_reason())); }
 
 void cuda_copy(void*, Device, const void*, Device, size_t) {

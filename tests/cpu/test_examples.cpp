@@ -113,9 +113,10 @@ TEST(Examples, SineWritesMetricsSummaryAndImage) {
   while (std::getline(csv, line)) ++rows;
   EXPECT_EQ(rows, 6);
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
-  for (const char* key : {"example", "device", "precision", "steps", "final_loss", "wall_s",
-                          "peak_bytes", "skipped_steps", "final_scale"})
+  for (const char* key : {"example", "device", "device_name", "precision", "steps", "final_loss",
+                          "wall_s", "peak_bytes", "skipped_steps", "final_scale"})
     EXPECT_TRUE(summary.contains(key)) << key;
+  EXPECT_EQ(summary["device_name"], "cpu");
   EXPECT_EQ(summary["precision"], "amp");
   EXPECT_EQ(summary["steps"], 6);
   EXPECT_GT(summary["peak_bytes"].get<double>(), 0);

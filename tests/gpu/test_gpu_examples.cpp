@@ -46,6 +46,7 @@ void expect_compare_matches_cpu(const std::string& example, const std::string& a
     const nlohmann::json on_gpu = read_json(gpu + "/" + precision + "/summary.json");
     ASSERT_TRUE(on_cpu.contains("final_loss") && on_gpu.contains("final_loss")) << precision;
     EXPECT_EQ(on_gpu["device"], "cuda") << precision;
+    EXPECT_EQ(on_gpu["device_name"], minamp::device_description(minamp::Device::cuda)) << precision;
     EXPECT_EQ(on_gpu["steps"], on_cpu["steps"]) << precision;
     EXPECT_EQ(on_gpu["skipped_steps"], on_cpu["skipped_steps"]) << precision;
     const double gpu_loss = on_gpu["final_loss"], cpu_loss = on_cpu["final_loss"];
@@ -69,6 +70,17 @@ TEST(GpuExamples, MlpCompareOnCudaEndsWhereTheCpuRunDoes) {
 TEST(GpuExamples, SineCompareOnCudaEndsWhereTheCpuRunDoes) {
   MINAMP_REQUIRE_GPU();
   expect_compare_matches_cpu("sine", "--size 16 --hidden 32 --steps 30", 1e-3, 2e-2);
+}
+
+// Without --size, sine trains on the blog's 512x512 grid on a GPU and on 16x16 on the emulator.
+TEST(GpuExamples, SineDefaultSizeFollowsTheDevice) {
+  MINAMP_REQUIRE_GPU();
+  const std::string out = fresh_dir("sine_default_size");
+  const ProgramRun run = run_program(std::string("sine") + MINAMP_EXAMPLE_SUFFIX,
+                                     "--device cuda --hidden 8 --layers 0 --steps 1 --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_EQ(read_json(out + "/summary.json")["config"]["size"],
+            minamp::cuda_emulated() ? "16" : "512");
 }
 
 // Every model, precision and mode bench/run-gpu.sh asks for, at a tiny size: the JSON holds each
