@@ -6,14 +6,17 @@
 # bench_gemm (WMMA / fp32 GEMMs vs cuBLAS), bench_train --device cuda (mlp, sine 512x512,
 # classify; FP32 and AMP) each model followed by bench/pytorch/train.py --device cuda with the
 # GPU machine's python3, and the examples' own FP32-vs-AMP tables (sine --compare at 512x512, mlp
-# --compare; images and metrics under the parts folder). The log and the per-tool JSON parts are
-# written to ${OUT:-/tmp} as they come; the report (whatever results there are, the missing ones
-# listed) goes to bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log beside it,
-# and is copied to $OUT. A run with no results at all writes nothing to bench/results. A target
+# --compare; images and metrics under the parts folder). The log is written to ${OUT:-/tmp} as it
+# comes, and the parts folder (/tmp/<name>-parts: the per-tool JSON and the examples' outputs) is
+# packed into $OUT/<name>-parts.tgz after every stage, so that $OUT holds four files whatever
+# happens (the device tool returns at most 8). The report (whatever results there are, the
+# missing ones listed) goes to bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log
+# beside it, and is copied to $OUT. A run with no results at all writes nothing to bench/results. A target
 # that does not build leaves the others to run. Every stage has a time limit, cut to what is left
 # of $BUDGET_S seconds (default 540) in all, so a result comes back even when one hangs (later
 # stages are then skipped); expect 3-5 minutes on an H100. COMMIT names the measured commit where
-# the copied tree has no .git. PYTHON (default python3) runs bench/pytorch/train.py and
+# the copied tree has no .git: give the sha of the tree sent, with -dirty if it has uncommitted
+# changes (git diff --quiet HEAD || echo -dirty, on the machine that sends it). PYTHON (default python3) runs bench/pytorch/train.py and
 # bench/report.py; CUDA_HOME (default /usr/local/cuda) has its bin/ appended to PATH.
 #
 #   COMMIT=<sha> bash bench/run-gpu.sh      (no arguments)
@@ -35,9 +38,9 @@ device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 name="gpu-${device:-unknown}-$(date -u +%Y%m%d-%H%M)-$commit"
 log=$results/$name.log
-work=$out/$name-parts
+work=/tmp/$name-parts
 budget=${BUDGET_S:-540}
-mkdir -p "$results" "$work"
+mkdir -p "$results" "$work" "$out"
 
 # Per model: the bench_train / train.py step options. sine trains 512 steps in all, as the ROCm
 # blog; mlp 500, the seed config's 10 epochs of 50 batches.
@@ -50,6 +53,9 @@ declare -A steps=(
 # op), so the log shows where a step's GPU time goes; and the same training replayed from a CUDA
 # graph of one step (mode train-graph), which removes the launch overhead.
 minamp_extra="--profile 5 --cuda-graph"
+# PyTorch only, for the models with a step-time target: the same training with the fused
+# optimizers too (mode train-fused), whose AMP step does not read found_inf on the host.
+declare -A pytorch_extra=([mlp]="--fused" [sine]="--fused")
 
 # GoogleTest is only needed because CMakeLists.txt requires it at configure time.
 # shellcheck disable=SC2317 # configure and build_benches run through `stage` (bash -c)
@@ -95,6 +101,7 @@ stage() {
   timeout -k 10 "$limit" bash -c '"$@"' stage "$@"
   rc=$?
   echo "-- $label: exit $rc, $((SECONDS - start)) s"
+  tar -czf "$out/$name-parts.tgz" -C "$(dirname "$work")" "$(basename "$work")"
   return "$rc"
 }
 
@@ -120,8 +127,8 @@ run_model() {
       --precisions "$p" ${steps[$m]} $minamp_extra --json "$work/minamp-$m-$p.json"
   done
   # shellcheck disable=SC2086
-  stage "pytorch $m" 75 "$python" bench/pytorch/train.py --device cuda --models "$m" \
-    ${steps[$m]} --json "$work/pytorch-$m.json"
+  stage "pytorch $m" 90 "$python" bench/pytorch/train.py --device cuda --models "$m" \
+    ${steps[$m]} ${pytorch_extra[$m]:-} --json "$work/pytorch-$m.json"
 }
 
 # The examples' own FP32-vs-AMP tables on the GPU (sine at the blog's 512x512, hidden 256, 512

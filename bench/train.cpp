@@ -401,36 +401,38 @@ json model_info(const Workload& w) {
   return {{"description", w.description}, {"optimizer", w.optimizer}};
 }
 
-json run_all(const std::vector<std::string>& models, const std::vector<std::string>& precisions,
-             const Config& cfg) {
-  json runs = json::array(), info = json::object();
+// Runs every model in every precision into result["runs"] (and result["models"]), calling
+// `save` after each run, so that a run cut off by a time limit keeps what it measured.
+void run_all(const std::vector<std::string>& models, const std::vector<std::string>& precisions,
+             const Config& cfg, json& result, const std::function<void()>& save) {
+  const auto add = [&](json run) {
+    print_run(run);
+    result["runs"].push_back(std::move(run));
+    save();
+  };
   for (const std::string& name : models) {
     for (const std::string& precision : precisions) {
       const bool amp = precision == "amp";
       const std::string label = cat(name, " ", precision, " ", device_name(cfg.device));
       Workload w = build(name, cfg);
       w.model->to(cfg.device);
-      info[name] = model_info(w);
-      runs.push_back(train_run(w, amp, cfg, label));
-      print_run(runs.back());
-      runs.push_back(inference_run(w, amp, cfg, label));
-      print_run(runs.back());
+      result["models"][name] = model_info(w);
+      add(train_run(w, amp, cfg, label));
+      add(inference_run(w, amp, cfg, label));
       if (!cfg.cuda_graph) continue;
       Workload fresh = build(name, cfg); // the same init again
       fresh.model->to(cfg.device);
       try { // a failing capture is reported and keeps the eager results
-        runs.push_back(graph_train_run(fresh, amp, cfg, label));
-        print_run(runs.back());
+        add(graph_train_run(fresh, amp, cfg, label));
       } catch (const Error& e) {
         std::printf("  %-22s train, CUDA graph: failed: %s\n", label.c_str(), e.what());
-        runs.push_back({{"model", name},
-                        {"precision", precision},
-                        {"mode", "train-graph"},
-                        {"error", e.what()}});
+        add({{"model", name},
+             {"precision", precision},
+             {"mode", "train-graph"},
+             {"error", e.what()}});
       }
     }
   }
-  return {{"models", info}, {"runs", runs}};
 }
 
 int run(int argc, char** argv) {
@@ -482,19 +484,21 @@ int run(int argc, char** argv) {
               device_description(cfg.device).c_str(), Eigen::nbThreads(),
               static_cast<long long>(cfg.warmup), static_cast<long long>(cfg.steps),
               sine ? cat(", sine ", cfg.size, "x", cfg.size).c_str() : "");
-  json result = run_all(model_names, precision_names, cfg);
-  result["framework"] = "minamp";
-  result["device"] = device_name(cfg.device);
-  result["device_name"] = device_description(cfg.device);
-  result["threads"] = Eigen::nbThreads();
-  result["sine_size"] = cfg.size;
-  result["seed"] = cfg.seed;
-  result["timing"] = "wall clock per step, device synchronised before each clock read";
-  result["peak_memory"] = "allocator peak over the timed steps, minus the resident batches";
-  if (!json_path.empty()) {
-    io::write_file_atomically(json_path, result.dump(2) + "\n");
-    std::printf("wrote %s\n", json_path.c_str());
-  }
+  json result = {{"framework", "minamp"},
+                 {"device", device_name(cfg.device)},
+                 {"device_name", device_description(cfg.device)},
+                 {"threads", Eigen::nbThreads()},
+                 {"sine_size", cfg.size},
+                 {"seed", cfg.seed},
+                 {"timing", "wall clock per step, device synchronised before each clock read"},
+                 {"peak_memory", "allocator peak over the timed steps, minus the resident batches"},
+                 {"models", json::object()},
+                 {"runs", json::array()}};
+  const auto save = [&] {
+    if (!json_path.empty()) io::write_file_atomically(json_path, result.dump(2) + "\n");
+  };
+  run_all(model_names, precision_names, cfg, result, save);
+  if (!json_path.empty()) std::printf("wrote %s\n", json_path.c_str());
   return 0;
 }
 

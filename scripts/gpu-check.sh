@@ -4,7 +4,9 @@
 # sm_90, checks the GEMM kernels' machine code (tensor-core HMMA and cp.async LDGSTS present, no
 # local-memory LDL/STL), runs the whole test binary (a skipped GPU test fails it), then
 # compute-sanitizer memcheck on the GPU tests and racecheck on the GEMM and reduction tests.
-# Full logs go to ${OUT:-/tmp/minamp-gpu}.
+# Full logs go to ${OUT:-/tmp/minamp-gpu}: setup.log (device, GoogleTest, configure), build.log
+# (build, SASS), tests.log, memcheck.log, racecheck.log and extra.log — six files at most, within
+# the device tool's eight.
 # Every stage runs and is recorded even when an earlier one failed; each has a time limit, cut so
 # that all of them stay within $BUDGET_S seconds (default 560, under the device tool's 600 s per
 # call), so the summary always prints. A pass/fail table ends the output and the exit status is
@@ -38,9 +40,10 @@ budget=${BUDGET_S:-560}
 stage_names=()
 stage_results=()
 
-# run_stage NAME LOG SECONDS COMMAND...: runs COMMAND with its output in $out/LOG under a time
-# limit (cut to what is left of the budget, less 10 s for the summary), shows the log's tail and
-# records pass, fail or timeout with the time taken.
+# run_stage NAME LOG SECONDS COMMAND...: runs COMMAND with its output appended to $out/LOG under
+# a time limit (cut to what is left of the budget, less 10 s for the summary; killed 10 s after
+# the TERM if still there), shows the stage's output and records pass, fail, timeout or
+# unavailable (compute-sanitizer refusing the device, as on gVisor machines) with the time taken.
 run_stage() {
   local name=$1 log=$out/$2 limit=$3
   shift 3
@@ -52,12 +55,16 @@ run_stage() {
     return
   fi
   echo "== $name (limit $limit s, log: $log)"
-  timeout "$limit" bash -c '"$@"' stage "$@" >"$log" 2>&1
+  local stage_log=/tmp/minamp-stage.log
+  timeout -k 10 "$limit" bash -c '"$@"' stage "$@" >"$stage_log" 2>&1
   rc=$?
-  tail -n 15 "$log"
+  { echo "== $name"; cat "$stage_log"; } >>"$log"
+  tail -n 15 "$stage_log"
   local result=pass
-  [ "$rc" -eq 124 ] && result="TIMEOUT after $limit s"
-  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && result="FAIL (exit $rc)"
+  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && result="TIMEOUT after $limit s"
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && result="FAIL (exit $rc)"
+  grep -q "Device not supported" "$stage_log" &&
+    result="UNAVAILABLE (compute-sanitizer: Device not supported; unverified)"
   stage_results+=("$result, $((SECONDS - start)) s")
 }
 
@@ -81,8 +88,8 @@ configure() {
 # The whole test binary; on the GPU machine a skipped GPU test (other than GpuAbsent.*, which
 # needs no device) means the GPU was not usable, which fails the stage instead of passing it.
 run_tests() {
-  "$build/minamp_tests" --gtest_output="json:$out/tests.json" || return 1
-  python3 - "$out/tests.json" <<'EOF'
+  "$build/minamp_tests" --gtest_output="json:/tmp/minamp-tests.json" || return 1
+  python3 - /tmp/minamp-tests.json <<'EOF'
 import json, sys
 report = json.load(open(sys.argv[1]))
 skipped = [f"{suite['name']}.{test['name']}" for suite in report["testsuites"]
@@ -123,11 +130,12 @@ sass() {
 
 export build gtest_prefix out
 export -f build_googletest configure run_tests memcheck racecheck sass
-run_stage "device" device.log 30 nvidia-smi -L
-run_stage "googletest build" googletest.log 120 build_googletest
-run_stage "configure" configure.log 60 configure
+rm -f "$out"/{setup,build,tests,memcheck,racecheck,extra}.log
+run_stage "device" setup.log 30 nvidia-smi -L
+run_stage "googletest build" setup.log 120 build_googletest
+run_stage "configure" setup.log 60 configure
 run_stage "build" build.log 300 cmake --build "$build" -j16
-run_stage "sass (GEMM objects)" sass.log 30 sass
+run_stage "sass (GEMM objects)" build.log 30 sass
 run_stage "tests" tests.log 150 run_tests
 run_stage "memcheck (Gpu*)" memcheck.log 200 memcheck
 run_stage "racecheck (GEMM, reductions)" racecheck.log 150 racecheck
