@@ -10,7 +10,8 @@ from torch import nn
 
 
 class Workload:
-    """A model with its batches on the device, its loss and optimizer."""
+    """A model with its batches on the device, its loss and optimizer (make_optimizer(params,
+    **impl) passes impl, e.g. fused=True, on to the torch.optim constructor)."""
 
     def __init__(self, name, model, inputs, targets, loss, make_optimizer, description, optimizer):
         self.name = name
@@ -38,7 +39,7 @@ def mlp(device, seed):
     targets = [torch.randn(512, 1, generator=gen).to(device) for _ in range(50)]
     return Workload(
         "mlp", model, inputs, targets, nn.functional.mse_loss,
-        lambda params: torch.optim.SGD(params, lr=1e-3),
+        lambda params, **impl: torch.optim.SGD(params, lr=1e-3, **impl),
         "Linear(8,16)-ReLU-Linear(16,16)-ReLU-Linear(16,1), MSE, batch 512", "SGD lr 1e-3",
     )
 
@@ -71,7 +72,7 @@ def sine(device, seed, size):
     return Workload(
         "sine", model, [grid.to(device, memory_format=torch.channels_last)],
         [target.to(device, memory_format=torch.channels_last)], nn.functional.mse_loss,
-        lambda params: torch.optim.Adam(params, lr=1e-3),
+        lambda params, **impl: torch.optim.Adam(params, lr=1e-3, **impl),
         f"1x1 Conv(2,256)+BN+ReLU, 2x[Conv(256,256)+BN+ReLU], Conv(256,1), MSE, grid {size}x{size}",
         "Adam lr 1e-3",
     )
@@ -100,7 +101,7 @@ def classify(device, seed):
     targets = [torch.randint(0, 10, (128,), generator=gen).to(device) for _ in range(4)]
     return Workload(
         "classify", model, inputs, targets, nn.functional.cross_entropy,
-        lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+        lambda params, **impl: torch.optim.SGD(params, lr=0.01, momentum=0.9, **impl),
         "Conv3x3(1,32)+BN+ReLU, Conv3x3(32,32,s2)+BN+ReLU, Conv3x3(32,64)+BN+ReLU, "
         "Conv3x3(64,64,s2)+BN+ReLU, GAP, Linear(64,10), CE, batch 128, 28x28x1 (benchmark's "
         "own definition, random data)",

@@ -45,10 +45,27 @@ class Device:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
 
-    def peak_bytes(self, data_bytes):
-        """Peak allocated bytes minus the resident batches; None on the CPU (PyTorch keeps no
+    def peak(self, data_bytes):
+        """The peak allocated bytes since reset_peak minus the resident batches and minus the
+        cuBLAS workspace that PyTorch's allocator holds from the first GEMM on (minamp uses no
+        cuBLAS; the workspace is recorded on its own); None on the CPU (PyTorch keeps no
         allocator statistics there)."""
-        return torch.cuda.max_memory_allocated() - data_bytes if self.cuda else None
+        if not self.cuda:
+            return {"peak_bytes": None}
+        peak = torch.cuda.max_memory_allocated()
+        workspace = self.cublas_workspace_bytes()
+        return {"peak_bytes": peak - data_bytes - workspace, "cublas_workspace_bytes": workspace}
+
+    @staticmethod
+    def cublas_workspace_bytes():
+        """Measured by freeing the workspaces (the next GEMM allocates them again); 0 where
+        this torch has no way to free them."""
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is None:
+            return 0
+        before = torch.cuda.memory_allocated()
+        clear()
+        return before - torch.cuda.memory_allocated()
 
 
 def time_each(iterations, body, device):
@@ -75,22 +92,26 @@ def training_step(w, opt, scaler, amp, device):
     return step
 
 
-def train_run(w, amp, args, device, label):
-    opt = w.make_optimizer(w.model.parameters())
+def train_run(w, amp, args, device, label, fused=False):
+    """Eager training with torch.optim's default implementation (mode train) or with fused=True
+    (mode train-fused), whose AMP step reads found_inf on the GPU: GradScaler.step of the default
+    optimizers copies found_inf to the host on every step to decide whether to skip it."""
+    opt = w.make_optimizer(w.model.parameters(), **({"fused": True} if fused else {}))
     scaler = torch.amp.GradScaler(device.name, enabled=amp)
     step = training_step(w, opt, scaler, amp, device)
-    print(f"  {label:<22} train: {args.warmup} warm-up + {args.steps} timed steps", flush=True)
+    mode = "train-fused" if fused else "train"
+    print(f"  {label:<22} {mode}: {args.warmup} warm-up + {args.steps} timed steps", flush=True)
     for i in range(args.warmup):
         step(i)
     device.sync()
     device.reset_peak()
     losses = []
     ms = time_each(args.steps, lambda i: losses.append(step(args.warmup + i)), device)
-    peak = device.peak_bytes(w.data_bytes())
+    peak = device.peak(w.data_bytes())
     tail = [float(x) for x in losses[-10:]]
-    return {"model": w.name, "precision": "amp" if amp else "fp32", "mode": "train",
+    return {"model": w.name, "precision": "amp" if amp else "fp32", "mode": mode,
             "warmup": args.warmup, "steps": args.steps, "step_ms": summarize_ms(ms),
-            "peak_bytes": peak, "data_bytes": w.data_bytes(), "final_loss": float(losses[-1]),
+            **peak, "data_bytes": w.data_bytes(), "final_loss": float(losses[-1]),
             "loss_last10_mean": sum(tail) / len(tail), "final_scale": scaler.get_scale()}
 
 
@@ -107,17 +128,17 @@ def inference_run(w, amp, args, device, label):
     device.sync()
     device.reset_peak()
     ms = time_each(args.infer_steps, forward, device)
-    peak = device.peak_bytes(w.data_bytes())
+    peak = device.peak(w.data_bytes())
     w.model.train()
     return {"model": w.name, "precision": "amp" if amp else "fp32", "mode": "infer",
             "warmup": 3, "steps": args.infer_steps, "step_ms": summarize_ms(ms),
-            "peak_bytes": peak, "data_bytes": w.data_bytes()}
+            **peak, "data_bytes": w.data_bytes()}
 
 
 def print_run(run):
     ms = run["step_ms"]
     peak = "n/a" if run["peak_bytes"] is None else f"{run['peak_bytes'] / 1048576:8.2f} MiB"
-    line = (f"  {run['model']:<8} {run['precision']:<4} {run['mode']:<5} median "
+    line = (f"  {run['model']:<8} {run['precision']:<4} {run['mode']:<11} median "
             f"{ms['median']:9.3f} ms  (p10 {ms['p10']:.3f}, p90 {ms['p90']:.3f})  peak {peak}")
     if "final_loss" in run:
         line += f"  loss {run['final_loss']:.6g} (last-10 mean {run['loss_last10_mean']:.6g})"
@@ -139,6 +160,8 @@ def parse_args():
     p.add_argument("--size", type=int, default=0, help="sine grid (0: 512 on cuda, 64 on cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
+    p.add_argument("--fused", action="store_true",
+                   help="also train with the fused optimizers (mode train-fused)")
     p.add_argument("--json", help="write the results to this JSON file")
     args = p.parse_args()
     for option, value, accepted in (("--models", args.models, ("mlp", "sine", "classify")),
@@ -165,8 +188,12 @@ def environment(args):
            "mode": "eager", "memory_format": "channels_last for sine and classify",
            "sine_size": args.size, "seed": args.seed,
            "timing": "wall clock per step, device synchronised before each clock read",
+           "optimizer_impl": ("torch.optim defaults (mode train; GradScaler.step reads found_inf "
+                              "on the host every AMP step)"
+                              + ("; fused=True (mode train-fused)" if args.fused else "")),
            "peak_memory": ("torch.cuda.max_memory_allocated over the timed steps, minus the "
-                           "resident batches" if args.device == "cuda"
+                           "resident batches and the cuBLAS workspace (cublas_workspace_bytes)"
+                           if args.device == "cuda"
                            else "n/a: PyTorch keeps no CPU allocator statistics")}
     if args.device == "cuda":
         env["device_name"] = torch.cuda.get_device_name()
@@ -188,6 +215,10 @@ def run_all(args, device):
                 print_run(runs[-1])
                 runs.append(inference_run(w, amp, args, device, label))
                 print_run(runs[-1])
+                if args.fused:
+                    fresh = models.build(name, args.device, args.seed, args.size)
+                    runs.append(train_run(fresh, amp, args, device, label, fused=True))
+                    print_run(runs[-1])
             except RuntimeError as error:  # e.g. an op without an f16 kernel on this device
                 print(f"  {label}: failed: {error}", flush=True)
                 runs.append(run_error(name, precision, error))
