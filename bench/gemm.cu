@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "common.cuh"
 #include "core/rng.h"
 #include "gemm_wmma.cuh"
@@ -450,6 +451,7 @@ int run(int argc, char** argv) {
   app.add_flag("--wmma-sweep", sweep,
                "also time other WMMA tile configurations than the library's (f16 square 4096, "
                "sine fwd and dgrad; in tiny, the first two shapes)");
+  examples::use_one_line_errors(app);
   CLI11_PARSE(app, argc, argv);
   if (!json_path.empty()) io::require_writable(json_path, "--json");
   const std::vector<GemmShape> shapes = all_shapes(shapes_name);

@@ -16,6 +16,7 @@
 
 #include "amp/autocast.h"
 #include "amp/grad_scaler.h"
+#include "cli.h"
 #include "io/atomic_file.h"
 #include "kernels/backend.h"
 #include "kernels/profile.h"
@@ -466,6 +467,7 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(2, 8192));
   app.add_option("--seed", cfg.seed, "seed of the weights and data")->capture_default_str();
   app.add_option("--json", json_path, "write the results to this JSON file");
+  examples::use_one_line_errors(app);
   CLI11_PARSE(app, argc, argv);
   if (!json_path.empty()) io::require_writable(json_path, "--json");
 

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "cli.h"
 #include "common.h"
 #include "io/idx.h"
 #include "io/image.h"
@@ -192,6 +193,7 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--subset", subset, "use only the first N training and N test images (0: all)")
         ->check(CLI::Range(int64_t(0), INT64_MAX));
+    examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);
     examples::resolve_device(options.device); // --device cuda without a GPU: before the data loads
 

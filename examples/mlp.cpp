@@ -4,6 +4,7 @@
 // nn.Linear(16,1)).
 #include <sstream>
 
+#include "cli.h"
 #include "common.h"
 
 using namespace minamp;
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
     app.add_option("--batches", batches, "random batches per epoch")
         ->check(CLI::Range(int64_t(1), examples::kMaxSteps))
         ->capture_default_str();
+    examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);
     const std::vector<int64_t> widths = parse_widths(widths_text);
     require(epochs <= examples::kMaxSteps / batches, "--epochs x --batches", "at most ",

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "cli.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/plot.h"
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   app.add_option("--y-label", y_label, "y axis label (default: the column)");
   app.add_flag("--log-y", log_y, "logarithmic y axis (e.g. for the loss scale)");
   app.add_option("inputs", inputs, "metrics.csv files, each optionally FILE:LABEL")->required();
+  examples::use_one_line_errors(app);
   CLI11_PARSE(app, argc, argv);
   try {
     std::vector<io::PlotSeries> series;

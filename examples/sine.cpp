@@ -7,6 +7,7 @@
 
 #include "amp/autocast.h"
 #include "autograd/var.h"
+#include "cli.h"
 #include "common.h"
 #include "io/image.h"
 #include "sine_data.h"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     app.add_option("--layers", layers, "hidden Conv+BN+ReLU blocks after the first")
         ->check(CLI::Range(int64_t(0), examples::kMaxLayers))
         ->capture_default_str();
+    examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);
     if (size == 0) size = examples::default_sine_size(examples::resolve_device(options.device));
 

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -69,6 +70,9 @@ TEST(Examples, BadValuesAreOneLineErrors) {
   for (const auto& [args, parts] : cases) {
     run = run_program("mlp", std::string(args) + " --out " + out);
     EXPECT_NE(run.status, 0) << args;
+    EXPECT_EQ(run.output.rfind("error: ", 0), 0u) << args << ": " << run.output;
+    EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1)
+        << args << ": " << run.output;
     for (const std::string& part : parts)
       EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
   }
@@ -238,6 +242,9 @@ TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
   for (const auto& [args, parts] : cases) {
     run = run_program("plot_metrics", "--out " + out + "/bad.png " + args);
     EXPECT_NE(run.status, 0) << args;
+    EXPECT_EQ(run.output.rfind("error: ", 0), 0u) << args << ": " << run.output;
+    EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1)
+        << args << ": " << run.output;
     for (const std::string& part : parts)
       EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
   }
