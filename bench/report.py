@@ -117,9 +117,9 @@ def step_target(name, ours, theirs, bound, minamp, pytorch, info=False):
 
 def memory_target(name, model, bound, minamp):
     a, f = find(minamp, model, "amp", "train"), find(minamp, model, "fp32", "train")
-    return {"target": name, "minamp": a and a["peak_bytes"] / 2**20,
-            "reference": f and f["peak_bytes"] / 2**20, "unit": "MiB", "bound": bound,
-            "ratio": ratio(a and a["peak_bytes"], f and f["peak_bytes"]), "le": True}
+    pa, pf = a and a.get("peak_bytes"), f and f.get("peak_bytes")
+    return {"target": name, "minamp": pa and pa / 2**20, "reference": pf and pf / 2**20,
+            "unit": "MiB", "bound": bound, "ratio": ratio(pa, pf), "le": True}
 
 
 def loss_target(name, model, minamp):

@@ -1,0 +1,174 @@
+"""Tests of bench/report.py, the script that turns benchmark JSON into the README's tables and
+decides met / missed: every verdict is computed from made-up runs whose ratios are known, on
+the CPU and GPU target lists, with missing and failed parts. Standard library only (ctest runs it
+as bench.report with the python3 that CMake found)."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "report.py")
+
+
+def run_record(model, precision, mode, median_ms, peak_bytes=None, loss=None, **extra):
+    run = {"model": model, "precision": precision, "mode": mode,
+           "step_ms": {"median": median_ms, "p10": median_ms * 0.9, "p90": median_ms * 1.1},
+           "peak_bytes": peak_bytes}
+    if loss is not None:
+        run.update(final_loss=loss, loss_last10_mean=loss)
+    run.update(extra)
+    return run
+
+
+def every_run(framework, ms, peak=None, loss=1.0, modes=("train", "infer")):
+    """Each model in FP32 and AMP with the same step time ms[model]."""
+    return [run_record(m, p, mode, ms[m], peak, loss if mode != "infer" else None)
+            for m in ("mlp", "sine", "classify") for p in ("fp32", "amp") for mode in modes]
+
+
+class Report:
+    """report.py run on JSON files written into a temporary folder."""
+
+    def __init__(self, test, platform, minamp=None, pytorch=None, gemm=None):
+        self.dir = tempfile.TemporaryDirectory()
+        test.addCleanup(self.dir.cleanup)
+        args = [sys.executable, REPORT, "--platform", platform, "--commit", "abc1234",
+                "--out", self.path("report.json"), "--markdown", self.path("report.md"),
+                "--minamp", self.write("minamp.json", minamp)]
+        args += ["--pytorch", self.write("pytorch.json", pytorch)]
+        if platform == "gpu":
+            args += ["--gemm", self.write("gemm.json", gemm)]
+        self.process = subprocess.run(args, capture_output=True, text=True)
+
+    def path(self, name):
+        return os.path.join(self.dir.name, name)
+
+    def write(self, name, content):
+        if content is not None:
+            with open(self.path(name), "w") as f:
+                json.dump(content, f)
+        return self.path(name)
+
+    def combined(self):
+        with open(self.path("report.json")) as f:
+            return json.load(f)
+
+    def targets(self):
+        return {t["target"]: t for t in self.combined()["targets"]}
+
+
+def minamp_result(runs, size=64):
+    return {"framework": "minamp", "threads": 2, "sine_size": size, "runs": runs, "models": {}}
+
+
+def pytorch_result(runs, size=64):
+    return {"framework": "pytorch", "torch_version": "2.x", "threads": 2, "tf32_matmul": False,
+            "tf32_cudnn": True, "sine_size": size, "runs": runs, "models": {}}
+
+
+class CpuTargets(unittest.TestCase):
+    def test_ratios_and_verdicts_follow_the_medians(self):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        for run in minamp:  # AMP uses half the memory of FP32 on sine, and a 10% higher loss
+            if run["precision"] == "amp" and run["mode"] == "train":
+                run["peak_bytes"] = 50
+                run["loss_last10_mean"] = 1.1
+        pytorch = every_run("pytorch", {"mlp": 0.4, "sine": 20.0, "classify": 60.0})
+        report = Report(self, "cpu", minamp_result(minamp), pytorch_result(pytorch))
+        self.assertEqual(report.process.returncode, 0, report.process.stderr)
+        targets = report.targets()
+        mlp = targets["mlp FP32 step vs PyTorch CPU eager FP32"]
+        self.assertAlmostEqual(mlp["ratio"], 0.25)
+        self.assertEqual(mlp["status"], "met")
+        sine = targets["sine 64^2 FP32 step vs PyTorch CPU eager FP32"]
+        self.assertAlmostEqual(sine["ratio"], 1.5)
+        self.assertEqual(sine["status"], "missed")
+        memory = targets["sine 64^2 AMP peak memory vs minamp FP32"]
+        self.assertAlmostEqual(memory["ratio"], 0.5)
+        self.assertEqual(memory["status"], "met")
+        loss = targets["sine AMP final loss vs FP32 (last-10 mean)"]
+        self.assertAlmostEqual(loss["ratio"], 0.1)
+        self.assertEqual(loss["status"], "missed")
+        self.assertEqual(report.combined()["meta"]["missing"], [])
+        with open(report.path("report.md")) as f:
+            self.assertIn("| mlp FP32 step vs PyTorch CPU eager FP32 | 0.1 ms | 0.4 ms | 0.25 |",
+                          f.read())
+
+    def test_a_loss_that_is_not_finite_misses(self):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        for run in minamp:
+            if run["model"] == "mlp" and run["precision"] == "amp" and run["mode"] == "train":
+                run["loss_last10_mean"] = None  # bench_train writes NaN as null
+        report = Report(self, "cpu", minamp_result(minamp), None)
+        target = report.targets()["mlp AMP final loss vs FP32 (last-10 mean)"]
+        self.assertEqual(target["status"], "missed (loss not finite)")
+
+    def test_missing_and_failed_parts_are_listed_and_the_rest_reported(self):
+        minamp = [r for r in every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0},
+                                       peak=100) if r["model"] != "classify"]
+        minamp.append({"model": "classify", "precision": "amp", "mode": "train",
+                       "error": "out of memory"})
+        report = Report(self, "cpu", minamp_result(minamp), None)
+        self.assertEqual(report.process.returncode, 0, report.process.stderr)
+        missing = report.combined()["meta"]["missing"]
+        self.assertIn("minamp classify: no fp32 train, fp32 infer", missing)
+        self.assertIn("minamp classify amp: failed (out of memory)", missing)
+        self.assertIn("PyTorch mlp: no results", missing)
+        target = report.targets()["mlp FP32 step vs PyTorch CPU eager FP32"]
+        self.assertEqual(target["status"], "not measured")
+
+    def test_no_results_at_all_writes_nothing(self):
+        report = Report(self, "cpu", None, None)
+        self.assertNotEqual(report.process.returncode, 0)
+        self.assertIn("no results at all", report.process.stderr)
+        self.assertFalse(os.path.exists(report.path("report.json")))
+        self.assertFalse(os.path.exists(report.path("report.md")))
+
+
+class GpuTargets(unittest.TestCase):
+    def gpu_report(self):
+        ms = {"mlp": 0.05, "sine": 4.0, "classify": 2.0}
+        minamp = every_run("minamp", ms, peak=100, modes=("train", "train-graph", "infer"))
+        pytorch = every_run("pytorch", {"mlp": 1.0, "sine": 4.0, "classify": 2.0}, peak=100,
+                            modes=("train", "train-fused", "infer"))
+        for run in pytorch:
+            run["cublas_workspace_bytes"] = 32 << 20
+        gemm = {"rows": [
+            {"shape": "square 4096", "ab_dtype": "f16", "c_dtype": "f16", "m": 4096, "n": 4096,
+             "k": 4096, "ratio": 0.6, "minamp": {"tflops": 420.0}, "cublas": {"tflops": 700.0},
+             "check": {"max_rel_diff_vs_cublas": 1e-3}},
+            {"shape": "square 4096", "config": "128x256x32", "ab_dtype": "f16",
+             "c_dtype": "f16", "m": 4096, "n": 4096, "k": 4096, "ratio": 0.1,
+             "minamp": {"tflops": 70.0}, "cublas": {"tflops": 700.0},
+             "check": {"max_rel_diff_vs_cublas": 1e-3}}]}
+        return Report(self, "gpu", minamp_result(minamp, 512), pytorch_result(pytorch, 512), gemm)
+
+    def test_the_gemm_target_reads_the_library_row_not_a_sweep_row(self):
+        target = self.gpu_report().targets()["WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"]
+        self.assertEqual((target["minamp"], target["reference"]), (420.0, 700.0))
+        self.assertEqual(target["status"], "met")
+
+    def test_pairs_that_are_not_the_targets_are_info_even_inside_the_bound(self):
+        report = self.gpu_report()
+        self.assertEqual(report.process.returncode, 0, report.process.stderr)
+        targets = report.targets()
+        self.assertEqual(targets["mlp AMP step vs PyTorch eager AMP"]["status"], "met")
+        for name in ("mlp AMP step replayed from a CUDA graph vs PyTorch eager AMP",
+                     "mlp AMP step vs PyTorch eager AMP with fused optimizers"):
+            self.assertAlmostEqual(targets[name]["ratio"], 0.05)
+            self.assertEqual(targets[name]["status"], "info (not the target's pair)")
+        sine = targets["sine 512^2 AMP step vs PyTorch eager AMP"]
+        self.assertEqual((sine["ratio"], sine["status"]), (1.0, "missed"))
+
+    def test_pytorch_peaks_say_the_cublas_workspace_is_left_out(self):
+        with open(self.gpu_report().path("report.md")) as f:
+            text = f.read()
+        self.assertIn("cuBLAS's workspace (32 MiB at most", text)
+        self.assertIn("train-fused uses fused=True", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
