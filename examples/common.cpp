@@ -676,6 +676,14 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
   app.add_option("--resume", options.resume,
                  "continue the run saved in this training checkpoint (same options)")
       ->check(kNonEmptyPath);
+  // The scaler's options without mixed precision would be ignored (as GradScaler(enabled=False)
+  // ignores its arguments): most likely --amp was forgotten, so they are refused.
+  app.parse_complete_callback([&app, &options] {
+    for (const char* name : {"--init-scale", "--growth-interval", "--no-loss-scaling"})
+      if (app.count(name) > 0 && !options.amp && !options.compare)
+        throw CLI::ValidationError(name, "sets the loss scaler, which runs only with --amp or "
+                                         "--compare");
+  });
 }
 
 const CLI::Validator kNonEmptyPath(

@@ -62,6 +62,8 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--seed -5", {"--seed", "non-negative"}},
       {"--lr nan", {"SGD: lr must be a finite number >= 0, got nan"}},
       {"--log-every -1", {"--log-every"}},
+      {"--init-scale 1024", {"--init-scale", "only with --amp or --compare"}},
+      {"--no-loss-scaling", {"--no-loss-scaling", "only with --amp or --compare"}},
       {"--resume a --load-weights b", {"--resume", "--load-weights"}},
       {"--load-weights /nonexistent.safetensors", {"No such file or directory"}},
       {"--save-weights ''", {"--save-weights", "expected a path"}},
