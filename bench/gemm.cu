@@ -465,9 +465,11 @@ int run(int argc, char** argv) {
   int cublas_version = 0;
   check_cublas(cublasGetVersion(handle, &cublas_version), "cublasGetVersion");
 
-  std::printf("bench_gemm on %s (%d SMs, L2 %d MB), cuBLAS %d\n",
+  const std::string cublas_name =
+      cuda_emulated() ? "cuBLAS: the emulator's CPU stand-in" : cat("cuBLAS ", cublas_version);
+  std::printf("bench_gemm on %s (%d SMs, L2 %d MB), %s\n",
               device["name"].get<std::string>().c_str(), device["sm_count"].get<int>(),
-              device["l2_bytes"].get<int>() >> 20, cublas_version);
+              device["l2_bytes"].get<int>() >> 20, cublas_name.c_str());
   std::printf("%-48s %-4s %10s %10s %8s\n", "shape (MxNxK)", "in", "minamp", "cuBLAS", "ratio");
   json rows = json::array(), sweep_skipped = json::array();
   bool all_ok = true;
