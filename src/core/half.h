@@ -6,7 +6,8 @@
 
 namespace minamp {
 
-// The binary16 bit pattern nearest to `value` (ties to even; past 65504 rounds to inf).
+// The binary16 bit pattern nearest to `value` (ties to even; a magnitude of 65520, 65504 plus
+// half an ulp, or more rounds to inf).
 uint16_t float_to_half_bits(float value);
 // The float equal to a binary16 bit pattern (every binary16 value is exact in float).
 float half_bits_to_float(uint16_t bits);
