@@ -185,6 +185,21 @@ TEST(CpuConv, F16EqualsFp32OfRoundedInputs) {
   }
 }
 
+// An empty batch gives an empty output and leaves dw as it was.
+TEST(CpuConv, EmptyBatchGivesEmptyResults) {
+  Rng rng(27);
+  const ConvCase c = {0, 5, 5, 3, 2, 3, 3, 1, 1};
+  const Tensor x = random_tensor(rng, c.x_shape()), w = random_tensor(rng, c.w_shape());
+  Tensor y = poisoned(c.y_shape());
+  cpu::conv2d_forward(x, w, y, params(c), {});
+  EXPECT_EQ(y.shape(), (Shape{0, 5, 5, 2}));
+  Tensor dx = poisoned(c.x_shape());
+  const Tensor dw_start = random_tensor(rng, c.w_shape());
+  Tensor dw = dw_start.clone();
+  cpu::conv2d_backward(x, w, y, dx, dw, params(c));
+  EXPECT_EQ(dw.to_vector(), dw_start.to_vector());
+}
+
 TEST(CpuConv, RejectsWrongRanksAndShapes) {
   Rng rng(26);
   const Tensor x2d = random_tensor(rng, {4, 3});

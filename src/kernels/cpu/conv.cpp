@@ -58,9 +58,11 @@ int64_t input_offset(const ConvDims& d, int64_t oh, int64_t ow, int64_t i, int64
 
 constexpr int64_t kGroupRows = 2048; // output pixels per GEMM, rounded to whole images
 
-// The images per group: whole images with about kGroupRows output pixels in all.
+// The images per group: whole images with about kGroupRows output pixels in all (1 when the
+// batch is empty).
 int64_t images_per_group(const ConvDims& d) {
-  return std::clamp<int64_t>(kGroupRows / std::max<int64_t>(d.out_pixels(), 1), 1, d.n);
+  return std::clamp<int64_t>(kGroupRows / std::max<int64_t>(d.out_pixels(), 1), 1,
+                             std::max<int64_t>(d.n, 1));
 }
 
 // cols[count * Ho * Wo, kh * kw * Cin]: row (s, oh, ow) holds the input patch under the kernel at
