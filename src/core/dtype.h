@@ -26,6 +26,9 @@ inline const char* device_name(Device device) { return device == Device::cpu ? "
 
 inline bool is_floating(DType dtype) { return dtype != DType::i32; }
 
+// True when truncating `value` gives an int32 (false for NaN and inf).
+inline bool fits_int32(float value) { return value >= -2147483648.0f && value < 2147483648.0f; }
+
 inline std::ostream& operator<<(std::ostream& out, DType dtype) { return out << dtype_name(dtype); }
 inline std::ostream& operator<<(std::ostream& out, Device device) {
   return out << device_name(device);

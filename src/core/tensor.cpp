@@ -44,7 +44,11 @@ Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape,
     switch (dtype) {
     case DType::f32: host.data<float>()[i] = values[i]; break;
     case DType::f16: host.data<half>()[i] = half(values[i]); break;
-    case DType::i32: host.data<int32_t>()[i] = static_cast<int32_t>(values[i]); break;
+    case DType::i32:
+      require(fits_int32(values[i]), "Tensor::from_vector", "value ", values[i], " at ", i,
+              " does not fit ", describe(host));
+      host.data<int32_t>()[i] = static_cast<int32_t>(values[i]);
+      break;
     }
   }
   return device == Device::cpu ? host : host.to(device);

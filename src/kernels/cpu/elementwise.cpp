@@ -7,11 +7,6 @@
 
 namespace minamp::cpu {
 
-namespace {
-// True when truncating `value` gives an int32 (false for NaN and inf).
-bool fits_int32(float value) { return value >= -2147483648.0f && value < 2147483648.0f; }
-} // namespace
-
 void fill(Tensor& dst, float value) {
   const int64_t n = dst.numel();
   switch (dst.dtype()) {
