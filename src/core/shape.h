@@ -10,6 +10,10 @@
 
 namespace minamp {
 
+class Shape;
+// Prints "[2, 3]" (defined below; the constructor names the shape in its errors).
+inline std::ostream& operator<<(std::ostream& out, const Shape& shape);
+
 class Shape {
 public:
   static constexpr int kMaxRank = 4;
@@ -22,6 +26,7 @@ public:
       require(d >= 0, "Shape", "dimensions must be >= 0, got ", d);
       dims_[rank_++] = d;
     }
+    require(numel_fits(), "Shape", "the element count of ", *this, " overflows int64");
   }
 
   int rank() const { return rank_; }
@@ -44,6 +49,14 @@ public:
   bool operator!=(const Shape& other) const { return !(*this == other); }
 
 private:
+  // True when numel() (multiplying the dimensions in order) does not overflow int64_t.
+  bool numel_fits() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank_; ++i)
+      if (__builtin_mul_overflow(n, dims_[i], &n)) return false;
+    return true;
+  }
+
   std::array<int64_t, kMaxRank> dims_{};
   int rank_ = 0;
 };

@@ -2,6 +2,7 @@
 #include "core/tensor.h"
 
 #include <cstring>
+#include <limits>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
@@ -14,6 +15,8 @@ Tensor::Storage::~Storage() {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  require(shape.numel() <= std::numeric_limits<int64_t>::max() / int64_t(dtype_size(dtype)),
+          "Tensor::empty", "the byte count of ", dtype, shape, " overflows int64");
   Tensor t;
   t.storage_ = std::make_shared<Storage>();
   t.shape_ = shape;

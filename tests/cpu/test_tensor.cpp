@@ -1,10 +1,23 @@
-// Tests of Tensor creation: host values that an i32 tensor cannot hold.
+// Tests of Tensor creation: shapes whose element or byte count does not fit, and host values
+// that an i32 tensor cannot hold.
 #include <cmath>
 
 #include "test_kernels_reference.h"
 
 namespace minamp::test {
 namespace {
+
+TEST(Tensor, RejectsShapesWhoseElementCountOverflows) {
+  const int64_t rows = int64_t{1} << 40, cols = int64_t{1} << 24; // 2^64 elements
+  const std::string message = "the element count of [1099511627776, 16777216] overflows int64";
+  expect_error([&] { Tensor::zeros({rows, cols}); }, "Shape", message);
+  expect_error([] { Tensor::zeros({2, -3}); }, "Shape", "dimensions must be >= 0, got -3");
+}
+
+TEST(Tensor, RejectsShapesWhoseByteCountOverflows) {
+  expect_error([] { Tensor::empty({int64_t{1} << 62}); }, "Tensor::empty",
+               "the byte count of f32[4611686018427387904] overflows int64");
+}
 
 TEST(Tensor, FromVectorRejectsValuesAnI32CannotHold) {
   const std::vector<float> too_large = {1.0f, 3e9f}, not_a_number = {std::nanf("")};
