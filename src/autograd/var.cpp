@@ -44,7 +44,10 @@ Var Var::from_op(const char* op, Tensor value, const std::vector<Var>& inputs, b
   out.node_->op = op;
   if (!grad_enabled()) return out;
   bool needs_grad = uses_parameters;
-  for (const Var& v : inputs) needs_grad = needs_grad || v.requires_grad();
+  for (const Var& v : inputs) {
+    require(v.defined(), op, "an input Var was used before it was given a value");
+    needs_grad = needs_grad || v.requires_grad();
+  }
   if (!needs_grad) return out;
   out.node_->requires_grad = true;
   for (const Var& v : inputs) out.node_->inputs.push_back(v.node_);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace minamp {
@@ -34,13 +35,13 @@ public:
                      bool uses_parameters, std::function<void(Node&)> backward);
 
   bool defined() const { return node_ != nullptr; }
-  const Tensor& value() const { return node_->value; }
-  const Tensor& grad() const { return node_->grad; }
+  const Tensor& value() const { return checked_node().value; }
+  const Tensor& grad() const { return checked_node().grad; }
   bool requires_grad() const { return node_ && node_->requires_grad; }
-  const Shape& shape() const { return node_->value.shape(); }
-  DType dtype() const { return node_->value.dtype(); }
-  Device device() const { return node_->value.device(); }
-  Node& node() const { return *node_; }
+  const Shape& shape() const { return value().shape(); }
+  DType dtype() const { return value().dtype(); }
+  Device device() const { return value().device(); }
+  Node& node() const { return checked_node(); }
 
   // Backpropagates from this one-element Var with a seed gradient of 1.
   void backward() const;
@@ -48,6 +49,12 @@ public:
   void backward(const Tensor& seed) const;
 
 private:
+  // The node; throws Error when this Var is undefined (default-constructed).
+  Node& checked_node() const {
+    require(defined(), "Var", "used before it was given a value");
+    return *node_;
+  }
+
   std::shared_ptr<Node> node_;
 };
 

@@ -214,5 +214,24 @@ TEST(Autograd, BackwardWithoutGradIsAnError) {
   }
 }
 
+// Expects `call` to throw minamp::Error whose message contains `part`.
+void expect_error_containing(const std::function<void()>& call, const std::string& part) {
+  try {
+    call();
+    ADD_FAILURE() << "expected minamp::Error containing \"" << part << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, UsingAnUndefinedVarIsAnError) {
+  const Var undefined;
+  expect_error_containing([&] { ops::relu(undefined); }, "Var: used before it was given a value");
+  expect_error_containing([&] { undefined.shape(); }, "Var: used before it was given a value");
+  expect_error_containing(
+      [&] { Var::from_op("custom", Tensor::zeros({1}), {undefined}, true, [](Node&) {}); },
+      "custom: an input Var was used before it was given a value");
+}
+
 } // namespace
 } // namespace minamp
