@@ -33,6 +33,20 @@ std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>
 }
 } // namespace
 
+Node::~Node() {
+  // Destroying the inputs directly would run their destructors recursively, one stack frame per
+  // level of the graph. Instead, an input this node owned alone hands its own inputs over to
+  // `pending` before it is destroyed, so each node dies with no inputs left.
+  std::vector<std::shared_ptr<Node>> pending = std::move(inputs);
+  while (!pending.empty()) {
+    std::shared_ptr<Node> node = std::move(pending.back());
+    pending.pop_back();
+    if (node.use_count() > 1) continue; // still used elsewhere: only our reference goes
+    for (std::shared_ptr<Node>& input : node->inputs) pending.push_back(std::move(input));
+    node->inputs.clear();
+  }
+}
+
 Var::Var(Tensor value, bool requires_grad) : node_(std::make_shared<Node>()) {
   node_->value = std::move(value);
   node_->requires_grad = requires_grad;

@@ -21,6 +21,11 @@ struct Node {
   std::vector<std::shared_ptr<Node>> inputs;
   // Reads this node's grad and accumulates into its inputs' grads (and parameters' grads).
   std::function<void(Node& self)> backward;
+
+  Node() = default;
+  // Frees the inputs without recursion, so that dropping a very deep graph cannot overflow the
+  // stack.
+  ~Node();
 };
 
 class Var {

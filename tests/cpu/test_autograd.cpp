@@ -224,6 +224,14 @@ void expect_error_containing(const std::function<void()>& call, const std::strin
   }
 }
 
+TEST(Autograd, DroppingAVeryDeepGraphDoesNotOverflowTheStack) {
+  Var chain(Tensor::zeros({1}), true);
+  for (int i = 0; i < 1'000'000; ++i) chain = ops::reshape(chain, {1});
+  // Frees a million nodes, each the only owner of the next: a recursive teardown overflowed the
+  // stack here (SIGSEGV).
+  chain = Var();
+}
+
 TEST(Autograd, UsingAnUndefinedVarIsAnError) {
   const Var undefined;
   expect_error_containing([&] { ops::relu(undefined); }, "Var: used before it was given a value");
