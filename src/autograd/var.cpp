@@ -12,18 +12,29 @@ namespace {
 thread_local bool g_grad_enabled = true;
 thread_local GradObserver g_grad_observer;
 
+// Throws Error when an earlier backward() already ran this op and freed what it saved.
+void require_not_released(const Node& node) {
+  require(!node.released, "backward", "the graph through ", node.op,
+          " was already freed by an earlier backward() (its saved tensors are gone; run the "
+          "forward pass again to build a new graph)");
+}
+
 // Post-order DFS from `root` over nodes that require grad (iterative: graphs can be deep).
-// The order owns its nodes, so the walk may release each node's inputs as it goes.
+// The order owns its nodes, so the walk may release each node's inputs as it goes. Throws Error,
+// before any gradient is touched, when it reaches an op that an earlier backward() released.
 std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>& root) {
   std::vector<std::shared_ptr<Node>> order;
   std::unordered_set<Node*> visited;
+  require_not_released(*root);
   std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack{{root, 0}};
   visited.insert(root.get());
   while (!stack.empty()) {
     auto& [node, next_input] = stack.back();
     if (next_input < node->inputs.size()) {
       const std::shared_ptr<Node>& input = node->inputs[next_input++];
-      if (input->requires_grad && visited.insert(input.get()).second) stack.push_back({input, 0});
+      if (!input->requires_grad || !visited.insert(input.get()).second) continue;
+      require_not_released(*input);
+      stack.push_back({input, 0});
     } else {
       order.push_back(node);
       stack.pop_back();
@@ -82,8 +93,8 @@ void Var::backward(const Tensor& seed) const {
           "with requires_grad contributed to it)");
   require(seed.shape() == value().shape(), "backward", "seed ", describe(seed),
           " does not match the value ", describe(value()));
-  accumulate_grad(*node_, seed.clone()); // the walk may add into it: keep the caller's intact
   std::vector<std::shared_ptr<Node>> order = topological_order(node_);
+  accumulate_grad(*node_, seed.clone()); // the walk may add into it: keep the caller's intact
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node& node = **it;
     if (!node.backward) continue; // a leaf: keeps its gradient
@@ -95,6 +106,7 @@ void Var::backward(const Tensor& seed) const {
     node.backward = nullptr;
     node.grad = Tensor();
     node.inputs.clear();
+    node.released = true;
   }
 }
 

@@ -21,6 +21,9 @@ struct Node {
   std::vector<std::shared_ptr<Node>> inputs;
   // Reads this node's grad and accumulates into its inputs' grads (and parameters' grads).
   std::function<void(Node& self)> backward;
+  // Set once backward() has run this op and freed its closure and inputs: a later backward()
+  // through it is an error.
+  bool released = false;
 
   Node() = default;
   // Frees the inputs without recursion, so that dropping a very deep graph cannot overflow the

@@ -224,6 +224,32 @@ void expect_error_containing(const std::function<void()>& call, const std::strin
   }
 }
 
+TEST(Autograd, BackwardThroughAFreedGraphIsAnError) {
+  Rng rng(18);
+  nn::Linear layer(3, 2, rng);
+  Rng data(4);
+  const Var hidden = layer(Var(test::random_tensor(data, {4, 3})));
+  const Var mse = ops::mse_loss(hidden, Tensor::zeros({4, 2}));
+  const Var cross_entropy =
+      ops::cross_entropy(hidden, Tensor::from_vector({0, 1, 1, 0}, {4}, DType::i32));
+  mse.backward();
+  const std::vector<float> weight_grad = layer.weight.grad().to_vector();
+  expect_error_containing([&] { cross_entropy.backward(); },
+                          "backward: the graph through linear was already freed");
+  expect_error_containing([&] { mse.backward(); },
+                          "backward: the graph through mse_loss was already freed");
+  EXPECT_EQ(layer.weight.grad().to_vector(), weight_grad) << "a refused backward() added to it";
+}
+
+TEST(Autograd, LeafVarsKeepGatheringGradientsAcrossGraphs) {
+  Var x(Tensor::full({2}, 1.0f), true);
+  const Tensor three = Tensor::full({1}, 3.0f);
+  for (int step = 0; step < 2; ++step)
+    ops::mse_loss(ops::mul_scalar(x, three), Tensor::zeros({2})).backward();
+  // d/dx mean((3x)^2) = 9x, twice.
+  EXPECT_EQ(x.grad().to_vector(), std::vector<float>(2, 18.0f));
+}
+
 TEST(Autograd, DroppingAVeryDeepGraphDoesNotOverflowTheStack) {
   Var chain(Tensor::zeros({1}), true);
   for (int i = 0; i < 1'000'000; ++i) chain = ops::reshape(chain, {1});
