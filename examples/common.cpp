@@ -725,12 +725,12 @@ void print_comparison(const std::string& what, double fp32_s, double amp_s, size
               100.0 * (1.0 - double(amp_bytes) / double(fp32_bytes)));
 }
 
-// The options of one precision's run under --compare: weights go to their own subdirectory.
 // "cpu", or "cuda (NVIDIA H100 80GB HBM3)".
 std::string device_label(Device device) {
   return device == Device::cpu ? "cpu" : cat("cuda (", device_description(device), ")");
 }
 
+// The options of one precision's run under --compare: weights go to their own subdirectory.
 Options options_for(const Options& options, const std::string& precision) {
   Options run = options;
   if (!run.save_weights.empty()) run.save_weights += "/" + precision;
