@@ -281,8 +281,8 @@ def missing_results(minamp, pytorch, gemm, platform_name):
     in FP32 and AMP are expected), the runs that failed, and on a GPU bench_gemm."""
     missing = []
     for tool, result in (("minamp", minamp), ("PyTorch", pytorch)):
-        failed = {(r["model"], r["precision"]): r["error"]
-                  for r in (result or {}).get("runs", []) if "error" in r}
+        errors = [r for r in (result or {}).get("runs", []) if "error" in r]
+        failed = {(r["model"], r["precision"]) for r in errors if r["mode"] in MODES}
         for model in MODELS:
             absent = [f"{p} {m}" for p in PRECISIONS for m in MODES
                       if (model, p) not in failed and not find(result, model, p, m)]
@@ -290,7 +290,8 @@ def missing_results(minamp, pytorch, gemm, platform_name):
                 missing.append(f"{tool} {model}: no results")
             elif absent:
                 missing.append(f"{tool} {model}: no {', '.join(absent)}")
-        missing += [f"{tool} {model} {p}: failed ({error})" for (model, p), error in failed.items()]
+        missing += [f"{tool} {r['model']} {r['precision']} {r['mode']}: failed ({r['error']})"
+                    for r in errors]
     if platform_name == "gpu" and not gemm:
         missing.append("bench_gemm: no results")
     return missing

@@ -679,10 +679,13 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
   // The scaler's options without mixed precision would be ignored (as GradScaler(enabled=False)
   // ignores its arguments): most likely --amp was forgotten, so they are refused.
   app.parse_complete_callback([&app, &options] {
-    for (const char* name : {"--init-scale", "--growth-interval", "--no-loss-scaling"})
-      if (app.count(name) > 0 && !options.amp && !options.compare)
+    if (options.amp || options.compare) return;
+    for (const char* name : {"--init-scale", "--growth-interval"})
+      if (app.count(name) > 0)
         throw CLI::ValidationError(name, "sets the loss scaler, which runs only with --amp or "
                                          "--compare");
+    if (options.no_loss_scaling)
+      throw CLI::ValidationError("--no-loss-scaling", "applies only with --amp or --compare");
   });
 }
 

@@ -16,8 +16,10 @@
 #   bash scripts/gpu-check.sh [COMMAND [ARG...]]
 #
 # COMMAND with its arguments, if given, runs afterwards as one more stage, from the repository
-# root, e.g.
-#   scripts/gpu-check.sh build-gpu/sine --compare --out "$OUT/sine"
+# root, its output in extra.log; files it writes belong outside $OUT (which returns 8 files at
+# most), packed into one, e.g.
+#   scripts/gpu-check.sh bash -c 'build-gpu/sine --compare --out /tmp/sine &&
+#     tar -czf "$OUT/sine.tgz" -C /tmp sine'
 # shellcheck disable=SC2317 # the stage functions run through run_stage (bash -c)
 set -uo pipefail
 # -h/--help prints the comment above; a first argument starting with '-' is no COMMAND. Later
@@ -56,9 +58,9 @@ run_stage() {
   fi
   echo "== $name (limit $limit s, log: $log)"
   local stage_log=/tmp/minamp-stage.log
-  timeout -k 10 "$limit" bash -c '"$@"' stage "$@" >"$stage_log" 2>&1
-  rc=$?
-  { echo "== $name"; cat "$stage_log"; } >>"$log"
+  echo "== $name" >>"$log"
+  timeout -k 10 "$limit" bash -c '"$@"' stage "$@" 2>&1 | tee "$stage_log" >>"$log"
+  rc=${PIPESTATUS[0]}
   tail -n 15 "$stage_log"
   local result=pass
   [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && result="TIMEOUT after $limit s"

@@ -18,7 +18,7 @@ packages=(
   nlohmann-json3-dev # summary.json, safetensors headers
   zlib1g-dev        # gzipped IDX files
   dataset-fashion-mnist # the classifier's data set
-  python3-minimal   # tests of bench/report.py
+  python3           # tests of bench/report.py (json, unittest)
 )
 
 missing=()

@@ -145,8 +145,8 @@ def print_run(run):
     print(line, flush=True)
 
 
-def run_error(name, precision, error):
-    return {"model": name, "precision": precision, "mode": "train", "error": str(error)}
+def run_error(name, precision, mode, error):
+    return {"model": name, "precision": precision, "mode": mode, "error": str(error)}
 
 
 def parse_args():
@@ -203,25 +203,37 @@ def environment(args):
 
 
 def run_all(args, device):
+    """Each model and precision: training then inference on one workload, then (with --fused)
+    training with the fused optimizers on a fresh one. A workload is dropped before the next is
+    built, so that no other run's model or batches are resident while a peak is measured."""
     runs, info = [], {}
+
+    def measure(name, precision, label, parts):
+        """parts: (mode, function of the workload returning its run), run in order; a failing
+        part is recorded under its mode and ends the list."""
+        w = models.build(name, args.device, args.seed, args.size)
+        for mode, part in parts:
+            try:
+                runs.append(part(w))
+                print_run(runs[-1])
+            except RuntimeError as error:  # e.g. an op without an f16 kernel on this device
+                print(f"  {label} {mode}: failed: {error}", flush=True)
+                runs.append(run_error(name, precision, mode, error))
+                return
+
     for name in args.models.split(","):
+        w = models.build(name, args.device, args.seed, args.size)
+        info[name] = {"description": w.description, "optimizer": w.optimizer}
+        del w
         for precision in args.precisions.split(","):
             amp = precision == "amp"
             label = f"{name} {precision} {args.device}"
-            w = models.build(name, args.device, args.seed, args.size)
-            info[name] = {"description": w.description, "optimizer": w.optimizer}
-            try:
-                runs.append(train_run(w, amp, args, device, label))
-                print_run(runs[-1])
-                runs.append(inference_run(w, amp, args, device, label))
-                print_run(runs[-1])
-                if args.fused:
-                    fresh = models.build(name, args.device, args.seed, args.size)
-                    runs.append(train_run(fresh, amp, args, device, label, fused=True))
-                    print_run(runs[-1])
-            except RuntimeError as error:  # e.g. an op without an f16 kernel on this device
-                print(f"  {label}: failed: {error}", flush=True)
-                runs.append(run_error(name, precision, error))
+            measure(name, precision, label, [
+                ("train", lambda w: train_run(w, amp, args, device, label)),
+                ("infer", lambda w: inference_run(w, amp, args, device, label))])
+            if args.fused:
+                measure(name, precision, label, [
+                    ("train-fused", lambda w: train_run(w, amp, args, device, label, fused=True))])
     return info, runs
 
 

@@ -27,7 +27,7 @@ struct Node {
 
   Node() = default;
   // Frees the inputs without recursion, so that dropping a very deep graph cannot overflow the
-  // stack.
+  // stack (a backward closure holding a Var would bring recursion back: ops capture Tensors).
   ~Node();
 };
 

@@ -36,8 +36,13 @@ public:
     for (int i = 0; i < rank_; ++i) n *= dims_[i];
     return n;
   }
-  // Rows of the row-major [rows, last] matrix this shape is viewed as by GEMM-like ops.
-  int64_t rows() const { return rank_ == 0 ? 1 : numel() / dims_[rank_ - 1]; }
+  // Rows of the row-major [rows, last] matrix this shape is viewed as by GEMM-like ops: the
+  // product of all dimensions but the last (also when the last is 0).
+  int64_t rows() const {
+    int64_t n = 1;
+    for (int i = 0; i + 1 < rank_; ++i) n *= dims_[i];
+    return n;
+  }
   int64_t last() const { return rank_ == 0 ? 1 : dims_[rank_ - 1]; }
 
   bool operator==(const Shape& other) const {

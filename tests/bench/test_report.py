@@ -115,9 +115,27 @@ class CpuTargets(unittest.TestCase):
         self.assertEqual(report.process.returncode, 0, report.process.stderr)
         missing = report.combined()["meta"]["missing"]
         self.assertIn("minamp classify: no fp32 train, fp32 infer", missing)
-        self.assertIn("minamp classify amp: failed (out of memory)", missing)
+        self.assertIn("minamp classify amp train: failed (out of memory)", missing)
         self.assertIn("PyTorch mlp: no results", missing)
         target = report.targets()["mlp FP32 step vs PyTorch CPU eager FP32"]
+        self.assertEqual(target["status"], "not measured")
+
+    def test_a_failed_optional_mode_is_listed_alone(self):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        minamp.append({"model": "mlp", "precision": "amp", "mode": "train-graph",
+                       "error": "capture failed"})
+        pytorch = every_run("pytorch", {"mlp": 0.4, "sine": 20.0, "classify": 60.0})
+        del pytorch[0]  # mlp fp32 train
+        report = Report(self, "cpu", minamp_result(minamp), pytorch_result(pytorch))
+        self.assertEqual(report.combined()["meta"]["missing"],
+                         ["minamp mlp amp train-graph: failed (capture failed)",
+                          "PyTorch mlp: no fp32 train"])
+
+    def test_runs_without_peak_bytes_leave_the_memory_row_unmeasured(self):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0})
+        report = Report(self, "cpu", minamp_result(minamp), None)
+        self.assertEqual(report.process.returncode, 0, report.process.stderr)
+        target = report.targets()["sine 64^2 AMP peak memory vs minamp FP32"]
         self.assertEqual(target["status"], "not measured")
 
     def test_no_results_at_all_writes_nothing(self):

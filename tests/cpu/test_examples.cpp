@@ -64,6 +64,7 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--log-every -1", {"--log-every"}},
       {"--init-scale 1024", {"--init-scale", "only with --amp or --compare"}},
       {"--no-loss-scaling", {"--no-loss-scaling", "only with --amp or --compare"}},
+      {"--growth-interval 5", {"--growth-interval", "only with --amp or --compare"}},
       {"--resume a --load-weights b", {"--resume", "--load-weights"}},
       {"--load-weights /nonexistent.safetensors", {"No such file or directory"}},
       {"--save-weights ''", {"--save-weights", "expected a path"}},

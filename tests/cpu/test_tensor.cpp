@@ -1,5 +1,5 @@
-// Tests of Tensor creation: shapes whose element or byte count does not fit, and host values
-// that an i32 tensor cannot hold.
+// Tests of Tensor creation: shapes whose element or byte count does not fit, the matrix view of
+// empty shapes, and host values that an i32 tensor cannot hold.
 #include <cmath>
 
 #include "test_kernels_reference.h"
@@ -17,6 +17,14 @@ TEST(Tensor, RejectsShapesWhoseElementCountOverflows) {
 TEST(Tensor, RejectsShapesWhoseByteCountOverflows) {
   expect_error([] { Tensor::empty({int64_t{1} << 62}); }, "Tensor::empty",
                "the byte count of f32[4611686018427387904] overflows int64");
+}
+
+TEST(Tensor, EmptyShapesViewAsMatricesWithoutDividingByZero) {
+  EXPECT_EQ(Shape({4, 0}).rows(), 4);
+  EXPECT_EQ(Shape({2, 3, 0}).rows(), 6);
+  EXPECT_EQ(Shape({0, 5}).rows(), 0);
+  EXPECT_EQ(Shape({2, 3, 5}).rows(), 6);
+  EXPECT_EQ(Shape{}.rows(), 1);
 }
 
 TEST(Tensor, FromVectorRejectsValuesAnI32CannotHold) {
