@@ -11,13 +11,14 @@
 # packed into $OUT/<name>-parts.tgz after every stage, so that $OUT holds four files whatever
 # happens (the device tool returns at most 8). The report (whatever results there are, the
 # missing ones listed) goes to bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log
-# beside it, and is copied to $OUT. A run with no results at all writes nothing to bench/results. A target
-# that does not build leaves the others to run. Every stage has a time limit, cut to what is left
-# of $BUDGET_S seconds (default 540) in all, so a result comes back even when one hangs (later
-# stages are then skipped); expect 3-5 minutes on an H100. COMMIT names the measured commit where
-# the copied tree has no .git: give the sha of the tree sent, with -dirty if it has uncommitted
-# changes (git diff --quiet HEAD || echo -dirty, on the machine that sends it). PYTHON (default python3) runs bench/pytorch/train.py and
-# bench/report.py; CUDA_HOME (default /usr/local/cuda) has its bin/ appended to PATH.
+# beside it, and is copied to $OUT. A run with no results at all writes nothing to bench/results.
+# A target that does not build leaves the others to run. Every stage has a time limit, cut to what
+# is left of $BUDGET_S seconds (default 540) in all, so a result comes back even when one hangs
+# (later stages are then skipped); expect 3-5 minutes on an H100. COMMIT names the measured commit
+# where the copied tree has no .git: give the sha of the tree sent, with -dirty if it has
+# uncommitted changes (git diff --quiet HEAD || echo -dirty, on the machine that sends it). PYTHON
+# (default python3) runs bench/pytorch/train.py and bench/report.py; CUDA_HOME (default
+# /usr/local/cuda) has its bin/ appended to PATH.
 #
 #   COMMIT=<sha> bash bench/run-gpu.sh      (no arguments)
 set -uo pipefail
