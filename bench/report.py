@@ -230,8 +230,8 @@ def comparison_lines(minamp, pytorch, markdown):
     keys.sort(key=lambda k: (models.index(k[0]), rank(PRECISIONS, k[1]), rank(MODE_ORDER, k[2])))
     for key in keys:
         run, peer = find(minamp, *key), find(pytorch, *key)
-        speedup = fmt(ratio(median(run), median(peer)), 3)
-        rows.append(list(key) + [spread(run), spread(peer), speedup, mib(run), mib(peer)])
+        time_ratio = fmt(ratio(median(run), median(peer)), 3)
+        rows.append(list(key) + [spread(run), spread(peer), time_ratio, mib(run), mib(peer)])
     return table(head, rows, markdown)
 
 
