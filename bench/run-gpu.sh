@@ -18,7 +18,8 @@
 # where the copied tree has no .git: give the sha of the tree sent, with -dirty if it has
 # uncommitted changes (git diff --quiet HEAD || echo -dirty, on the machine that sends it). PYTHON
 # (default python3) runs bench/pytorch/train.py and bench/report.py; CUDA_HOME (default
-# /usr/local/cuda) has its bin/ appended to PATH.
+# /usr/local/cuda) has its bin/ appended to PATH; RESULTS (default bench/results) is where the
+# report goes (tests/bench/test_run_gpu.py runs the whole script on stand-in tools).
 #
 #   COMMIT=<sha> bash bench/run-gpu.sh      (no arguments)
 set -uo pipefail
@@ -31,7 +32,7 @@ cd "$(dirname "$0")/.." || exit 1
 build=${BUILD:-build-gpu}
 python=${PYTHON:-python3}
 out=${OUT:-/tmp}
-results=bench/results
+results=${RESULTS:-bench/results}
 gtest_prefix=/tmp/prefix
 export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin"
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 |
