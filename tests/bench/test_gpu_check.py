@@ -1,0 +1,110 @@
+"""Test of scripts/gpu-check.sh's plumbing without a GPU: the script runs on stand-in tools
+(nvidia-smi, cmake, cuobjdump, compute-sanitizer and a minamp_tests that writes GoogleTest's JSON
+report), and the test checks the summary's verdicts — every stage passes when the tools do; a
+skipped GPU test fails the test stage; compute-sanitizer refusing the device is UNAVAILABLE,
+not pass — and that $OUT holds at most the six logs the header promises (the device tool returns
+8 files). Standard library only; ctest runs it as bench.gpu_check.
+
+The same file is the stand-in tools: `test_gpu_check.py --tool NAME ARGS...`; the environment
+variables FAKE_SKIPPED_GPU_TEST and FAKE_SANITIZER_REFUSES choose their failures."""
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+
+def fake_minamp_tests(args):
+    """Writes the --gtest_output JSON: one GPU test, skipped when FAKE_SKIPPED_GPU_TEST is set."""
+    output = next((a for a in args if a.startswith("--gtest_output=json:")), None)
+    if output:
+        result = "SKIPPED" if os.environ.get("FAKE_SKIPPED_GPU_TEST") else "COMPLETED"
+        report = {"testsuites": [{"name": "GpuGemm", "testsuite": [
+            {"name": "SquareShapes", "result": result}]}]}
+        with open(output.split(":", 1)[1], "w") as f:
+            json.dump(report, f)
+    print("[  PASSED  ] 1 test.")
+
+
+def fake_compute_sanitizer(args):
+    if os.environ.get("FAKE_SANITIZER_REFUSES"):
+        print("========= Error: Device not supported")
+        sys.exit(1)
+    print("========= ERROR SUMMARY: 0 errors")
+
+
+def fake_cuobjdump(args):
+    print("HMMA.16816.F32 R0, R4, R8, R0 ;")
+    print("LDGSTS.E.BYPASS.128 [R2], [R4.64] ;")
+    print("LDS.U.128 R8, [R3] ;")
+
+
+TOOLS = {"minamp_tests": fake_minamp_tests, "compute-sanitizer": fake_compute_sanitizer,
+         "cuobjdump": fake_cuobjdump, "nvidia-smi": lambda args: print("GPU 0: NVIDIA H100"),
+         "cmake": lambda args: None}
+
+
+def make_tool(path, name):
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\nexec "{sys.executable}" "{os.path.abspath(__file__)}" --tool {name} '
+                '"$@"\n')
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+
+
+class GpuCheckScript(unittest.TestCase):
+    def run_script(self, **failures):
+        """Runs gpu-check.sh on the stand-ins; returns (exit status, {stage: verdict}, $OUT's
+        files)."""
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        bin_dir, build, out = (os.path.join(tmp.name, d) for d in ("bin", "build", "out"))
+        os.makedirs(bin_dir)
+        os.makedirs(build)
+        for name in ("nvidia-smi", "cmake", "cuobjdump", "compute-sanitizer"):
+            make_tool(os.path.join(bin_dir, name), name)
+        make_tool(os.path.join(build, "minamp_tests"), "minamp_tests")
+        env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
+                   OUT=out, BUDGET_S="120", **failures)
+        process = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh")],
+                                 env=env, capture_output=True, text=True, timeout=110)
+        summary = process.stdout[process.stdout.index("== summary"):]
+        verdicts = dict(re.findall(r"^  (\S.*?)\s{2,}(\S.*?), \d+ s$", summary, re.MULTILINE))
+        return process.returncode, verdicts, sorted(os.listdir(out))
+
+    def test_every_stage_passes_when_its_tools_do(self):
+        status, verdicts, files = self.run_script()
+        self.assertEqual(status, 0, verdicts)
+        self.assertEqual(list(verdicts), ["device", "googletest build", "configure", "build",
+                                          "sass (GEMM objects)", "tests", "memcheck (Gpu*)",
+                                          "racecheck (GEMM, reductions)"])
+        self.assertEqual(set(verdicts.values()), {"pass"})
+        self.assertEqual(files, ["build.log", "memcheck.log", "racecheck.log", "setup.log",
+                                 "tests.log"])
+
+    def test_a_skipped_gpu_test_fails_the_test_stage(self):
+        status, verdicts, _ = self.run_script(FAKE_SKIPPED_GPU_TEST="1")
+        self.assertNotEqual(status, 0)
+        self.assertEqual(verdicts["tests"], "FAIL (exit 1)")
+        self.assertEqual(verdicts["memcheck (Gpu*)"], "pass")
+
+    def test_a_sanitizer_that_refuses_the_device_is_unavailable_not_passed(self):
+        status, verdicts, _ = self.run_script(FAKE_SANITIZER_REFUSES="1")
+        self.assertNotEqual(status, 0)
+        unavailable = "UNAVAILABLE (compute-sanitizer: Device not supported; unverified)"
+        self.assertEqual(verdicts["memcheck (Gpu*)"], unavailable)
+        self.assertEqual(verdicts["racecheck (GEMM, reductions)"], unavailable)
+        self.assertEqual(verdicts["tests"], "pass")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--tool"]:
+        TOOLS[sys.argv[2]](sys.argv[3:])
+    else:
+        unittest.main()
