@@ -11,11 +11,12 @@ variables FAKE_SKIPPED_GPU_TEST and FAKE_SANITIZER_REFUSES choose their failures
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 import tempfile
 import unittest
+
+from stand_ins import make_tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -51,13 +52,6 @@ TOOLS = {"minamp_tests": fake_minamp_tests, "compute-sanitizer": fake_compute_sa
          "cmake": lambda args: None}
 
 
-def make_tool(path, name):
-    with open(path, "w") as f:
-        f.write(f'#!/bin/sh\nexec "{sys.executable}" "{os.path.abspath(__file__)}" --tool {name} '
-                '"$@"\n')
-    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
-
-
 class GpuCheckScript(unittest.TestCase):
     def run_script(self, **failures):
         """Runs gpu-check.sh on the stand-ins; returns (exit status, {stage: verdict}, $OUT's
@@ -68,8 +62,8 @@ class GpuCheckScript(unittest.TestCase):
         os.makedirs(bin_dir)
         os.makedirs(build)
         for name in ("nvidia-smi", "cmake", "cuobjdump", "compute-sanitizer"):
-            make_tool(os.path.join(bin_dir, name), name)
-        make_tool(os.path.join(build, "minamp_tests"), "minamp_tests")
+            make_tool(os.path.join(bin_dir, name), name, __file__)
+        make_tool(os.path.join(build, "minamp_tests"), "minamp_tests", __file__)
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
                    OUT=out, BUDGET_S="120", **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh")],

@@ -10,12 +10,13 @@ The same file is the stand-in tools: `test_run_gpu.py --tool NAME ARGS...`."""
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tarfile
 import tempfile
 import unittest
+
+from stand_ins import make_tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -78,7 +79,7 @@ def fake_cmake(args):
     if args[:1] != ["--build"]:
         return
     for program in ("bench_train", "bench_gemm", "sine", "mlp"):
-        make_tool(os.path.join(args[1], program), program)
+        make_tool(os.path.join(args[1], program), program, __file__)
 
 
 def fake_python(args):
@@ -98,13 +99,6 @@ TOOLS = {"bench_train": fake_bench_train, "bench_gemm": fake_bench_gemm, "sine":
          "nvidia-smi": fake_nvidia_smi}
 
 
-def make_tool(path, name):
-    with open(path, "w") as f:
-        f.write(f'#!/bin/sh\nexec "{sys.executable}" "{os.path.abspath(__file__)}" --tool {name} '
-                '"$@"\n')
-    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
-
-
 class RunGpuScript(unittest.TestCase):
     def test_every_stage_reports_and_out_holds_four_files(self):
         tmp = tempfile.TemporaryDirectory()
@@ -115,7 +109,7 @@ class RunGpuScript(unittest.TestCase):
         os.makedirs(build)
         open(os.path.join(build, "build.ninja"), "w").close()  # configured: no configure stage
         for name in ("nvidia-smi", "cmake", "python"):
-            make_tool(os.path.join(bin_dir, name), name)
+            make_tool(os.path.join(bin_dir, name), name, __file__)
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
                    OUT=out, RESULTS=results, COMMIT="abc1234", BUDGET_S="300",
                    PYTHON=os.path.join(bin_dir, "python"))
