@@ -1,10 +1,14 @@
-// Shared test helpers: seeded random tensors, poisoned outputs, relative errors, tolerances,
-// and the GPU skip guard.
+// Shared test helpers: seeded random tensors, poisoned outputs, relative errors, tolerances, the
+// ledger of how close each GPU-vs-CPU comparison came to its tolerance, and the GPU skip guard.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
@@ -52,6 +56,44 @@ inline double tolerance_for(DType dtype) { return dtype == DType::f16 ? 2e-3 : 5
 inline double tolerance_for(DType inputs, DType output) {
   if (output == DType::f16) return tolerance_for(DType::f16);
   return inputs == DType::f16 ? 1e-4 : tolerance_for(DType::f32);
+}
+
+// Every GPU-vs-CPU comparison made through expect_within records its error as a fraction of its
+// tolerance; at the end of the run the closest ten are printed. On a GPU this says how much room
+// the tolerances (chosen on the CPU emulator) leave on the hardware, also when every test passes.
+class ErrorLedger : public ::testing::Environment {
+public:
+  static void record(double error, double tolerance, const std::string& what) {
+    const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    const std::string name = test ? std::string(test->test_suite_name()) + "." + test->name() : "";
+    entries().push_back({error / tolerance, name + ": " + what});
+  }
+  void TearDown() override {
+    std::vector<std::pair<double, std::string>>& all = entries();
+    if (all.empty()) return;
+    const size_t shown = std::min<size_t>(all.size(), 10);
+    std::partial_sort(all.begin(), all.begin() + shown, all.end(),
+                      [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::printf("Closest of %zu GPU-vs-CPU comparisons on %s (relative error / tolerance):\n",
+                all.size(), device_description(Device::cuda).c_str());
+    for (size_t i = 0; i < shown; ++i)
+      std::printf("  %8.3g  %s\n", all[i].first, all[i].second.c_str());
+  }
+
+private:
+  static std::vector<std::pair<double, std::string>>& entries() {
+    static std::vector<std::pair<double, std::string>> all;
+    return all;
+  }
+};
+inline ::testing::Environment* const kErrorLedger =
+    ::testing::AddGlobalTestEnvironment(new ErrorLedger);
+
+// Expects a relative error below `tolerance` (an infinite or NaN error never passes) and records
+// it in the ledger.
+inline void expect_within(double error, double tolerance, const std::string& what) {
+  ErrorLedger::record(error, tolerance, what);
+  EXPECT_LT(error, tolerance) << what << ": relative error " << error;
 }
 
 } // namespace minamp::test

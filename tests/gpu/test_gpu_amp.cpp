@@ -30,8 +30,7 @@ void expect_equal(const Tensor& a, const Tensor& b, const std::string& what) {
 }
 
 void expect_close(const Tensor& on_gpu, const Tensor& on_cpu, double tol, const std::string& what) {
-  const double err = relative_error(on_gpu, on_cpu);
-  EXPECT_LE(err, tol) << what << ": relative error " << err;
+  test::expect_within(relative_error(on_gpu, on_cpu), tol, what);
 }
 
 // Sizes that cross the 32768-element chunks of the multi-tensor kernels.

@@ -61,9 +61,8 @@ void check_forward(const ConvCase& c, DType dtype, DType y_dtype, bool bias_relu
   Tensor y_gpu = test::poisoned(c.y_shape(), y_dtype, Device::cuda);
   kernels::conv2d_forward(x.to(Device::cuda), w.to(Device::cuda), y_gpu, c.params(), epilogue);
 
-  EXPECT_LT(test::relative_error(y_gpu.to_vector(), y_cpu.to_vector()),
-            test::tolerance_for(dtype, y_dtype))
-      << describe_case(c, dtype) << " -> y " << y_dtype << " bias+relu " << bias_relu;
+  test::expect_within(test::relative_error(y_gpu, y_cpu), test::tolerance_for(dtype, y_dtype),
+                      cat(describe_case(c, dtype), " -> y ", y_dtype, " bias+relu ", bias_relu));
 }
 
 // Runs the backward pass on both devices; `want_dx` / `want_dw` choose which gradients are
@@ -85,14 +84,12 @@ void check_backward(const ConvCase& c, DType dtype, bool want_dx, bool want_dw, 
                            dw_gpu, c.params());
 
   if (want_dx) {
-    EXPECT_LT(test::relative_error(dx_gpu.to_vector(), dx_cpu.to_vector()),
-              test::tolerance_for(dtype, dtype))
-        << "dx of " << describe_case(c, dtype);
+    test::expect_within(test::relative_error(dx_gpu, dx_cpu), test::tolerance_for(dtype, dtype),
+                        "dx of " + describe_case(c, dtype));
   }
   if (want_dw) {
-    EXPECT_LT(test::relative_error(dw_gpu.to_vector(), dw_cpu.to_vector()), // dw is f32
-              test::tolerance_for(dtype, DType::f32))
-        << "dw of " << describe_case(c, dtype);
+    test::expect_within(test::relative_error(dw_gpu, dw_cpu), // dw is f32
+                        test::tolerance_for(dtype, DType::f32), "dw of " + describe_case(c, dtype));
   }
 }
 
@@ -148,12 +145,15 @@ TEST(GpuConv, MixedDtypes) {
   kernels::conv2d_forward(x_gpu, w_gpu, y_gpu, c.params(), {});
   kernels::conv2d_backward(x_gpu, w_gpu, dy.to(Device::cuda), dx_gpu, dw_gpu, c.params());
 
-  EXPECT_LT(test::relative_error(y_gpu.to_vector(), y_cpu.to_vector()),
-            test::tolerance_for(DType::f16, DType::f16));
-  EXPECT_LT(test::relative_error(dx_gpu.to_vector(), dx_cpu.to_vector()),
-            test::tolerance_for(DType::f16, DType::f32));
-  EXPECT_LT(test::relative_error(dw_gpu.to_vector(), dw_cpu.to_vector()),
-            test::tolerance_for(DType::f16, DType::f32));
+  test::expect_within(test::relative_error(y_gpu, y_cpu),
+                      test::tolerance_for(DType::f16, DType::f16),
+                      "y of " + describe_case(c, DType::f16));
+  test::expect_within(test::relative_error(dx_gpu, dx_cpu),
+                      test::tolerance_for(DType::f16, DType::f32),
+                      "dx of " + describe_case(c, DType::f16));
+  test::expect_within(test::relative_error(dw_gpu, dw_cpu),
+                      test::tolerance_for(DType::f16, DType::f32),
+                      "dw of " + describe_case(c, DType::f16));
 }
 
 TEST(GpuConv, RejectsBadArguments) {

@@ -50,8 +50,7 @@ double gemm_error(const GemmCase& g, uint64_t seed) {
 }
 
 void expect_matches_cpu(const GemmCase& g, uint64_t seed) {
-  const double error = gemm_error(g, seed);
-  EXPECT_LT(error, tolerance(g)) << describe_case(g);
+  test::expect_within(gemm_error(g, seed), tolerance(g), describe_case(g));
 }
 
 struct DTypePair {

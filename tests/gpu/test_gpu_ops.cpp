@@ -33,9 +33,8 @@ double tolerance(std::initializer_list<DType> inputs, DType output) {
 
 // Expects the GPU output to match the CPU reference within `tol` (NaN never passes).
 void expect_close(const Tensor& on_gpu, const Tensor& on_cpu, double tol, const std::string& what) {
-  const double err = relative_error(on_gpu, on_cpu);
-  EXPECT_LE(err, tol) << what << ": relative error " << err << " (gpu " << describe(on_gpu)
-                      << ", cpu " << describe(on_cpu) << ")";
+  test::expect_within(relative_error(on_gpu, on_cpu), tol,
+                      cat(what, " (gpu ", describe(on_gpu), ", cpu ", describe(on_cpu), ")"));
 }
 
 // Expects identical values (both rounded the same way, or exact math).
