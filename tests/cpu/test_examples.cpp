@@ -25,6 +25,17 @@ using minamp::test::fresh_dir;
 using minamp::test::ProgramRun;
 using minamp::test::run_program;
 
+// A refused run: non-zero status and one line, "error: ...", that contains every one of `parts`.
+void expect_one_line_error(const ProgramRun& run, const std::string& args,
+                           const std::vector<std::string>& parts) {
+  EXPECT_NE(run.status, 0) << args;
+  EXPECT_EQ(run.output.rfind("error: ", 0), 0u) << args << ": " << run.output;
+  EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1)
+      << args << ": " << run.output;
+  for (const std::string& part : parts)
+    EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
+}
+
 TEST(Examples, HelpListsTheCommonOptions) {
   for (const char* name : {"mlp", "sine", "classify"}) {
     const ProgramRun run = run_program(name, "--help");
@@ -71,13 +82,7 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--save-weights /dev/null/minamp", {"--save-weights", "/dev/null is not a directory"}},
   };
   for (const auto& [args, parts] : cases) {
-    run = run_program("mlp", std::string(args) + " --out " + out);
-    EXPECT_NE(run.status, 0) << args;
-    EXPECT_EQ(run.output.rfind("error: ", 0), 0u) << args << ": " << run.output;
-    EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1)
-        << args << ": " << run.output;
-    for (const std::string& part : parts)
-      EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
+    expect_one_line_error(run_program("mlp", std::string(args) + " --out " + out), args, parts);
   }
   EXPECT_FALSE(std::filesystem::exists(out)) << "a refused run wrote output";
 }
@@ -243,13 +248,8 @@ TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
       {out + "/missing.csv", {"missing.csv", "No such file or directory"}},
   };
   for (const auto& [args, parts] : cases) {
-    run = run_program("plot_metrics", "--out " + out + "/bad.png " + args);
-    EXPECT_NE(run.status, 0) << args;
-    EXPECT_EQ(run.output.rfind("error: ", 0), 0u) << args << ": " << run.output;
-    EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1)
-        << args << ": " << run.output;
-    for (const std::string& part : parts)
-      EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
+    expect_one_line_error(run_program("plot_metrics", "--out " + out + "/bad.png " + args), args,
+                          parts);
   }
   EXPECT_FALSE(std::filesystem::exists(out + "/bad.png"));
 }
