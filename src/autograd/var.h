@@ -25,7 +25,6 @@ struct Node {
   // through it is an error.
   bool released = false;
 
-  Node() = default;
   // Frees the inputs without recursion, so that dropping a very deep graph cannot overflow the
   // stack (a backward closure holding a Var would bring recursion back: ops capture Tensors).
   ~Node();
