@@ -42,6 +42,13 @@ std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>
   }
   return order;
 }
+// Frees what an op saved, its closure and its gradient, and marks it as run.
+void release(Node& node) {
+  node.backward = nullptr;
+  node.grad = Tensor();
+  node.inputs.clear();
+  node.released = true;
+}
 } // namespace
 
 Node::~Node() {
@@ -95,18 +102,22 @@ void Var::backward(const Tensor& seed) const {
           " does not match the value ", describe(value()));
   std::vector<std::shared_ptr<Node>> order = topological_order(node_);
   accumulate_grad(*node_, seed.clone()); // the walk may add into it: keep the caller's intact
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node& node = **it;
-    if (!node.backward) continue; // a leaf: keeps its gradient
-    if (node.grad.defined()) {
-      if (g_grad_observer) g_grad_observer(node);
-      node.backward(node);
+  try {
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      Node& node = **it;
+      if (!node.backward) continue; // a leaf: keeps its gradient
+      if (node.grad.defined()) {
+        if (g_grad_observer) g_grad_observer(node);
+        node.backward(node);
+      }
+      release(node); // activation memory ends with the walk
     }
-    // Free what this op saved and its gradient: activation memory ends with the walk.
-    node.backward = nullptr;
-    node.grad = Tensor();
-    node.inputs.clear();
-    node.released = true;
+  } catch (...) {
+    // The ops not yet run hold partial gradients: a retry would add the seed and those again.
+    // Free the whole graph instead, so that a second backward() through it is an Error.
+    for (const std::shared_ptr<Node>& node : order)
+      if (node->backward) release(*node);
+    throw;
   }
 }
 

@@ -52,7 +52,8 @@ public:
 
   // Backpropagates from this one-element Var with a seed gradient of 1.
   void backward() const;
-  // Backpropagates with an explicit seed of this Var's shape.
+  // Backpropagates with an explicit seed of this Var's shape. The graph is freed as it is walked,
+  // and wholly when an op's backward throws: a second backward() through it is an Error.
   void backward(const Tensor& seed) const;
 
 private:

@@ -241,6 +241,21 @@ TEST(Autograd, BackwardThroughAFreedGraphIsAnError) {
   EXPECT_EQ(layer.weight.grad().to_vector(), weight_grad) << "a refused backward() added to it";
 }
 
+TEST(Autograd, ABackwardThatThrowsFreesItsGraph) {
+  Var x(Tensor::full({2}, 1.0f), true);
+  bool fail = true;
+  const Var y = Var::from_op("flaky", Tensor::full({2}, 3.0f), {x}, false, [&](Node& self) {
+    require(!fail, "flaky", "out of memory");
+    accumulate_grad(*self.inputs[0], self.grad);
+  });
+  expect_error_containing([&] { y.backward(Tensor::full({2}, 1.0f)); }, "flaky: out of memory");
+  fail = false;
+  // The failed walk had already seeded y; retried, it added the seed a second time (x.grad 2).
+  expect_error_containing([&] { y.backward(Tensor::full({2}, 1.0f)); },
+                          "backward: the graph through flaky was already freed");
+  EXPECT_FALSE(x.grad().defined()) << "a refused backward() reached the leaf";
+}
+
 TEST(Autograd, LeafVarsKeepGatheringGradientsAcrossGraphs) {
   Var x(Tensor::full({2}, 1.0f), true);
   const Tensor three = Tensor::full({1}, 3.0f);
