@@ -4,9 +4,12 @@
 //             fly by the GEMM loader (padding reads as zero); im2col(x) is never materialised.
 //   dw:       dw[Cout, K] += dy[N*Ho*Wo, Cout]^T @ im2col(x), also implicit (im2col(x) is the
 //             B operand), accumulated in f32 through the epilogue's beta = 1.
-//   dx:       explicit for now: dcols[N*Ho*Wo, K] = dy @ w in an f32 scratch buffer (from the
-//             caching allocator), then col2im gathers, for every input element, the taps that
-//             read it (fp32 sum, one rounding to dx's dtype; no atomics, deterministic).
+//   dx:       dx[N*H*W, Cin] = col2im(dy)[N*H*W, kh*kw*Cout] @ w_t[kh*kw*Cout, Cin], implicit
+//             too: row (n, ih, iw) of col2im(dy) holds, per tap, dy at the output pixel whose
+//             tap reads (ih, iw), or zero where none does (gemm.cuh's Col2imView); w_t is w
+//             with its taps moved first, a copy the size of w. One fp32 sum and one rounding per
+//             dx element, no atomics. With stride s, all but 1/s^2 of the col2im entries are
+//             zeros the tensor cores still multiply.
 // A 1x1, stride-1, unpadded conv is a plain GEMM on x viewed as [N*H*W, Cin] in all three.
 // Operands of mixed dtypes (allowed, as on the CPU) are converted to f32 first.
 #include <initializer_list>
@@ -35,12 +38,14 @@ ConvGeometry conv_geometry(const char* op, const Tensor& x, const Tensor& w,
   g.channels = int(x.shape()[3]);
   g.kernel_h = int(w.shape()[1]), g.kernel_w = int(w.shape()[2]);
   g.stride = conv.stride, g.pad = conv.pad;
+  g.out_channels = int(w.shape()[0]);
   require(g.height + 2 * g.pad >= g.kernel_h && g.width + 2 * g.pad >= g.kernel_w, op,
           "the kernel of ", describe(w), " does not fit the padded input ", describe(x), " (pad ",
           g.pad, ")");
   g.out_h = (g.height + 2 * g.pad - g.kernel_h) / g.stride + 1;
   g.out_w = (g.width + 2 * g.pad - g.kernel_w) / g.stride + 1;
-  require(x.numel() <= kMaxGemmExtent && g.out_pixels() * w.shape()[0] <= kMaxGemmExtent &&
+  require(x.numel() <= kMaxGemmExtent && w.numel() <= kMaxGemmExtent &&
+              g.out_pixels() * w.shape()[0] <= kMaxGemmExtent &&
               g.out_pixels() * g.patch() <= kMaxGemmExtent,
           op, "sizes must fit in 32 bits (at most ", kMaxGemmExtent, " elements), got x ",
           describe(x), ", w ", describe(w));
@@ -90,64 +95,55 @@ GemmOperand output_grad_operand(const Tensor& dy, bool transposed) {
   return matrix_operand(dy, transposed);
 }
 
-// dx[n, ih, iw, ci] = sum of dcols[(n, oh, ow), (ky, kx, ci)] over the taps with
-// oh * stride - pad + ky == ih and ow * stride - pad + kx == iw. One thread per dx element.
-// dcols [N*Ho*Wo, kh*kw*Cin] f32, dx [N, H, W, Cin].
+// w_t[(ky, kx, co), ci] = w[co, ky, kx, ci]: the weight as the B operand of the input gradient.
+// w [Cout, taps, Cin], w_t [taps, Cout, Cin]. One thread per element.
 template <class T>
-__global__ void col2im_kernel(const float* __restrict__ dcols, ConvGeometry g, T* __restrict__ dx,
-                              int64_t total) {
-  const int64_t patch = g.patch();
+__global__ void taps_first_kernel(const T* __restrict__ w, int out_channels, int taps, int channels,
+                                  T* __restrict__ w_t, int64_t total) {
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    const int ci = int(idx % g.channels);
-    const int iw = int((idx / g.channels) % g.width);
-    const int ih = int((idx / (int64_t(g.channels) * g.width)) % g.height);
-    const int n = int(idx / (int64_t(g.channels) * g.width * g.height));
-    float sum = 0.0f;
-    for (int ky = 0; ky < g.kernel_h; ++ky) {
-      const int th = ih + g.pad - ky; // = oh * stride
-      if (th < 0 || th % g.stride != 0 || th / g.stride >= g.out_h) continue;
-      const int oh = th / g.stride;
-      for (int kx = 0; kx < g.kernel_w; ++kx) {
-        const int tw = iw + g.pad - kx; // = ow * stride
-        if (tw < 0 || tw % g.stride != 0 || tw / g.stride >= g.out_w) continue;
-        const int ow = tw / g.stride;
-        const int64_t pixel = (int64_t(n) * g.out_h + oh) * g.out_w + ow;
-        sum += dcols[pixel * patch + (ky * g.kernel_w + kx) * g.channels + ci];
-      }
-    }
-    store_f(dx, idx, sum);
+    const int ci = int(idx % channels);
+    const int co = int((idx / channels) % out_channels);
+    const int tap = int(idx / (int64_t(channels) * out_channels));
+    w_t[idx] = w[(int64_t(co) * taps + tap) * channels + ci];
   }
 }
 
-void col2im(const Tensor& dcols, const ConvGeometry& g, Tensor& dx) {
+// w [Cout, kh, kw, Cin] as the matrix [kh*kw*Cout, Cin] with rows (ky, kx, co).
+Tensor taps_first(const Tensor& w, const ConvGeometry& g) {
+  const int taps = g.kernel_h * g.kernel_w;
+  Tensor w_t = Tensor::empty({taps * int64_t(g.out_channels), g.channels}, w.dtype(), Device::cuda);
   constexpr int kThreads = 256;
-  const int64_t total = dx.numel();
+  const int64_t total = w.numel();
   const int blocks = grid_for(total, kThreads);
-  if (dx.dtype() == DType::f16)
-    col2im_kernel<<<blocks, kThreads, 0, stream()>>>(ptr<float>(dcols), g, half_ptr(dx), total);
+  if (w.dtype() == DType::f16)
+    taps_first_kernel<<<blocks, kThreads, 0, stream()>>>(half_ptr(w), g.out_channels, taps,
+                                                         g.channels, half_ptr(w_t), total);
   else
-    col2im_kernel<<<blocks, kThreads, 0, stream()>>>(ptr<float>(dcols), g, ptr<float>(dx), total);
-  CUDA_CHECK_LAUNCH("conv2d_backward: col2im");
+    taps_first_kernel<<<blocks, kThreads, 0, stream()>>>(ptr<float>(w), g.out_channels, taps,
+                                                         g.channels, ptr<float>(w_t), total);
+  CUDA_CHECK_LAUNCH("conv2d_backward: moving the weight's taps first");
+  return w_t;
 }
 
 // dx[N, H, W, Cin] from dy [N, Ho, Wo, Cout] and w [Cout, kh, kw, Cin].
 void input_gradient(const Tensor& w, const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
   GemmArgs args;
-  args.a = output_grad_operand(dy, false); // [N*Ho*Wo, Cout]
-  args.b = weight_operand(w, false);       // [Cout, K]
-  args.m = g.out_pixels(), args.n = g.patch(), args.k = w.shape()[0];
-  if (g.is_pointwise()) { // dx [N*H*W, Cin] = dy @ w directly
-    args.c = dx.raw();
-    args.c_dtype = dx.dtype();
+  args.c = dx.raw();
+  args.c_dtype = dx.dtype();
+  args.m = g.in_pixels(), args.n = g.channels;
+  if (g.is_pointwise()) { // dx [N*H*W, Cin] = dy [N*H*W, Cout] @ w [Cout, Cin]
+    args.a = output_grad_operand(dy, false);
+    args.b = weight_operand(w, false);
+    args.k = g.out_channels;
     run_gemm(args, dy.dtype());
     return;
   }
-  Tensor dcols = Tensor::empty({g.out_pixels(), g.patch()}, DType::f32, Device::cuda);
-  args.c = dcols.raw();
-  args.c_dtype = DType::f32;
+  const Tensor w_t = taps_first(w, g);
+  args.a = col2im_operand(dy, g);      // [N*H*W, kh*kw*Cout]
+  args.b = matrix_operand(w_t, false); // [kh*kw*Cout, Cin]
+  args.k = g.out_patch();
   run_gemm(args, dy.dtype());
-  col2im(dcols, g, dx);
 }
 
 // dw[Cout, K] += dy^T @ im2col(x).

@@ -1,7 +1,8 @@
 // The GEMM machinery shared by the tensor-core kernel (gemm_wmma.cu), the fp32 SIMT kernel
 // (gemm_fp32.cu) and the implicit-GEMM convolution (conv.cu):
-//   - host side: how a GEMM operand is described (a plain matrix, a transposed one, or the
-//     im2col matrix of a conv input that is never materialised) and the launcher, which picks
+//   - host side: how a GEMM operand is described (a plain matrix, a transposed one, or one of
+//     the two gathered matrices of a conv that are never materialised: the im2col matrix of its
+//     input, and the col2im matrix of its output gradient) and the launcher, which picks
 //     the tile configuration and, for few tiles over a long K, splits K (gemm_split.h);
 //   - device side: cp.async helpers, the shared-memory tile shapes, the loaders that copy one
 //     operand tile from global to shared memory (zero-filling everything out of bounds) and
@@ -26,12 +27,18 @@ namespace minamp::gpu {
 struct ConvGeometry {
   int batch = 0, height = 0, width = 0, channels = 0;
   int kernel_h = 0, kernel_w = 0, stride = 1, pad = 0;
-  int out_h = 0, out_w = 0;
+  int out_h = 0, out_w = 0, out_channels = 0;
 
   // Rows of the im2col matrix: one per output pixel.
   __host__ __device__ int64_t out_pixels() const { return int64_t(batch) * out_h * out_w; }
   // Columns of the im2col matrix: one per kernel tap and input channel.
   __host__ __device__ int64_t patch() const { return int64_t(kernel_h) * kernel_w * channels; }
+  // Rows of the col2im matrix: one per input pixel.
+  __host__ __device__ int64_t in_pixels() const { return int64_t(batch) * height * width; }
+  // Columns of the col2im matrix: one per kernel tap and output channel.
+  __host__ __device__ int64_t out_patch() const {
+    return int64_t(kernel_h) * kernel_w * out_channels;
+  }
   __host__ __device__ bool is_pointwise() const {
     return kernel_h == 1 && kernel_w == 1 && stride == 1 && pad == 0;
   }
@@ -42,6 +49,8 @@ enum class OperandKind {
   matrix,     // row-major [rows, cols] used as is
   transposed, // row-major [rows, cols] used as its transpose
   im2col,     // the im2col matrix [out_pixels, kh*kw*Cin] of a conv input x, gathered on the fly
+  col2im,     // the col2im matrix [in_pixels, kh*kw*Cout] of a conv output gradient dy, gathered
+              // on the fly: dx = col2im(dy) @ w as [kh*kw*Cout, Cin] (conv input gradient)
 };
 
 // The largest M, N, K (and im2col extent) a GEMM takes: the kernels index in int, and their tile
@@ -53,7 +62,7 @@ struct GemmOperand {
   OperandKind kind = OperandKind::matrix;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
-  ConvGeometry conv; // only for OperandKind::im2col
+  ConvGeometry conv; // only for OperandKind::im2col and col2im
 };
 
 // A tensor viewed as the row-major matrix [rows, last].
@@ -65,6 +74,11 @@ inline GemmOperand matrix_operand(const Tensor& t, bool transposed) {
 // The im2col matrix of the conv input x, never materialised.
 inline GemmOperand im2col_operand(const Tensor& x, const ConvGeometry& conv) {
   return {OperandKind::im2col, x.raw(), conv.out_pixels(), conv.patch(), conv};
+}
+
+// The col2im matrix of the conv output gradient dy, never materialised.
+inline GemmOperand col2im_operand(const Tensor& dy, const ConvGeometry& conv) {
+  return {OperandKind::col2im, dy.raw(), conv.in_pixels(), conv.out_patch(), conv};
 }
 
 // The fused epilogue, applied per element in fp32: v = alpha * acc (+ beta * C_old when beta
@@ -85,8 +99,8 @@ struct GemmArgs {
 };
 
 // Launch one GEMM on stream(): A and B f16 (tensor cores) / f32 (SIMT). Supported operand
-// pairs: any of matrix/transposed for both, (im2col, transposed) for the conv forward and
-// (transposed, im2col) for the conv weight gradient.
+// pairs: any of matrix/transposed for both, (im2col, transposed) for the conv forward,
+// (transposed, im2col) for the conv weight gradient and (col2im, matrix) for its input gradient.
 void wmma_gemm(const GemmArgs& args);
 void simt_gemm(const GemmArgs& args);
 
@@ -119,6 +133,18 @@ template <class T> struct Im2colView {
   bool vectorizable; // channels and the base pointer allow 16-byte chunks of one tap
 };
 
+// The col2im matrix of dy: row p = input pixel (n, ih, iw), col q = tap (ky, kx, co); the value
+// is dy[n, oh, ow, co] for the output pixel whose tap (ky, kx) reads the input pixel, i.e.
+// oh * stride - pad + ky == ih (and the same for ow), or 0 where no output pixel does (between
+// strided taps, or past the output's edge). Row p of col2im(dy) @ w[(ky, kx, co), ci] is
+// therefore the input gradient dx[n, ih, iw, ci].
+template <class T> struct Col2imView {
+  const T* data; // dy [batch, out_h, out_w, out_channels]
+  int rows, cols;
+  ConvGeometry conv;
+  bool vectorizable; // out_channels and the base pointer allow 16-byte chunks of one tap
+};
+
 // Elements of T in one 16-byte cp.async chunk.
 template <class T> constexpr int kChunkElems = 16 / int(sizeof(T));
 
@@ -135,8 +161,14 @@ template <class T> Im2colView<T> im2col_view(const GemmOperand& op) {
           op.conv.channels % kChunkElems<T> == 0 && is_aligned16(data)};
 }
 
+template <class T> Col2imView<T> col2im_view(const GemmOperand& op) {
+  const T* data = static_cast<const T*>(op.data);
+  return {data, int(op.rows), int(op.cols), op.conv,
+          op.conv.out_channels % kChunkElems<T> == 0 && is_aligned16(data)};
+}
+
 // Maps OperandKind to the view type a kernel is instantiated with, and whether it is used
-// transposed. im2col views are never transposed.
+// transposed. The gathered views (im2col, col2im) are never transposed.
 template <class T, OperandKind kKind> struct OperandTraits {
   using View = MatrixView<T>;
   static constexpr bool kTransposed = kKind == OperandKind::transposed;
@@ -146,6 +178,11 @@ template <class T> struct OperandTraits<T, OperandKind::im2col> {
   using View = Im2colView<T>;
   static constexpr bool kTransposed = false;
   static View view(const GemmOperand& op) { return im2col_view<T>(op); }
+};
+template <class T> struct OperandTraits<T, OperandKind::col2im> {
+  using View = Col2imView<T>;
+  static constexpr bool kTransposed = false;
+  static View view(const GemmOperand& op) { return col2im_view<T>(op); }
 };
 
 // Calls Launch<OperandTraits<T, kind of A>, OperandTraits<T, kind of B>>::run(args) for the
@@ -166,6 +203,8 @@ void dispatch_operands(const GemmArgs& args) {
     Launch<OperandTraits<T, K::im2col>, OperandTraits<T, K::transposed>>::run(args);
   else if (a == K::transposed && b == K::im2col)
     Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::im2col>>::run(args);
+  else if (a == K::col2im && b == K::matrix)
+    Launch<OperandTraits<T, K::col2im>, OperandTraits<T, K::matrix>>::run(args);
   else
     throw Error("gemm: unsupported pair of operand kinds (internal error)");
 }
@@ -289,10 +328,26 @@ __device__ __forceinline__ int64_t element_offset(const Im2colView<T>& v, int ro
   return ((int64_t(n) * g.height + ih) * g.width + iw) * g.channels + ci;
 }
 
-// Copies the [ROWS, COLS] block at (row0, col0) of a row-major matrix, or of the im2col matrix of
-// x gathered on the fly, into `tile` (row stride tile_ld), with zeros outside the matrix and in
-// the padding. Whole in-bounds chunks of a view whose rows are 16-byte aligned go by cp.async (an
-// im2col chunk then lies inside one tap: 16 contiguous bytes of x, or all padding); a chunk that
+// Offset in dy of col2im element (row = input pixel, col = tap), or -1 when no output pixel's
+// tap reads that input pixel.
+template <class T>
+__device__ __forceinline__ int64_t element_offset(const Col2imView<T>& v, int row, int col) {
+  const ConvGeometry& g = v.conv;
+  const int iw = row % g.width, ih = (row / g.width) % g.height, n = row / (g.width * g.height);
+  const int co = col % g.out_channels, tap = col / g.out_channels;
+  const int kx = tap % g.kernel_w, ky = tap / g.kernel_w;
+  const int th = ih + g.pad - ky, tw = iw + g.pad - kx; // = oh * stride, ow * stride
+  if (th < 0 || tw < 0 || th % g.stride != 0 || tw % g.stride != 0) return -1;
+  const int oh = th / g.stride, ow = tw / g.stride;
+  if (oh >= g.out_h || ow >= g.out_w) return -1;
+  return ((int64_t(n) * g.out_h + oh) * g.out_w + ow) * g.out_channels + co;
+}
+
+// Copies the [ROWS, COLS] block at (row0, col0) of a row-major matrix, or of a conv's im2col or
+// col2im matrix gathered on the fly, into `tile` (row stride tile_ld), with zeros outside the
+// matrix and in the padding. Whole in-bounds chunks of a view whose rows are 16-byte aligned go
+// by cp.async (a gathered chunk then lies inside one tap: 16 contiguous bytes of x or dy, or all
+// zeros); a chunk that
 // straddles the edge, or any chunk of a view that is not aligned, goes element by element (plain
 // loads, visible after the next __syncthreads like the cp.async data).
 template <int ROWS, int COLS, int THREADS, class T, class View>

@@ -1,7 +1,7 @@
-// GPU conv2d (implicit GEMM forward and weight gradient, GEMM + col2im input gradient) against
-// the CPU reference: 1x1, 3x3 stride 1 and 2, 5x5, batch 1, Cin 1 and 3, odd spatial sizes, input
-// pixels no tap reads, weight gradients long enough to split K, f16 and f32. y and dx start as NaN
-// poison; dw starts random because it accumulates.
+// GPU conv2d (implicit GEMMs: forward, input gradient and weight gradient) against the CPU
+// reference: 1x1, 3x3 stride 1 and 2, 5x5, batch 1, Cin 1 and 3, odd spatial sizes, input pixels
+// no tap reads, gathers on the large tiles, weight gradients long enough to split K, f16 and f32.
+// y and dx start as NaN poison; dw starts random because it accumulates.
 #include <string>
 #include <vector>
 
@@ -42,6 +42,9 @@ const std::vector<ConvCase> kCases = {
     {4, 64, 64, 16, 24, 1, 1, 1, 0}, // pointwise over many pixels: dw splits K (sine's shape)
     {2, 10, 8, 8, 16, 3, 3, 2, 0},   // stride 2, last input row and column never read: dx 0 there
     {1, 11, 10, 4, 6, 2, 2, 3, 0},   // stride 3 > kernel 2: rows and columns between taps get dx 0
+    // 128 channels over >= 132 tiles of 128 rows: both gathers (im2col in y, col2im in dx) on
+    // the large WMMA / SIMT tiles.
+    {1, 128, 132, 128, 128, 1, 1, 1, 1}, // (a padded 1x1 conv is gathered, not a plain GEMM)
 };
 
 void check_forward(const ConvCase& c, DType dtype, DType y_dtype, bool bias_relu, uint64_t seed) {
