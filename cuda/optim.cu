@@ -66,8 +66,9 @@ __global__ void __launch_bounds__(kThreads)
   if (step_skipped(found_inf)) return;
   const ParamChunk c = list.chunk[blockIdx.x];
   const float t = step[0] + 1.0f;
-  const float bias_correction1 = 1.0f - powf(adam.beta1, t);
-  const float bias_correction2 = 1.0f - powf(adam.beta2, t);
+  // In double, as on the CPU (kernels/cpu/optim.cpp): the same two floats on both backends.
+  const float bias_correction1 = float(1.0 - pow(double(adam.beta1), double(t)));
+  const float bias_correction2 = float(1.0 - pow(double(adam.beta2), double(t)));
   for (int i = threadIdx.x; i < c.numel; i += blockDim.x) {
     float w = c.master[i];
     const float d = c.grad[i] + adam.weight_decay * w;

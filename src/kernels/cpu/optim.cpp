@@ -62,8 +62,10 @@ void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Ten
   if (step_overflowed("adam_step", found_inf)) return;
   for (const ParamSlot& slot : params) require_param_slot("adam_step", slot, 2);
   const float t = step.data<float>()[0] += 1.0f;
-  const float bias_correction1 = 1.0f - std::pow(adam.beta1, t);
-  const float bias_correction2 = 1.0f - std::pow(adam.beta2, t);
+  // In double, as PyTorch's Adam (Python floats): 1 - beta^t cancels digits at small t, and the
+  // GPU's powf is not correctly rounded; this way both backends get the same two floats.
+  const float bias_correction1 = float(1.0 - std::pow(double(adam.beta1), double(t)));
+  const float bias_correction2 = float(1.0 - std::pow(double(adam.beta2), double(t)));
   for (const ParamSlot& slot : params) {
     float* w = slot.master->data<float>();
     const float* g = slot.grad->data<float>();
