@@ -1,6 +1,7 @@
 // The CUDA backend's device plumbing: checked calls, the one stream, launch sizes, device
 // availability, the caching allocator and copies (backend.h, common.cuh, device.cuh).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
@@ -67,6 +68,13 @@ size_t g_malloc_calls = 0;
 // queued after the new owner got the block runs after every kernel of the old owner.
 // Single-threaded, like the rest of minamp.
 //
+// With MINAMP_CUDA_EXACT_ALLOC=1 in the environment (a debugging mode, used by
+// scripts/gpu-check.sh under compute-sanitizer memcheck and by `make test-sanitize`), a request
+// gets a block of exactly its size and a freed block goes straight back to cudaFree, so that a
+// kernel reading or writing past a tensor's end, or into a freed tensor, touches memory that is
+// no allocation's and the sanitizer reports it (rounded, cached blocks would hide both). Capture
+// still keeps its private pool (cudaFree is not allowed while capturing).
+//
 // CUDA graph capture (backend::cuda_graph_capture) bakes the addresses of the blocks a step uses
 // into the graph, so while a graph exists none of them may go to another owner: during capture
 // every request is served from a pool private to the graph and every freed block (whoever had
@@ -86,6 +94,7 @@ public:
 
 private:
   static size_t size_class(size_t bytes) {
+    if (cuda_exact_allocation()) return bytes;
     constexpr size_t kSmallGranule = 512, kLargeGranule = size_t(1) << 20;
     const size_t granule = bytes < kLargeGranule ? kSmallGranule : kLargeGranule;
     return (bytes + granule - 1) / granule * granule;
@@ -117,7 +126,10 @@ private:
       private_free_[size_class(bytes)].push_back(ptr);
       return;
     }
-    free_blocks_[size_class(bytes)].push_back(ptr);
+    if (cuda_exact_allocation())
+      free_block(ptr);
+    else
+      free_blocks_[size_class(bytes)].push_back(ptr);
   }
 
   // A block of the private pool, or a new one that joins it (no shared block: it may be in use
@@ -142,8 +154,15 @@ private:
   void release_cache() {
     CUDA_CHECK(cudaStreamSynchronize(gpu::stream()), "cuda allocator: synchronize");
     for (auto& entry : free_blocks_)
-      for (void* block : entry.second) CUDA_CHECK(cudaFree(block), "cuda allocator: cudaFree");
+      for (void* block : entry.second) free_block(block);
     free_blocks_.clear();
+  }
+
+  // cudaFree (which waits for the device). After main returns the runtime may be unloaded
+  // already; a block freed then is left to the driver's own clean-up.
+  static void free_block(void* block) {
+    const cudaError_t status = cudaFree(block);
+    if (status != cudaErrorCudartUnloading) CUDA_CHECK(status, "cuda allocator: cudaFree");
   }
 
   // cudaMalloc, or nullptr when the device is out of memory (other errors throw).
@@ -168,6 +187,14 @@ private:
 } // namespace
 
 size_t cuda_malloc_calls() { return g_malloc_calls; }
+
+bool cuda_exact_allocation() {
+  static const bool exact = [] {
+    const char* value = std::getenv("MINAMP_CUDA_EXACT_ALLOC");
+    return value && *value && std::strcmp(value, "0") != 0;
+  }();
+  return exact;
+}
 
 } // namespace minamp::gpu
 

@@ -11,6 +11,9 @@ namespace minamp::gpu {
 
 // How many times the caching allocator has called cudaMalloc since the process started.
 size_t cuda_malloc_calls();
+// True when MINAMP_CUDA_EXACT_ALLOC is set (and not 0): the allocator then caches nothing
+// outside graph capture (cuda/device.cu), for memory checkers.
+bool cuda_exact_allocation();
 // Number of streaming multiprocessors of the current device (read once).
 int sm_count();
 

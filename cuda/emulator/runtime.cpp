@@ -212,11 +212,12 @@ private:
 // destination before its wait) with all-ones bytes, which read as NaN in f32 and f16.
 void fill_with_garbage(void* memory, size_t bytes) { std::memset(memory, 0xff, bytes); }
 
-// At least `bytes` (one, for zero) of memory aligned to `alignment`, from aligned_alloc (which
-// wants a whole number of alignment units); nullptr when there is none.
+// `bytes` (one, for zero) of memory aligned to `alignment`, or nullptr when there is none.
+// Exactly that many, unlike aligned_alloc's whole alignment units, so that under
+// AddressSanitizer a kernel reading past the end of a cudaMalloc'd block is reported.
 void* aligned_block(size_t bytes, size_t alignment) {
-  return std::aligned_alloc(alignment,
-                            (std::max<size_t>(bytes, 1) + alignment - 1) / alignment * alignment);
+  void* block = nullptr;
+  return posix_memalign(&block, alignment, std::max<size_t>(bytes, 1)) == 0 ? block : nullptr;
 }
 
 // A block's dynamic shared memory: 128-byte aligned, as `extern __shared__ __align__(128)` asks.
