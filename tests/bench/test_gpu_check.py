@@ -2,8 +2,9 @@
 (nvidia-smi, cmake, cuobjdump, compute-sanitizer and a minamp_tests that writes GoogleTest's JSON
 report), and the test checks the summary's verdicts — every stage passes when the tools do; a
 skipped GPU test fails the test stage; compute-sanitizer refusing the device is UNAVAILABLE,
-not pass — and that $OUT holds at most the six logs the header promises (the device tool returns
-8 files). Standard library only; ctest runs it as bench.gpu_check.
+not pass; memcheck runs with the allocator's exact-size mode; ONLY runs the check stages it
+names and no other — and that $OUT holds at most the six logs the header promises (the device
+tool returns 8 files). Standard library only; ctest runs it as bench.gpu_check.
 
 The same file is the stand-in tools: `test_gpu_check.py --tool NAME ARGS...`; the environment
 variables FAKE_SKIPPED_GPU_TEST and FAKE_SANITIZER_REFUSES choose their failures."""
@@ -38,6 +39,9 @@ def fake_compute_sanitizer(args):
     if os.environ.get("FAKE_SANITIZER_REFUSES"):
         print("========= Error: Device not supported")
         sys.exit(1)
+    if "memcheck" in args and os.environ.get("MINAMP_CUDA_EXACT_ALLOC") != "1":
+        print("========= memcheck without MINAMP_CUDA_EXACT_ALLOC=1: the cache hides overruns")
+        sys.exit(1)
     print("========= ERROR SUMMARY: 0 errors")
 
 
@@ -54,8 +58,8 @@ TOOLS = {"minamp_tests": fake_minamp_tests, "compute-sanitizer": fake_compute_sa
 
 class GpuCheckScript(unittest.TestCase):
     def run_script(self, **failures):
-        """Runs gpu-check.sh on the stand-ins; returns (exit status, {stage: verdict}, $OUT's
-        files)."""
+        """Runs gpu-check.sh on the stand-ins (with `failures` added to its environment); returns
+        (exit status, {stage: verdict}, $OUT's files)."""
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
         bin_dir, build, out = (os.path.join(tmp.name, d) for d in ("bin", "build", "out"))
@@ -68,7 +72,8 @@ class GpuCheckScript(unittest.TestCase):
                    OUT=out, BUDGET_S="120", **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh")],
                                  env=env, capture_output=True, text=True, timeout=110)
-        summary = process.stdout[process.stdout.index("== summary"):]
+        summary = process.stdout[process.stdout.find("== summary"):] if "== summary" in \
+            process.stdout else ""
         verdicts = dict(re.findall(r"^  (\S.*?)\s{2,}(\S.*?), \d+ s$", summary, re.MULTILINE))
         return process.returncode, verdicts, sorted(os.listdir(out))
 
@@ -95,6 +100,22 @@ class GpuCheckScript(unittest.TestCase):
         self.assertEqual(verdicts["memcheck (Gpu*)"], unavailable)
         self.assertEqual(verdicts["racecheck (GEMM, reductions)"], unavailable)
         self.assertEqual(verdicts["tests"], "pass")
+
+    def test_only_runs_the_check_stages_it_names(self):
+        status, verdicts, files = self.run_script(ONLY="racecheck")
+        self.assertEqual(status, 0, verdicts)
+        not_run = "not run (ONLY=racecheck)"
+        self.assertEqual(verdicts, {"device": "pass", "googletest build": "pass",
+                                    "configure": "pass", "build": "pass",
+                                    "sass (GEMM objects)": not_run, "tests": not_run,
+                                    "memcheck (Gpu*)": not_run,
+                                    "racecheck (GEMM, reductions)": "pass"})
+        self.assertEqual(files, ["build.log", "racecheck.log", "setup.log"])
+
+    def test_only_refuses_a_stage_it_does_not_know(self):
+        status, verdicts, files = self.run_script(ONLY="memcheck typo")
+        self.assertEqual(status, 2)
+        self.assertEqual((verdicts, files), ({}, []), "a stage ran")
 
 
 if __name__ == "__main__":
