@@ -104,3 +104,11 @@ inline void expect_within(double error, double tolerance, const std::string& wha
     if (!::minamp::cuda_available())                                                               \
       GTEST_SKIP() << "no GPU: " << ::minamp::cuda_unavailable_reason();                           \
   } while (0)
+
+// Skips a test of the CUDA allocator's cache when MINAMP_CUDA_EXACT_ALLOC turns the cache off
+// (include device.cuh; CUDA builds only).
+#define MINAMP_REQUIRE_CACHING()                                                                   \
+  do {                                                                                             \
+    if (::minamp::gpu::cuda_exact_allocation())                                                    \
+      GTEST_SKIP() << "MINAMP_CUDA_EXACT_ALLOC is set: the allocator caches nothing";              \
+  } while (0)

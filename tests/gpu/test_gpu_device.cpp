@@ -84,13 +84,6 @@ TEST(GpuDevice, StagedUploadsArriveIntact) {
   EXPECT_EQ(big_gpu.to_vector(), big.to_vector());
 }
 
-// Skips a test of the cache when MINAMP_CUDA_EXACT_ALLOC turns it off.
-#define MINAMP_REQUIRE_CACHING()                                                                   \
-  do {                                                                                             \
-    if (gpu::cuda_exact_allocation())                                                              \
-      GTEST_SKIP() << "MINAMP_CUDA_EXACT_ALLOC is set: the allocator caches nothing";              \
-  } while (0)
-
 TEST(GpuAllocator, SteadyStateMakesNoCudaMallocCall) {
   MINAMP_REQUIRE_GPU();
   MINAMP_REQUIRE_CACHING();

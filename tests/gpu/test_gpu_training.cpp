@@ -1,9 +1,10 @@
-// Whole training steps on the GPU against the CPU reference: the mlp and sine models, trained a
-// few steps from the same init and data on both devices, in FP32 and AMP, with SGD and Adam,
-// end with the same losses and parameter updates, within tolerances that allow
-// for a different summation order and, in AMP, for f16 roundings that land on the other side of
-// a tie; the scaler's skip path through a real model on the GPU; and the same steps replayed
-// from a CUDA graph, bit for bit.
+// Whole training steps on the GPU against the CPU reference: the mlp, sine and a small
+// classifier (3x3 convs, one strided, global average pooling, cross-entropy), trained a few
+// steps from the same init and data on both devices, in FP32 and AMP, with SGD and Adam, end
+// with the same losses and parameter updates, within tolerances that allow for a different
+// summation order and, in AMP, for f16 roundings that land on the other side of a tie; the
+// scaler's skip path through a real model on the GPU; the same steps replayed from a CUDA graph
+// (which no host read survives), bit for bit; and steady steps without a cudaMalloc call.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -17,6 +18,10 @@
 #include "optim/optimizer.h"
 #include "sine_data.h"
 #include "test_util.h"
+
+#if MINAMP_WITH_CUDA
+#include "device.cuh"
+#endif
 
 namespace minamp {
 namespace {
@@ -43,33 +48,65 @@ std::unique_ptr<optim::Optimizer> make_optimizer(Optimizer kind, nn::Module& mod
   return std::make_unique<optim::SGD>(model.parameters(), 1e-2f, 0.9f);
 }
 
-// Trains `steps` steps of a fresh model on `device` on (x, y) under MSE.
-Trained train_on(Device device, bool amp, const ModelFactory& make_model, const Tensor& x,
-                 const Tensor& y, int steps, Optimizer kind = Optimizer::adam) {
-  std::unique_ptr<nn::Sequential> model = make_model();
-  Trained out;
-  out.initial = values_of(*model);
-  model->to(device);
-  const std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(kind, *model);
-  amp::GradScalerOptions options;
-  options.enabled = amp;
-  amp::GradScaler scaler(options, device);
-  const Tensor xd = x.to(device), yd = y.to(device);
-  for (int step = 0; step < steps; ++step) {
-    optimizer->zero_grad();
+// A fresh model trained on `device` on (x, y): cross-entropy when y holds i32 class indices,
+// MSE otherwise. step() is the examples' loop body: no host read, so it can be captured.
+class TrainingRun {
+public:
+  TrainingRun(Device device, bool amp, const ModelFactory& make_model, const Tensor& x,
+              const Tensor& y, Optimizer kind)
+      : amp_(amp), model_(make_model()), x_(x.to(device)), y_(y.to(device)),
+        scaler_(scaler_options(amp), device) {
+    trained_.initial = values_of(*model_);
+    model_->to(device);
+    optimizer_ = make_optimizer(kind, *model_);
+  }
+
+  void step() {
+    optimizer_->zero_grad();
     Var loss;
     {
-      amp::Autocast autocast(amp);
-      loss = ops::mse_loss((*model)(Var(xd)), yd);
+      amp::Autocast autocast(amp_);
+      const Var out = (*model_)(Var(x_));
+      loss = y_.dtype() == DType::i32 ? ops::cross_entropy(out, y_) : ops::mse_loss(out, y_);
     }
-    out.losses.push_back(loss.value().item());
-    scaler.scale(loss).backward();
-    scaler.step(*optimizer);
-    scaler.update();
+    loss_ = loss.value();
+    scaler_.scale(loss).backward();
+    scaler_.step(*optimizer_);
+    scaler_.update();
   }
-  out.parameters = values_of(*model);
-  out.scale = scaler.get_scale();
-  return out;
+  // Reads the last step's loss from the device and keeps it.
+  void record_loss() { trained_.losses.push_back(loss_.item()); }
+  // The run so far: the recorded losses, the initial and current parameters, the scale.
+  const Trained& trained() {
+    trained_.parameters = values_of(*model_);
+    trained_.scale = scaler_.get_scale();
+    return trained_;
+  }
+
+private:
+  static amp::GradScalerOptions scaler_options(bool amp) {
+    amp::GradScalerOptions options;
+    options.enabled = amp;
+    return options;
+  }
+
+  bool amp_;
+  std::unique_ptr<nn::Sequential> model_;
+  Tensor x_, y_, loss_;
+  amp::GradScaler scaler_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  Trained trained_;
+};
+
+// Trains `steps` eager steps of a fresh model on `device` on (x, y).
+Trained train_on(Device device, bool amp, const ModelFactory& make_model, const Tensor& x,
+                 const Tensor& y, int steps, Optimizer kind = Optimizer::adam) {
+  TrainingRun run(device, amp, make_model, x, y, kind);
+  for (int step = 0; step < steps; ++step) {
+    run.step();
+    run.record_loss();
+  }
+  return run.trained();
 }
 
 // Each parameter's change during training.
@@ -128,6 +165,28 @@ std::unique_ptr<nn::Sequential> make_sine_net() {
   return model;
 }
 
+// A small classifier like examples/classify's: 3x3 convs (one strided) with batch norm, global
+// average pooling, a linear head, cross-entropy over 10 classes.
+std::unique_ptr<nn::Sequential> make_classifier() {
+  Rng rng(7);
+  auto model = std::make_unique<nn::Sequential>();
+  model->emplace<nn::Conv2d>(1, 8, 3, rng, 1, 1, /*bias=*/false).emplace<nn::BatchNorm>(8);
+  model->emplace<nn::ReLU>();
+  model->emplace<nn::Conv2d>(8, 16, 3, rng, 2, 1, /*bias=*/false).emplace<nn::BatchNorm>(16);
+  model->emplace<nn::ReLU>();
+  model->emplace<nn::GlobalAvgPool>().emplace<nn::Linear>(16, 10, rng);
+  return model;
+}
+
+// Eight 12x12 images and their labels.
+std::pair<Tensor, Tensor> classifier_batch() {
+  Rng data(9);
+  const Tensor x = test::random_tensor(data, {8, 12, 12, 1});
+  std::vector<float> labels(8);
+  for (float& label : labels) label = std::floor(data.uniform(0.0f, 10.0f));
+  return {x, Tensor::from_vector(labels, {8}, DType::i32)};
+}
+
 // Tolerances, on the updates (what training changed: the parameters would hide an update much
 // smaller than the weight, and a parameter left untouched on one device is then off by 1).
 // FP32 steps differ only in summation order (~1e-6 per op, a little growth over steps); AMP
@@ -164,6 +223,12 @@ TEST(GpuTraining, MlpStepsMatchTheCpu) {
   expect_parity_in_fp32_and_amp(make_mlp, x, y);
 }
 
+TEST(GpuTraining, ClassifierStepsMatchTheCpu) {
+  MINAMP_REQUIRE_GPU();
+  const auto [x, y] = classifier_batch();
+  expect_parity_in_fp32_and_amp(make_classifier, x, y);
+}
+
 TEST(GpuTraining, SineStepsMatchTheCpu) {
   MINAMP_REQUIRE_GPU();
   const int64_t size = 32;
@@ -173,44 +238,28 @@ TEST(GpuTraining, SineStepsMatchTheCpu) {
   expect_parity_in_fp32_and_amp(make_sine_net, x, y);
 }
 
+using GraphHandle = std::unique_ptr<backend::CudaGraph, void (*)(backend::CudaGraph*)>;
+
+// One step of `run` captured into a CUDA graph (which runs nothing); the capture refuses any
+// host read or synchronisation inside the step.
+GraphHandle capture_step(TrainingRun& run) {
+  return GraphHandle(backend::cuda_graph_capture([&] { run.step(); }), backend::cuda_graph_destroy);
+}
+
 // Trains `steps` steps on the GPU like train_on(Device::cuda, ...): the first eagerly (it
-// creates the optimizer's state), then one step captured into a CUDA graph — which runs nothing
-// — and replayed steps - 1 times, reading each replay's loss from the tensor the capture made.
+// creates the optimizer's state), then one step captured into a CUDA graph and replayed
+// steps - 1 times, reading each replay's loss from the tensor the capture made.
 Trained train_with_graph(bool amp, const ModelFactory& make_model, const Tensor& x, const Tensor& y,
-                         int steps) {
-  std::unique_ptr<nn::Sequential> model = make_model();
-  Trained out;
-  out.initial = values_of(*model);
-  model->to(Device::cuda);
-  optim::Adam adam(model->parameters(), 1e-3f);
-  amp::GradScalerOptions options;
-  options.enabled = amp;
-  amp::GradScaler scaler(options, Device::cuda);
-  const Tensor xd = x.to(Device::cuda), yd = y.to(Device::cuda);
-  Tensor loss_value;
-  const auto step = [&] {
-    adam.zero_grad();
-    Var loss;
-    {
-      amp::Autocast autocast(amp);
-      loss = ops::mse_loss((*model)(Var(xd)), yd);
-    }
-    loss_value = loss.value();
-    scaler.scale(loss).backward();
-    scaler.step(adam);
-    scaler.update();
-  };
-  step();
-  out.losses.push_back(loss_value.item());
-  const std::unique_ptr<backend::CudaGraph, void (*)(backend::CudaGraph*)> graph(
-      backend::cuda_graph_capture(step), backend::cuda_graph_destroy);
+                         int steps, Optimizer kind = Optimizer::adam) {
+  TrainingRun run(Device::cuda, amp, make_model, x, y, kind);
+  run.step();
+  run.record_loss();
+  const GraphHandle graph = capture_step(run);
   for (int i = 1; i < steps; ++i) {
     backend::cuda_graph_launch(graph.get());
-    out.losses.push_back(loss_value.item());
+    run.record_loss();
   }
-  out.parameters = values_of(*model);
-  out.scale = scaler.get_scale();
-  return out;
+  return run.trained();
 }
 
 // The same kernels on the same data in the same order: replays match eager steps exactly.
@@ -221,14 +270,50 @@ TEST(GpuTraining, GraphReplaysMatchEagerSteps) {
   const std::vector<float> grid = examples::coordinate_grid(16);
   const Tensor grid_x = Tensor::from_vector(grid, {1, 16, 16, 2});
   const Tensor grid_y = Tensor::from_vector(examples::quantized_sine(grid), {1, 16, 16, 1});
+  const auto [class_x, class_y] = classifier_batch();
   for (bool amp : {false, true}) {
     SCOPED_TRACE(amp ? "AMP" : "FP32");
     expect_same_training(train_with_graph(amp, make_mlp, x, y, 4),
                          train_on(Device::cuda, amp, make_mlp, x, y, 4), 0.0);
     expect_same_training(train_with_graph(amp, make_sine_net, grid_x, grid_y, 4),
                          train_on(Device::cuda, amp, make_sine_net, grid_x, grid_y, 4), 0.0);
+    expect_same_training(
+        train_with_graph(amp, make_classifier, class_x, class_y, 4, Optimizer::sgd),
+        train_on(Device::cuda, amp, make_classifier, class_x, class_y, 4, Optimizer::sgd), 0.0);
   }
 }
+
+#if MINAMP_WITH_CUDA
+// After the first steps (which fill the allocator's cache and create the optimizer's state),
+// a training step of each model, with each optimizer, in FP32 and AMP, calls cudaMalloc no more.
+TEST(GpuTraining, SteadyStepsMakeNoCudaMallocCall) {
+  MINAMP_REQUIRE_GPU();
+  MINAMP_REQUIRE_CACHING();
+  Rng data(10);
+  const Tensor x = test::random_tensor(data, {512, 8}), y = test::random_tensor(data, {512, 1});
+  const std::vector<float> grid = examples::coordinate_grid(16);
+  const Tensor grid_x = Tensor::from_vector(grid, {1, 16, 16, 2});
+  const Tensor grid_y = Tensor::from_vector(examples::quantized_sine(grid), {1, 16, 16, 1});
+  const auto [class_x, class_y] = classifier_batch();
+  const struct {
+    const char* name;
+    ModelFactory make_model;
+    const Tensor &x, &y;
+  } models[] = {{"mlp", make_mlp, x, y},
+                {"sine", make_sine_net, grid_x, grid_y},
+                {"classifier", make_classifier, class_x, class_y}};
+  for (const auto& model : models)
+    for (Optimizer kind : {Optimizer::sgd, Optimizer::adam})
+      for (bool amp : {false, true}) {
+        TrainingRun run(Device::cuda, amp, model.make_model, model.x, model.y, kind);
+        for (int step = 0; step < 2; ++step) run.step();
+        const size_t calls = gpu::cuda_malloc_calls();
+        for (int step = 0; step < 3; ++step) run.step();
+        EXPECT_EQ(gpu::cuda_malloc_calls(), calls)
+            << model.name << (kind == Optimizer::sgd ? " SGD" : " Adam") << (amp ? " AMP" : "");
+      }
+}
+#endif // MINAMP_WITH_CUDA
 
 TEST(GpuTraining, OverflowThroughARealModelSkipsTheStepOnTheDevice) {
   MINAMP_REQUIRE_GPU();
