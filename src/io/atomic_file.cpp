@@ -62,6 +62,7 @@ int create_temp_next_to(const std::string& path, const char* op, std::string& te
   std::vector<char> temp_name(temp_path.begin(), temp_path.end());
   temp_name.push_back('\0');
   const int fd = ::mkstemp(temp_name.data());
+  if (fd < 0 && errno == ENOENT) throw Error(cat(op, ": ", path, ": its folder does not exist"));
   require(fd >= 0, op, path, ": cannot create a temp file next to it (", errno_text(), ")");
   temp_path = temp_name.data();
   return fd;

@@ -105,12 +105,21 @@ TEST(Examples, ResumeRefusesACheckpointOfOtherDataOrSeed) {
       << "more epochs of the same data resume";
 }
 
+// Every program that takes --device: asked for cuda where there is none, it fails saying why
+// (no GPU, or a build without the CUDA backend), before it trains or writes anything.
 TEST(Examples, CudaWithoutAGpuSaysWhy) {
   if (minamp::cuda_available()) GTEST_SKIP() << "a GPU is present";
-  const ProgramRun run =
-      run_program("mlp", "--device cuda --epochs 1 --out " + fresh_dir("nocuda"));
-  EXPECT_NE(run.status, 0);
-  EXPECT_NE(run.output.find(minamp::cuda_unavailable_reason()), std::string::npos) << run.output;
+  for (const char* program : {"mlp", "sine", "classify", "bench_train"}) {
+    const std::string out = fresh_dir(std::string("nocuda-") + program);
+    const std::string args = std::string(program) == "bench_train"
+                                 ? "--device cuda --models mlp --json " + out
+                                 : "--device cuda --out " + out;
+    const ProgramRun run = run_program(program, args);
+    EXPECT_NE(run.status, 0) << program;
+    EXPECT_NE(run.output.find(minamp::cuda_unavailable_reason()), std::string::npos)
+        << program << ": " << run.output;
+    EXPECT_FALSE(std::filesystem::exists(out)) << program << " wrote " << out;
+  }
 }
 
 TEST(Examples, SineWritesMetricsSummaryAndImage) {

@@ -235,7 +235,8 @@ TEST(AtomicFile, ReplacesFilesAndLeavesNoTempFiles) {
   expect_error_naming(dir.root(), [&] { io::read_file(dir.root()); });
 
   // require_writable: the errors write_file_atomically would raise, up front, leaving no file.
-  expect_error_naming("--json", [&] { io::require_writable(dir.path("no/such/f"), "--json"); });
+  expect_error_naming("--json: " + dir.path("no/such/f") + ": its folder does not exist",
+                      [&] { io::require_writable(dir.path("no/such/f"), "--json"); });
   expect_error_naming("is a directory", [&] { io::require_writable(dir.root(), "--json"); });
   io::require_writable(dir.path("new.json"), "--json");
   EXPECT_FALSE(std::filesystem::exists(dir.path("new.json")));
