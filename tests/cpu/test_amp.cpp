@@ -521,14 +521,15 @@ TEST(LossScaling, AbsurdInitialScaleBacksOffSkipsAndConverges) {
 namespace minamp {
 namespace {
 
-// The sine problem at a small size, trained FP32 and AMP from the same init: the final losses
-// agree within 10%.
-double train_sine(bool amp) {
+// The sine problem at a small size, trained FP32 or AMP from the init of `seed`: the final loss,
+// as the mean of the last 10 steps (as in the benchmark's parity target: at this learning rate
+// single steps' losses wander by several percent).
+double train_sine(bool amp, uint64_t seed) {
   const int64_t size = 16;
   const std::vector<float> grid = examples::coordinate_grid(size);
   const Tensor x = Tensor::from_vector(grid, {1, size, size, 2});
   const Tensor y = Tensor::from_vector(examples::quantized_sine(grid), {1, size, size, 1});
-  Rng rng(0);
+  Rng rng(seed);
   nn::Sequential net;
   net.emplace<nn::Conv2d>(2, 32, 1, rng).emplace<nn::BatchNorm>(32).emplace<nn::ReLU>();
   net.emplace<nn::Conv2d>(32, 32, 1, rng).emplace<nn::BatchNorm>(32).emplace<nn::ReLU>();
@@ -537,25 +538,33 @@ double train_sine(bool amp) {
   amp::GradScalerOptions options;
   options.enabled = amp;
   amp::GradScaler scaler(options);
-  double loss_value = 0;
-  for (int step = 0; step < 200; ++step) {
+  const int steps = 200, last = 10;
+  double last_losses = 0;
+  for (int step = 0; step < steps; ++step) {
     adam.zero_grad();
     Var loss;
     {
       amp::Autocast autocast(amp);
       loss = ops::mse_loss(net(Var(x)), y);
     }
-    loss_value = loss.value().item();
+    if (step >= steps - last) last_losses += loss.value().item();
     scaler.scale(loss).backward();
     scaler.step(adam);
     scaler.update();
   }
-  return loss_value;
+  return last_losses / last;
 }
 
+// FP32 and AMP from the same four inits end within 10% of each other, summed over the inits:
+// one init alone ends anywhere from 0.90x to 1.07x of FP32 in AMP (12 inits measured), and a
+// difference in the last bits of one op (e.g. Adam's bias correction) moves it in that range.
 TEST(AmpTraining, SineAmpEndsWithinTenPercentOfFp32) {
-  const double fp32 = train_sine(false), amp = train_sine(true);
-  EXPECT_LT(fp32, 0.05) << "the small sine problem trains";
+  double fp32 = 0, amp = 0;
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    fp32 += train_sine(false, seed);
+    amp += train_sine(true, seed);
+  }
+  EXPECT_LT(fp32 / 4, 0.05) << "the small sine problem trains";
   EXPECT_NEAR(amp, fp32, 0.1 * fp32);
 }
 
