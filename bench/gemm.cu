@@ -87,8 +87,8 @@ void cublas_gemm(cublasHandle_t handle, const GemmShape& s, const Operands& x) {
   const int ldb = int(s.tb ? s.k : s.n), lda = int(s.ta ? s.m : s.k);
   if (x.a.dtype() == DType::f32) {
     check_cublas(cublasSgemm(handle, op_b, op_a, int(s.n), int(s.m), int(s.k), &one,
-                             x.b.data<float>(), ldb, x.a.data<float>(), lda, &zero,
-                             x.c.data<float>(), int(s.n)),
+                             gpu::ptr<float>(x.b), ldb, gpu::ptr<float>(x.a), lda, &zero,
+                             gpu::ptr<float>(x.c), int(s.n)),
                  "cublasSgemm");
     return;
   }

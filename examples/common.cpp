@@ -488,8 +488,11 @@ PendingStep Run::step(int64_t step, int64_t slot) {
 }
 
 void Run::keep_figure(const Tensor& tensor, int64_t slot, int64_t column) {
-  float* row = pending_figures_.data<float>() + slot * kPendingColumns; // a device address
-  copy_bytes(row + column, device_, tensor.data<float>(), tensor.device(), sizeof(float));
+  require(tensor.dtype() == DType::f32 && tensor.numel() == 1, "keep_figure",
+          "expects a one-element f32 tensor, got ", describe(tensor));
+  // Device addresses when device_ is cuda: copied there, never read on the host.
+  float* row = static_cast<float*>(pending_figures_.raw()) + slot * kPendingColumns;
+  copy_bytes(row + column, device_, tensor.raw(), tensor.device(), sizeof(float));
 }
 
 void Run::read_pending() {

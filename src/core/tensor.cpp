@@ -70,6 +70,9 @@ template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <class T> T* Tensor::data() const {
   require(dtype_ == dtype_of<T>(), "Tensor::data", "tensor is ", describe(*this), ", accessed as ",
           dtype_of<T>());
+  require(device_ == Device::cpu, "Tensor::data", "tensor is ", describe(*this),
+          ": the host cannot read its memory (copy it with to(Device::cpu); raw() is its device "
+          "address)");
   return static_cast<T*>(raw());
 }
 template float* Tensor::data<float>() const;

@@ -33,8 +33,10 @@ public:
   int64_t numel() const { return shape_.numel(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
 
+  // The storage's address on its device (for a cuda tensor, not readable on the host).
   void* raw() const;
-  // Typed access; checks that T matches the dtype (float, half, int32_t).
+  // Typed host access to a cpu tensor; checks the device and that T matches the dtype (float,
+  // half, int32_t).
   template <class T> T* data() const;
 
   // Same storage, new shape with the same number of elements.

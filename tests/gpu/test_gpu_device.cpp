@@ -51,6 +51,33 @@ TEST(GpuDevice, CopiesRoundTripEveryDtype) {
     }
 }
 
+// The host reads a cuda tensor only through a copy, and an op never mixes devices: both are
+// Errors that say what was wrong (on a GPU, the host read would be a crash, not an error).
+TEST(GpuDevice, DeviceMismatchesAreErrors) {
+  MINAMP_REQUIRE_GPU();
+  Tensor on_gpu = Tensor::full({4}, 1.0f, DType::f32, Device::cuda);
+  const Tensor on_cpu = Tensor::full({4}, 2.0f);
+  try {
+    on_gpu.data<float>();
+    ADD_FAILURE() << "data<float>() of a cuda tensor returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Tensor::data: tensor is f32[4] on cuda: the host cannot "
+                                         "read its memory"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    kernels::add_inplace(on_gpu, on_cpu, 1.0f);
+    ADD_FAILURE() << "add_inplace of a cpu tensor into a cuda one returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("add_inplace: all tensors must be on one device, got "
+                                         "f32[4] on cpu and f32[4] on cuda"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(on_gpu.to_vector(), std::vector<float>(4, 1.0f)) << "a refused op changed its output";
+}
+
 #if MINAMP_WITH_CUDA
 
 // A few tensors alive together, of sizes in both size-class regimes (below and above 1 MiB).
