@@ -96,6 +96,22 @@ inline void expect_within(double error, double tolerance, const std::string& wha
   EXPECT_LT(error, tolerance) << what << ": relative error " << error;
 }
 
+// Expects `call` to throw minamp::Error whose message contains every one of `parts`.
+template <class Call, class... Parts> void expect_error(Call&& call, const Parts&... parts) {
+  const std::vector<std::string> wanted = {std::string(parts)...};
+  try {
+    call();
+    std::string list;
+    for (const std::string& part : wanted) list += " '" + part + "'";
+    ADD_FAILURE() << "expected minamp::Error containing" << list;
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& part : wanted)
+      EXPECT_NE(message.find(part), std::string::npos)
+          << "'" << message << "' lacks '" << part << "'";
+  }
+}
+
 } // namespace minamp::test
 
 // Skips the current test with a printed reason when no CUDA device can be used.

@@ -16,14 +16,7 @@
 namespace minamp {
 namespace {
 
-template <class Body> void expect_error(Body body, const std::string& part) {
-  try {
-    body();
-    FAIL() << "expected minamp::Error containing '" << part << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using test::expect_error;
 
 // A small regression problem: Linear(4 -> 3) -> ReLU -> Linear(3 -> 1), MSE on random data.
 struct Problem {

@@ -11,6 +11,7 @@
 #include "io/atomic_file.h"
 #include "io/idx.h"
 #include "test_io_util.h"
+#include "test_util.h"
 
 namespace minamp {
 namespace {
@@ -37,13 +38,7 @@ std::vector<uint8_t> random_bytes(Rng& rng, size_t count, uint32_t bound = 256) 
 }
 
 void expect_idx_error(const std::string& path, const std::string& fragment) {
-  try {
-    io::read_idx(path);
-    ADD_FAILURE() << "expected an error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { io::read_idx(path); }, path, fragment);
 }
 
 TEST(Idx, ReadsRawAndGzippedImagesAndLabels) {

@@ -14,9 +14,12 @@
 #include "io/image.h"
 #include "io/plot.h"
 #include "test_io_util.h"
+#include "test_util.h"
 
 namespace minamp {
 namespace {
+
+using test::expect_error;
 
 // A random image whose values are multiples of 1/255, so that 8-bit PNG holds them exactly.
 Tensor random_8bit_image(Rng& rng, int64_t h, int64_t w, int64_t c) {
@@ -35,15 +38,6 @@ double mean_of(const Tensor& t) {
   double sum = 0;
   for (float v : t.to_vector()) sum += v;
   return sum / double(t.numel());
-}
-
-template <class Call> void expect_error_naming(const std::string& name, Call call) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error naming " << name;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
-  }
 }
 
 TEST(Image, PngRoundTripsRgbAndGrey) {
@@ -128,17 +122,17 @@ TEST(Image, LoadsTheImageFolderFixture) {
 
 TEST(Image, FolderErrorsNameTheProblemPath) {
   test::TempDir dir;
-  expect_error_naming(dir.path("absent"), [&] { io::load_image_folder(dir.path("absent"), 8, 3); });
-  expect_error_naming(dir.root(), [&] { io::load_image_folder(dir.root(), 8, 3); }); // no classes
+  expect_error([&] { io::load_image_folder(dir.path("absent"), 8, 3); }, dir.path("absent"));
+  expect_error([&] { io::load_image_folder(dir.root(), 8, 3); }, dir.root()); // no classes
 
   std::filesystem::create_directories(dir.path("cats"));
   test::write_bytes(dir.path("cats/notes.txt"), "not an image");
-  expect_error_naming(dir.path("cats"), [&] { io::load_image_folder(dir.root(), 8, 3); });
+  expect_error([&] { io::load_image_folder(dir.root(), 8, 3); }, dir.path("cats"));
 
   Rng rng(4);
   io::save_png(dir.path("cats/a.png"), random_8bit_image(rng, 5, 5, 3));
   test::write_bytes(dir.path("cats/b.PNG"), "garbage that is not a PNG");
-  expect_error_naming(dir.path("cats/b.PNG"), [&] { io::load_image_folder(dir.root(), 8, 3); });
+  expect_error([&] { io::load_image_folder(dir.root(), 8, 3); }, dir.path("cats/b.PNG"));
   std::filesystem::remove(dir.path("cats/b.PNG"));
   EXPECT_EQ(io::load_image_folder(dir.root(), 4, 3).images.shape(), (Shape{1, 4, 4, 3}));
   EXPECT_THROW(io::load_image_folder(dir.root(), 0, 3), Error);
@@ -159,7 +153,7 @@ TEST(Image, CorruptPngsAndJpegsLoadOrThrowError) {
         test::fuzz_bit_flips(valid, dir.path("flip"), load, rng, 250, 200);
     EXPECT_GT(flips.rejected, 0);
   }
-  expect_error_naming(dir.path("missing.png"), [&] { io::load_image(dir.path("missing.png"), 3); });
+  expect_error([&] { io::load_image(dir.path("missing.png"), 3); }, dir.path("missing.png"));
 }
 
 TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
@@ -172,7 +166,7 @@ TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
   bytes += std::string(16, char(255)) + std::string(16 * 255, '\0') + "\xff\xd9";
   test::TempDir dir;
   test::write_bytes(dir.path("bad.jpg"), bytes);
-  expect_error_naming(dir.path("bad.jpg"), [&] { io::load_image(dir.path("bad.jpg"), 3); });
+  expect_error([&] { io::load_image(dir.path("bad.jpg"), 3); }, dir.path("bad.jpg"));
 }
 
 // True when some pixel of `image` (f32 [H, W, 3]) has exactly the 8-bit colour (r, g, b).
@@ -228,16 +222,16 @@ TEST(AtomicFile, ReplacesFilesAndLeavesNoTempFiles) {
                           std::filesystem::directory_iterator()),
             2);
 
-  expect_error_naming(dir.path("no/such/dir/f"),
-                      [&] { io::write_file_atomically(dir.path("no/such/dir/f"), "x"); });
-  expect_error_naming(dir.path("missing"), [&] { io::read_file(dir.path("missing")); });
-  expect_error_naming(std::strerror(ENOENT), [&] { io::read_file(dir.path("missing")); });
-  expect_error_naming(dir.root(), [&] { io::read_file(dir.root()); });
+  expect_error([&] { io::write_file_atomically(dir.path("no/such/dir/f"), "x"); },
+               dir.path("no/such/dir/f"));
+  expect_error([&] { io::read_file(dir.path("missing")); }, dir.path("missing"));
+  expect_error([&] { io::read_file(dir.path("missing")); }, std::strerror(ENOENT));
+  expect_error([&] { io::read_file(dir.root()); }, dir.root());
 
   // require_writable: the errors write_file_atomically would raise, up front, leaving no file.
-  expect_error_naming("--json: " + dir.path("no/such/f") + ": its folder does not exist",
-                      [&] { io::require_writable(dir.path("no/such/f"), "--json"); });
-  expect_error_naming("is a directory", [&] { io::require_writable(dir.root(), "--json"); });
+  expect_error([&] { io::require_writable(dir.path("no/such/f"), "--json"); },
+               "--json: " + dir.path("no/such/f") + ": its folder does not exist");
+  expect_error([&] { io::require_writable(dir.root(), "--json"); }, "is a directory");
   io::require_writable(dir.path("new.json"), "--json");
   EXPECT_FALSE(std::filesystem::exists(dir.path("new.json")));
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.root()),

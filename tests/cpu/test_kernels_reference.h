@@ -61,19 +61,6 @@ inline Doubles numerical_gradient(const std::function<double(const Doubles&)>& o
   return grad;
 }
 
-// Expects `call` to throw minamp::Error whose message contains `op` (and `detail` if given).
-inline void expect_error(const std::function<void()>& call, const std::string& op,
-                         const std::string& detail = "") {
-  try {
-    call();
-    ADD_FAILURE() << "expected minamp::Error from " << op;
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find(op), std::string::npos) << message;
-    EXPECT_NE(message.find(detail), std::string::npos) << message;
-  }
-}
-
 // C[M, N] = op(A) @ op(B) in double; A is [M, K] or (trans_a) [K, M], B [K, N] or [N, K].
 inline Doubles gemm_reference(const Doubles& a, bool trans_a, const Doubles& b, bool trans_b,
                               int64_t m, int64_t k, int64_t n) {
