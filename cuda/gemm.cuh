@@ -347,9 +347,8 @@ __device__ __forceinline__ int64_t element_offset(const Col2imView<T>& v, int ro
 // col2im matrix gathered on the fly, into `tile` (row stride tile_ld), with zeros outside the
 // matrix and in the padding. Whole in-bounds chunks of a view whose rows are 16-byte aligned go
 // by cp.async (a gathered chunk then lies inside one tap: 16 contiguous bytes of x or dy, or all
-// zeros); a chunk that
-// straddles the edge, or any chunk of a view that is not aligned, goes element by element (plain
-// loads, visible after the next __syncthreads like the cp.async data).
+// zeros); a chunk that straddles the edge, or any chunk of a view that is not aligned, goes
+// element by element (plain loads, visible after the next __syncthreads like the cp.async data).
 template <int ROWS, int COLS, int THREADS, class T, class View>
 __device__ __forceinline__ void load_tile(T* tile, int tile_ld, const View& src, int row0,
                                           int col0) {
