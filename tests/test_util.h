@@ -1,5 +1,6 @@
-// Shared test helpers: seeded random tensors, poisoned outputs, relative errors, tolerances, the
-// ledger of how close each GPU-vs-CPU comparison came to its tolerance, and the GPU skip guard.
+// Shared test helpers: seeded random tensors, poisoned outputs, relative errors (of the whole
+// tensor and of its worst row or column), tolerances, the ledger of how close each GPU-vs-CPU
+// comparison came to its tolerance, and the GPU skip guard.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -43,6 +44,41 @@ inline double relative_error(const std::vector<float>& out, const std::vector<fl
 }
 inline double relative_error(const Tensor& out, const Tensor& ref) {
   return relative_error(out.to_vector(), ref.to_vector());
+}
+
+// Lines shorter than this are left out of worst_line_error: against the whole tensor's RMS, the
+// rounding of one or two elements is noise.
+constexpr int64_t kMinLineLength = 16;
+
+// The largest error of one line of `out` seen as [rows, cols] (a row or a column) as the RMS of
+// its difference from `ref` over the RMS of all of `ref` (over 1 when `ref` is zero); infinity
+// when any value of `out` is not finite. An error confined to one column of a wide output, which
+// relative_error dilutes by the square root of the column count, shows here at full size.
+inline double worst_line_error(const std::vector<float>& out, const std::vector<float>& ref,
+                               int64_t rows, int64_t cols) {
+  EXPECT_EQ(out.size(), size_t(rows * cols));
+  EXPECT_EQ(ref.size(), size_t(rows * cols));
+  if (out.size() != size_t(rows * cols) || ref.size() != out.size() || out.empty()) return 0.0;
+  std::vector<double> row_sq(size_t(rows), 0.0), col_sq(size_t(cols), 0.0);
+  double norm = 0.0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = size_t(r * cols + c);
+      if (!std::isfinite(out[i])) return INFINITY;
+      const double d = double(out[i]) - ref[i];
+      row_sq[size_t(r)] += d * d;
+      col_sq[size_t(c)] += d * d;
+      norm += double(ref[i]) * ref[i];
+    }
+  const double ref_mean_square = norm == 0.0 ? 1.0 : norm / double(rows * cols);
+  double worst = 0.0;
+  if (cols >= kMinLineLength)
+    for (double sq : row_sq)
+      worst = std::max(worst, std::sqrt(sq / double(cols) / ref_mean_square));
+  if (rows >= kMinLineLength)
+    for (double sq : col_sq)
+      worst = std::max(worst, std::sqrt(sq / double(rows) / ref_mean_square));
+  return worst;
 }
 
 // The tolerance for comparing a kernel against the fp32 CPU reference: ~1e-6 for fp32 math
@@ -94,6 +130,19 @@ inline ::testing::Environment* const kErrorLedger =
 inline void expect_within(double error, double tolerance, const std::string& what) {
   ErrorLedger::record(error, tolerance, what);
   EXPECT_LT(error, tolerance) << what << ": relative error " << error;
+}
+
+// Expects `out` to match `ref` within `tolerance`, both as a whole (relative_error) and line by
+// line (worst_line_error, over rows and columns of the tensors seen as [rows, last dimension]),
+// and records both in the ledger.
+inline void expect_close(const Tensor& out, const Tensor& ref, double tolerance,
+                         const std::string& what) {
+  ASSERT_EQ(out.shape(), ref.shape()) << what;
+  const std::vector<float> o = out.to_vector(), r = ref.to_vector();
+  expect_within(relative_error(o, r), tolerance, what);
+  if (out.shape().rank() >= 2)
+    expect_within(worst_line_error(o, r, out.shape().rows(), out.shape().last()), tolerance,
+                  what + " (worst row or column)");
 }
 
 // Expects `call` to throw minamp::Error whose message contains every one of `parts`.

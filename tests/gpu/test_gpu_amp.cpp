@@ -15,8 +15,8 @@
 namespace minamp {
 namespace {
 
+using test::expect_close;
 using test::random_tensor;
-using test::relative_error;
 using test::tolerance_for;
 
 Tensor gpu(const Tensor& t) { return t.to(Device::cuda); }
@@ -27,10 +27,6 @@ void expect_equal(const Tensor& a, const Tensor& b, const std::string& what) {
   for (size_t i = 0; i < x.size(); ++i)
     ASSERT_TRUE(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])))
         << what << ": element " << i << " is " << x[i] << " vs " << y[i];
-}
-
-void expect_close(const Tensor& on_gpu, const Tensor& on_cpu, double tol, const std::string& what) {
-  test::expect_within(relative_error(on_gpu, on_cpu), tol, what);
 }
 
 // Sizes that cross the 32768-element chunks of the multi-tensor kernels.

@@ -17,7 +17,6 @@ namespace {
 
 using test::poisoned;
 using test::random_tensor;
-using test::relative_error;
 using test::tolerance_for;
 
 const std::vector<int64_t> kSizes = {1, 17, 1000, 65539};
@@ -33,8 +32,8 @@ double tolerance(std::initializer_list<DType> inputs, DType output) {
 
 // Expects the GPU output to match the CPU reference within `tol` (NaN never passes).
 void expect_close(const Tensor& on_gpu, const Tensor& on_cpu, double tol, const std::string& what) {
-  test::expect_within(relative_error(on_gpu, on_cpu), tol,
-                      cat(what, " (gpu ", describe(on_gpu), ", cpu ", describe(on_cpu), ")"));
+  test::expect_close(on_gpu, on_cpu, tol,
+                     cat(what, " (gpu ", describe(on_gpu), ", cpu ", describe(on_cpu), ")"));
 }
 
 // Expects identical values (both rounded the same way, or exact math).
