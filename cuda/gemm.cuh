@@ -3,7 +3,7 @@
 //   - host side: how a GEMM operand is described (a plain matrix, a transposed one, or one of
 //     the two gathered matrices of a conv that are never materialised: the im2col matrix of its
 //     input, and the col2im matrix of its output gradient) and the launcher, which picks
-//     the tile configuration and, for few tiles over a long K, splits K (gemm_split.h);
+//     the tile configuration and, for few tiles over a long K, splits K (gemm_plan.h);
 //   - device side: cp.async helpers, the shared-memory tile shapes, the loaders that copy one
 //     operand tile from global to shared memory (zero-filling everything out of bounds) and
 //     the fused epilogue C = relu(alpha * acc + beta * C + bias), and the kernel that adds
@@ -15,7 +15,7 @@
 
 #include "common.cuh"
 #include "device.cuh"
-#include "gemm_split.h"
+#include "gemm_plan.h"
 
 namespace minamp::gpu {
 
@@ -221,23 +221,6 @@ inline int max_dynamic_smem() {
   return bytes;
 }
 
-// The number of BM x BN tiles over C.
-inline int64_t tile_count(const GemmArgs& args, int bm, int bn) {
-  return ((args.m + bm - 1) / bm) * ((args.n + bn - 1) / bn);
-}
-
-// True when a configuration with BM x BN tiles and `smem_bytes` of shared memory gives every SM
-// at least one block, pads C by at most 25% more than BM/2 x BN/2 tiles would (a thin N = 32
-// would waste 3/4 of every 128-wide tile) and fits the device (sm_75 opts in to 64 KB only);
-// otherwise the smaller configuration is used.
-inline bool prefer_large_tiles(const GemmArgs& args, int bm, int bn, int smem_bytes) {
-  const auto padded = [](int64_t size, int tile) { return (size + tile - 1) / tile * tile; };
-  const int64_t blocks = tile_count(args, bm, bn);
-  const int64_t area = padded(args.m, bm) * padded(args.n, bn);
-  const int64_t half_area = padded(args.m, bm / 2) * padded(args.n, bn / 2);
-  return blocks >= sm_count() && 4 * area <= 5 * half_area && smem_bytes <= max_dynamic_smem();
-}
-
 // The grid of BM x BN tiles over C times the K slices: x walks M, y walks N (y is limited to
 // 65535), z walks the slices of a split K.
 inline dim3 tile_grid(const GemmArgs& args, int bm, int bn, int splits) {
@@ -386,7 +369,7 @@ __device__ __forceinline__ void load_operand_tile(T* tile, const View& view, int
 }
 
 // This block's share of a GEMM: the first row m0 and column n0 of its BM x BN tile of C (grid.x
-// walks M, grid.y walks N) and its slice [k_begin, k_end) of K (split K, gemm_split.h: grid.z
+// walks M, grid.y walks N) and its slice [k_begin, k_end) of K (split K, gemm_plan.h: grid.z
 // walks the slices, and block_share moves c to the slice's own [M, N] partial C).
 struct BlockShare {
   int m0, n0, k_begin, k_end;
@@ -482,9 +465,8 @@ inline void reduce_split_k(const float* partial, int splits, const GemmArgs& arg
 // The launcher.
 
 // The launch of one GEMM kernel family (WMMA or SIMT) for the operand pair OpA, OpB:
-// GemmLaunch<Family>::On<OpA, OpB>::run(args) picks the Large or Small configuration
-// (prefer_large_tiles), splits K when the Small tiles alone would leave SMs idle
-// (plan_k_split), and picks C's dtype. A Family provides
+// GemmLaunch<Family>::On<OpA, OpB>::run(args) launches the Large or Small configuration with K
+// split or not as plan_gemm says, and picks C's dtype. A Family provides
 //   using Large, Small;                                     the two tile configurations
 //   static constexpr const char* kName;                     for launch errors
 //   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes();
@@ -527,11 +509,13 @@ template <class Family> struct GemmLaunch {
       using Large = typename Family::Large;
       using Small = typename Family::Small;
       constexpr int kLargeBytes = Family::template smem_bytes<Large, OpA, OpB>();
-      if (prefer_large_tiles(args, Large::BM, Large::BN, kLargeBytes)) return whole_k<Large>(args);
-      const KSplit split =
-          plan_k_split(tile_count(args, Small::BM, Small::BN), args.k, Small::BK, sm_count());
-      if (split.splits > 1)
-        split_k<Small>(args, split);
+      const GemmPlan plan = plan_gemm(args.m, args.n, args.k, {Large::BM, Large::BN, Large::BK},
+                                      {Small::BM, Small::BN, Small::BK},
+                                      kLargeBytes <= max_dynamic_smem(), sm_count());
+      if (plan.tiles == GemmTiles::large)
+        whole_k<Large>(args);
+      else if (plan.split.splits > 1)
+        split_k<Small>(args, plan.split);
       else
         whole_k<Small>(args);
     }

@@ -3,7 +3,7 @@
 // Tiling. Each block computes a BM x BN tile of C with (BM / TM) x (BN / TN) threads, each
 // holding a TM x TN block of fp32 accumulators in registers (128x128 tiles with 8x8 per thread
 // for large problems, 64x64 with 4x4 when the large tiles would leave SMs idle or pad a thin C,
-// see prefer_large_tiles). Warps are 8 threads along N by 4 along M, so a warp reads few
+// see plan_gemm). Warps are 8 threads along N by 4 along M, so a warp reads few
 // distinct shared-memory words per step.
 //
 // Pipeline. The WMMA kernel's (gemm_pipeline in gemm.cuh, described in gemm_wmma.cu) with
@@ -38,8 +38,9 @@ template <int BM_, int BN_, int BK_, int TM_, int TN_, int STAGES_> struct SimtC
   static_assert(kThreadsN % 8 == 0 && kThreadsM % 4 == 0 && kThreads % 32 == 0, "8x4 warps");
 };
 
-using SimtLarge = SimtConfig<128, 128, 16, 8, 8, 3>; // 256 threads
-using SimtSmall = SimtConfig<64, 64, 16, 4, 4, 3>;   // 256 threads
+// 256 threads each, on the tiles gemm_plan.h plans with.
+using SimtLarge = SimtConfig<kSimtLargeTile.bm, kSimtLargeTile.bn, kSimtLargeTile.bk, 8, 8, 3>;
+using SimtSmall = SimtConfig<kSimtSmallTile.bm, kSimtSmallTile.bn, kSimtSmallTile.bk, 4, 4, 3>;
 
 template <class Cfg, bool kTransA, bool kTransB> struct SimtSmem {
   using TileA = TileShape<float, !kTransA, Cfg::BM, Cfg::BK>;

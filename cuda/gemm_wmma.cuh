@@ -9,7 +9,7 @@
 // (BM / WARPS_M) x (BN / WARPS_N) warp tile, held as FRAG_M x FRAG_N fp32 accumulator
 // fragments of 16x16. The large configuration is 128x128 with 8 warps of 64x32 (8 fragments,
 // 64 accumulator registers per thread); a 64x64 configuration with 4 warps of 32x32 is chosen
-// when the large one would leave SMs idle, pad a thin C, or not fit (see prefer_large_tiles).
+// when the large one would leave SMs idle, pad a thin C, or not fit (see plan_gemm).
 //
 // Pipeline. K is walked in steps of BK = 32. Each step needs an A tile [BM, BK] and a B tile
 // [BK, BN] in shared memory; STAGES (3) buffers of both rotate. Copies are cp.async 16-byte
@@ -73,8 +73,9 @@ template <int BM_, int BN_, int BK_, int WARPS_M_, int WARPS_N_, int STAGES_> st
   static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0 && BK % 16 == 0, "16x16x16 fragments");
 };
 
-using WmmaLarge = WmmaConfig<128, 128, 32, 2, 4, 3>; // 8 warps of 64x32
-using WmmaSmall = WmmaConfig<64, 64, 32, 2, 2, 3>;   // 4 warps of 32x32
+// 8 warps of 64x32 and 4 warps of 32x32, on the tiles gemm_plan.h plans with.
+using WmmaLarge = WmmaConfig<kWmmaLargeTile.bm, kWmmaLargeTile.bn, kWmmaLargeTile.bk, 2, 4, 3>;
+using WmmaSmall = WmmaConfig<kWmmaSmallTile.bm, kWmmaSmallTile.bn, kWmmaSmallTile.bk, 2, 2, 3>;
 
 // Shared-memory layout of one configuration and pair of operand orientations.
 template <class Cfg, bool kTransA, bool kTransB> struct WmmaSmem {

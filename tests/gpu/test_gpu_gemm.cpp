@@ -137,7 +137,7 @@ TEST(GpuGemm, TallThin) {
 }
 
 // Few tiles over C and a long K: the launcher splits K into slices of whole tiles whose fp32
-// partial sums a second kernel adds before the epilogue (cuda/gemm_split.h). M = 40, N = 72 is
+// partial sums a second kernel adds before the epilogue (cuda/gemm_plan.h). M = 40, N = 72 is
 // 2 tiles of 64 x 64, so on an H100 K = 8013 (the last tile partial) is cut into 28 slices of 9
 // tiles for the WMMA kernel (BK 32) and 56 of 9 for the SIMT one (BK 16). Every transpose, both
 // output dtypes, and beta != 0 (C is read once, by the sum).

@@ -1,0 +1,79 @@
+// How a GEMM is launched, in plain C++ so that CPU tests can check it: which of a kernel's two
+// tile configurations it takes, and whether K is split.
+//
+// Tiles. Each kernel family (WMMA, SIMT) has a large configuration (128 x 128 block tiles) for
+// big outputs and a small one (64 x 64) for outputs that would leave SMs idle with the large
+// tiles or that the large tiles would mostly pad (a thin N = 32 wastes 3/4 of a 128-wide tile).
+//
+// Split K. A GEMM whose C has few tiles but a long K — the conv weight gradient dw[Cout, Cin] =
+// dy^T @ x sums over every pixel of the batch (K = 262144 for the sine example at 512x512)
+// while C has only 16 tiles of 64x64 — would run on 16 of an H100's 132 SMs. Split-K cuts K
+// into `splits` slices of whole BK tiles: block z of the grid sums slice z into an fp32
+// partial C, and a second kernel adds the partials in slice order (deterministic: no atomics)
+// and applies the epilogue.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace minamp::gpu {
+
+struct KSplit {
+  int splits = 1;          // slices of K, each non-empty
+  int64_t k_per_split = 0; // elements of K per slice, a multiple of BK (the last may be shorter)
+};
+
+// Slices beyond this add more partial-sum traffic than they save.
+constexpr int kMaxKSplits = 64;
+// Each slice walks at least this many BK tiles, so the pipeline's prologue stays a small part.
+constexpr int64_t kMinTilesPerSplit = 8;
+
+// The split of K for a GEMM with `tiles` block tiles over C, on a GPU with `sm_count` SMs: no
+// split when the tiles alone give every SM a block; otherwise about two blocks per SM.
+inline KSplit plan_k_split(int64_t tiles, int64_t k, int bk, int sm_count) {
+  const int64_t k_tiles = (k + bk - 1) / bk;
+  if (tiles >= sm_count) return {1, k};
+  const int64_t wanted = (2 * int64_t(sm_count) + tiles - 1) / tiles;
+  const int64_t splits = std::min({wanted, k_tiles / kMinTilesPerSplit, int64_t(kMaxKSplits)});
+  if (splits <= 1) return {1, k};
+  const int64_t tiles_per_split = (k_tiles + splits - 1) / splits;
+  // Rounding tiles_per_split up can leave the last slices empty: drop them.
+  return {int((k_tiles + tiles_per_split - 1) / tiles_per_split), tiles_per_split * bk};
+}
+
+// The block tile of one kernel configuration: BM x BN of C, K walked BK at a time.
+struct BlockTile {
+  int bm, bn, bk;
+};
+// The configurations of the two kernel families (gemm_wmma.cuh and gemm_fp32.cu build theirs from
+// these, so the plans tested on the CPU are the ones the kernels run).
+constexpr BlockTile kWmmaLargeTile{128, 128, 32}, kWmmaSmallTile{64, 64, 32};
+constexpr BlockTile kSimtLargeTile{128, 128, 16}, kSimtSmallTile{64, 64, 16};
+
+enum class GemmTiles { large, small };
+
+struct GemmPlan {
+  GemmTiles tiles = GemmTiles::small;
+  KSplit split; // always one slice with the large tiles
+};
+
+// The number of `tile`-sized blocks over C [m, n].
+inline int64_t tile_count(int64_t m, int64_t n, BlockTile tile) {
+  return ((m + tile.bm - 1) / tile.bm) * ((n + tile.bn - 1) / tile.bn);
+}
+
+// The plan for C [m, n] summed over k on a GPU with `sm_count` SMs. The large tiles are taken
+// when they give every SM at least one block, pad C by at most 25% more than the small tiles
+// would, and fit the device's shared memory (`large_fits`; sm_75 opts in to 64 KB only);
+// otherwise the small tiles, with K split when they alone would leave SMs idle.
+inline GemmPlan plan_gemm(int64_t m, int64_t n, int64_t k, BlockTile large, BlockTile small,
+                          bool large_fits, int sm_count) {
+  const auto padded = [](int64_t size, int tile) { return (size + tile - 1) / tile * tile; };
+  const int64_t large_area = padded(m, large.bm) * padded(n, large.bn);
+  const int64_t small_area = padded(m, small.bm) * padded(n, small.bn);
+  if (tile_count(m, n, large) >= sm_count && 4 * large_area <= 5 * small_area && large_fits)
+    return {GemmTiles::large, KSplit{1, k}};
+  return {GemmTiles::small, plan_k_split(tile_count(m, n, small), k, small.bk, sm_count)};
+}
+
+} // namespace minamp::gpu

@@ -1,0 +1,132 @@
+// The launch plan of the CUDA GEMM (cuda/gemm_plan.h, plain C++): the tile configuration each
+// shape of the GPU tests is meant to exercise is the one it gets on an H100, and split-K slices
+// are whole BK tiles, none empty, together covering K, cut only when C's tiles alone would leave
+// SMs idle and K is long enough to share out.
+#include <gtest/gtest.h>
+
+#include "gemm_plan.h"
+
+namespace minamp::gpu {
+namespace {
+
+constexpr int kBK = 32;
+constexpr int kH100Sms = 132;
+
+// The properties every plan must have, whatever the sizes.
+void expect_valid_plan(int64_t tiles, int64_t k, int sm_count) {
+  const KSplit split = plan_k_split(tiles, k, kBK, sm_count);
+  SCOPED_TRACE(testing::Message() << "tiles " << tiles << ", K " << k << ", SMs " << sm_count
+                                  << ": " << split.splits << " x " << split.k_per_split);
+  ASSERT_GE(split.splits, 1);
+  ASSERT_LE(split.splits, kMaxKSplits);
+  if (split.splits == 1) {
+    EXPECT_EQ(split.k_per_split, k);
+    return;
+  }
+  EXPECT_LT(tiles, sm_count) << "a grid that fills the GPU is not split";
+  EXPECT_EQ(split.k_per_split % kBK, 0) << "slices are whole tiles";
+  EXPECT_GE(split.k_per_split, kMinTilesPerSplit * kBK);
+  EXPECT_LT((split.splits - 1) * split.k_per_split, k) << "the last slice is not empty";
+  EXPECT_GE(split.splits * split.k_per_split, k) << "the slices cover K";
+}
+
+TEST(GemmSplit, EveryPlanHasWholeNonEmptySlicesCoveringK) {
+  for (int sm_count : {1, 80, kH100Sms})
+    for (int64_t tiles : {1, 3, 16, 131, 132, 1000})
+      for (int64_t k : {0, 1, 31, 32, 255, 256, 257, 1000, 4096, 4097, 65536, 262144, 999999})
+        expect_valid_plan(tiles, k, sm_count);
+}
+
+TEST(GemmSplit, SineWeightGradientFillsAnH100) {
+  // dw[256, 256] = dy^T @ x over 512 x 512 pixels: 16 tiles of 64 x 64 on 132 SMs.
+  const KSplit split = plan_k_split(16, 512 * 512, kBK, kH100Sms);
+  EXPECT_GE(16 * split.splits, 2 * kH100Sms) << "about two blocks per SM";
+  EXPECT_LE(16 * split.splits, 2 * kH100Sms + 16);
+}
+
+TEST(GemmSplit, NoSplitForShortKOrFullGrid) {
+  EXPECT_EQ(plan_k_split(4, 100, kBK, kH100Sms).splits, 1) << "4 k-tiles cannot be shared out";
+  const int64_t two_slices = 2 * kMinTilesPerSplit * kBK; // K of the smallest two-way split
+  EXPECT_EQ(plan_k_split(4, two_slices - kBK, kBK, kH100Sms).splits, 1);
+  EXPECT_EQ(plan_k_split(4, two_slices - kBK + 1, kBK, kH100Sms).splits, 2)
+      << "a partial last tile";
+  EXPECT_EQ(plan_k_split(kH100Sms, 1 << 20, kBK, kH100Sms).splits, 1)
+      << "every SM already has a block";
+}
+
+TEST(GemmSplit, SplitsAreCappedForATinyC) {
+  // One tile of C and a huge K: at most kMaxKSplits slices.
+  const KSplit split = plan_k_split(1, int64_t(1) << 24, kBK, kH100Sms);
+  EXPECT_EQ(split.splits, kMaxKSplits);
+}
+
+// The plan of both kernel families (WMMA, SIMT) for one shape on an H100.
+struct FamilyPlans {
+  GemmPlan wmma, simt;
+};
+FamilyPlans h100_plans(int64_t m, int64_t n, int64_t k) {
+  return {plan_gemm(m, n, k, kWmmaLargeTile, kWmmaSmallTile, true, kH100Sms),
+          plan_gemm(m, n, k, kSimtLargeTile, kSimtSmallTile, true, kH100Sms)};
+}
+
+// The shapes GpuGemm.* (tests/gpu/test_gpu_gemm.cpp) names for each configuration take it.
+TEST(GemmPlan, GpuTestShapesTakeTheConfigurationTheyTestOnAnH100) {
+  for (int64_t k : {72, 37}) { // LargeTilesWithEdges: 33 x 5 = 165 tiles of 128 x 128
+    const FamilyPlans plans = h100_plans(4099, 520, k);
+    EXPECT_EQ(plans.wmma.tiles, GemmTiles::large) << "K " << k;
+    EXPECT_EQ(plans.simt.tiles, GemmTiles::large) << "K " << k;
+    EXPECT_EQ(plans.wmma.split.splits, 1);
+  }
+  const FamilyPlans tall_thin = h100_plans(65537, 32, 32); // TallThin
+  EXPECT_EQ(tall_thin.wmma.tiles, GemmTiles::small) << "N = 32 would be 3/4 padding";
+  EXPECT_EQ(tall_thin.simt.tiles, GemmTiles::small);
+  EXPECT_EQ(tall_thin.wmma.split.splits, 1) << "1025 tiles fill the GPU";
+
+  const FamilyPlans long_k = h100_plans(40, 72, 8013); // SplitKLongK: 2 tiles of 64 x 64
+  EXPECT_EQ(long_k.wmma.tiles, GemmTiles::small);
+  EXPECT_EQ(long_k.wmma.split.splits, 28) << "251 k-tiles of 32 in slices of 9";
+  EXPECT_EQ(long_k.wmma.split.k_per_split, 9 * 32);
+  EXPECT_EQ(long_k.simt.split.splits, 56) << "501 k-tiles of 16 in slices of 9";
+  EXPECT_EQ(long_k.simt.split.k_per_split, 9 * 16);
+
+  // GpuConv.*'s 128-channel case, x [1, 128, 132, 128], 1x1 kernel: y and dx are [16896, 128]
+  // over K = 128, 132 large tiles.
+  EXPECT_EQ(h100_plans(128 * 132, 128, 128).wmma.tiles, GemmTiles::large);
+  EXPECT_EQ(h100_plans(128 * 132, 128, 128).simt.tiles, GemmTiles::large);
+  // Its case x [2, 96, 97, 8], w [32, 3, 3, 8]: dw [32, 72] sums over 18624 pixels in 2 tiles.
+  EXPECT_GT(h100_plans(32, 72, 2 * 96 * 97).wmma.split.splits, 1);
+  EXPECT_GT(h100_plans(32, 72, 2 * 96 * 97).simt.split.splits, 1);
+}
+
+TEST(GemmPlan, LargeTilesNeedAFullGridLittlePaddingAndSharedMemory) {
+  // 12 x 11 = 132 tiles of 128 x 128 fill an H100 exactly; one row fewer does not.
+  EXPECT_EQ(plan_gemm(1536, 1408, 256, kWmmaLargeTile, kWmmaSmallTile, true, kH100Sms).tiles,
+            GemmTiles::large);
+  EXPECT_EQ(plan_gemm(1408, 1408, 256, kWmmaLargeTile, kWmmaSmallTile, true, kH100Sms).tiles,
+            GemmTiles::small);
+  EXPECT_EQ(plan_gemm(1536, 1408, 256, kWmmaLargeTile, kWmmaSmallTile, false, kH100Sms).tiles,
+            GemmTiles::small)
+      << "the large tiles' shared memory does not fit";
+  // N = 192: 128-wide tiles pad it to 256, 64-wide ones not at all (4/3 > 5/4): small tiles.
+  EXPECT_EQ(plan_gemm(1 << 16, 192, 256, kWmmaLargeTile, kWmmaSmallTile, true, kH100Sms).tiles,
+            GemmTiles::small);
+  // N = 320 pads to 384 against 320 (6/5 <= 5/4): large tiles.
+  EXPECT_EQ(plan_gemm(1 << 16, 320, 256, kWmmaLargeTile, kWmmaSmallTile, true, kH100Sms).tiles,
+            GemmTiles::large);
+}
+
+TEST(GemmPlan, SineAndGemmBenchShapes) {
+  // The sine net's 1x1 convs at 512^2 (N = 256 channels): large tiles forward; its weight
+  // gradient [256, 256] over K = 262144 pixels splits K on the small tiles.
+  EXPECT_EQ(h100_plans(262144, 256, 256).wmma.tiles, GemmTiles::large);
+  const GemmPlan dw = h100_plans(256, 256, 262144).wmma;
+  EXPECT_EQ(dw.tiles, GemmTiles::small);
+  EXPECT_GT(dw.split.splits, 1);
+  // 4096^3, the headline GEMM: 1024 large tiles, no split.
+  const GemmPlan square = h100_plans(4096, 4096, 4096).wmma;
+  EXPECT_EQ(square.tiles, GemmTiles::large);
+  EXPECT_EQ(square.split.splits, 1);
+}
+
+} // namespace
+} // namespace minamp::gpu
