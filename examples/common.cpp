@@ -379,16 +379,20 @@ public:
 
 private:
   // What a checkpoint must share with this run to resume it (saved as its metadata): the
-  // example, its precision and optimizer, the seed and the options that define the model and
-  // the data.
+  // example, its precision, optimizer and learning rate, the loss scaler's options, the seed and
+  // the options that define the model and the data.
   io::Metadata identity() const {
     const bool unscaled = amp_ && !scaler_->is_enabled();
     io::Metadata identity = spec_.config;
     identity.insert({{"example", spec_.example},
                      {"precision", unscaled ? precision_ + " without loss scaling" : precision_},
                      {"optimizer", spec_.optimizer == OptimizerKind::adam ? "adam" : "sgd"},
+                     {"lr", cat(options_.lr)},
                      {"steps_per_epoch", std::to_string(spec_.steps_per_epoch)},
                      {"seed", std::to_string(options_.seed)}});
+    if (amp_ && scaler_->is_enabled())
+      identity.insert({{"init_scale", cat(options_.init_scale)},
+                       {"growth_interval", std::to_string(options_.growth_interval)}});
     return identity;
   }
   int64_t epochs_done(int64_t steps) const {

@@ -87,7 +87,7 @@ TEST(Examples, BadValuesAreOneLineErrors) {
   EXPECT_FALSE(std::filesystem::exists(out)) << "a refused run wrote output";
 }
 
-TEST(Examples, ResumeRefusesACheckpointOfOtherDataOrSeed) {
+TEST(Examples, ResumeRefusesACheckpointOfOtherDataSeedLearningRateOrScaler) {
   const std::string first = fresh_dir("resume_source"), out = fresh_dir("resume_other");
   ASSERT_EQ(run_program("mlp", "--epochs 2 --batches 3 --checkpoint-every 2 --out " + first).status,
             0);
@@ -96,6 +96,7 @@ TEST(Examples, ResumeRefusesACheckpointOfOtherDataOrSeed) {
        {std::pair<const char*, const char*>{"--epochs 2 --batches 4", "batches '3'"},
         {"--epochs 2 --batches 3 --batch-size 64", "batch_size '512'"},
         {"--epochs 2 --batches 3 --seed 9", "seed '0'"},
+        {"--epochs 2 --batches 3 --lr 0.5", "lr '0.001', this run has '0.5'"},
         {"--epochs 2 --batches 3 --widths 8", "widths '16,16'"}}) {
     const ProgramRun run = run_program("mlp", args + resume);
     EXPECT_NE(run.status, 0) << args;
@@ -103,6 +104,22 @@ TEST(Examples, ResumeRefusesACheckpointOfOtherDataOrSeed) {
   }
   EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3" + resume).status, 0)
       << "more epochs of the same data resume";
+
+  const std::string amp_source = fresh_dir("resume_amp_source");
+  ASSERT_EQ(
+      run_program("mlp", "--epochs 2 --batches 3 --amp --checkpoint-every 2 --out " + amp_source)
+          .status,
+      0);
+  const std::string amp_resume =
+      " --amp --resume " + amp_source + "/checkpoint.safetensors --out " + out;
+  for (const auto& [args, what] :
+       {std::pair<const char*, const char*>{"--growth-interval 7", "growth_interval '2000'"},
+        {"--init-scale 1024", "init_scale '65536', this run has '1024'"}}) {
+    const ProgramRun run =
+        run_program("mlp", std::string("--epochs 2 --batches 3 ") + args + amp_resume);
+    EXPECT_NE(run.status, 0) << args;
+    EXPECT_NE(run.output.find(what), std::string::npos) << args << ": " << run.output;
+  }
 }
 
 // Every program that takes --device: asked for cuda where there is none, it fails saying why
