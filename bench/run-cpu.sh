@@ -45,7 +45,7 @@ declare -A steps=(
   [mlp]="--warmup 50 --steps 450 --infer-steps 50"
   [classify]="--warmup 3 --steps 20 --infer-steps 10"
 )
-# PyTorch's CPU fp16 autocast is far slower than its FP32 (over 1 s a sine step on 2 cores), so
+# PyTorch's CPU fp16 autocast is far slower than its FP32 (about 0.55 s a sine step on 2 cores, 16× its FP32), so
 # its AMP runs take fewer steps to keep the bench near 10 minutes: their times are informational
 # (the CPU targets compare FP32) and their final losses are not comparable with minamp's.
 declare -A pytorch_amp_steps=(
