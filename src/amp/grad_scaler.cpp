@@ -8,15 +8,23 @@
 
 namespace minamp::amp {
 
+namespace {
+// Throws unless the scaler's settings make sense: a scale (initial or loaded) finite and > 0, a
+// growth factor > 1, a backoff factor in (0, 1), a growth interval > 0.
+void require_valid(const char* op, const char* scale_name, float scale, float growth_factor,
+                   float backoff_factor, int growth_interval) {
+  require(std::isfinite(scale) && scale > 0.0f, op, scale_name,
+          " must be finite and positive, got ", scale);
+  require(growth_factor > 1.0f, op, "growth_factor must be > 1, got ", growth_factor);
+  require(backoff_factor < 1.0f && backoff_factor > 0.0f, op,
+          "backoff_factor must be in (0, 1), got ", backoff_factor);
+  require(growth_interval > 0, op, "growth_interval must be positive, got ", growth_interval);
+}
+} // namespace
+
 GradScaler::GradScaler(GradScalerOptions options, Device device) : options_(options) {
-  require(options_.growth_factor > 1.0f, "GradScaler", "growth_factor must be > 1, got ",
-          options_.growth_factor);
-  require(options_.backoff_factor < 1.0f && options_.backoff_factor > 0.0f, "GradScaler",
-          "backoff_factor must be in (0, 1), got ", options_.backoff_factor);
-  require(options_.growth_interval > 0, "GradScaler", "growth_interval must be positive, got ",
-          options_.growth_interval);
-  require(std::isfinite(options_.init_scale) && options_.init_scale > 0.0f, "GradScaler",
-          "init_scale must be finite and positive, got ", options_.init_scale);
+  require_valid("GradScaler", "init_scale", options_.init_scale, options_.growth_factor,
+                options_.backoff_factor, options_.growth_interval);
   if (!options_.enabled) return;
   scale_ = Tensor::full({1}, options_.init_scale, DType::f32, device);
   growth_tracker_ = Tensor::zeros({1}, DType::i32, device);
@@ -121,18 +129,15 @@ void GradScaler::load_state_dict(const std::optional<GradScalerState>& state) {
   if (!options_.enabled) return;
   require(state.has_value(), "GradScaler::load_state_dict",
           "the source state is empty, possibly because it was saved from a disabled GradScaler");
+  require_valid("GradScaler::load_state_dict", "scale", state->scale, state->growth_factor,
+                state->backoff_factor, state->growth_interval);
+  require(state->growth_tracker >= 0, "GradScaler::load_state_dict",
+          "_growth_tracker must be >= 0, got ", state->growth_tracker);
   options_.growth_factor = state->growth_factor;
   options_.backoff_factor = state->backoff_factor;
   options_.growth_interval = state->growth_interval;
   kernels::fill(scale_, state->scale);
   kernels::fill(growth_tracker_, static_cast<float>(state->growth_tracker));
-}
-
-void GradScaler::to(Device device) {
-  if (!options_.enabled) return;
-  scale_ = scale_.to(device);
-  growth_tracker_ = growth_tracker_.to(device);
-  for (auto& [opt, state] : per_optimizer_) state.found_inf = state.found_inf.to(device);
 }
 
 } // namespace minamp::amp

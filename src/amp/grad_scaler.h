@@ -66,10 +66,9 @@ public:
 
   // Empty when disabled, as PyTorch's {} (host reads of S and the tracker).
   std::optional<GradScalerState> state_dict() const;
-  // An error when enabled and `state` is empty (saved from a disabled scaler).
+  // An error when enabled and `state` is empty (saved from a disabled scaler) or holds values
+  // the constructor refuses.
   void load_state_dict(const std::optional<GradScalerState>& state);
-  // Moves S and the tracker to `device` (where the parameters are).
-  void to(Device device);
 
 private:
   enum class Stage { ready, unscaled, stepped };

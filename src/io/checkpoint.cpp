@@ -18,15 +18,18 @@ constexpr const char* kLogPrefix = "log.";
 
 // One checkpoint entry and where its value lives: an f32 tensor (any device), or a host int64
 // stored as a 0-d I64. For a parameter's master, `param` is set so its f16 copy follows a load.
-// A loaded counter must be at least `min`; a loaded tensor with `positive` set must be a
-// finite value > 0 (the scaler's factors), so a corrupt file cannot make training nonsense.
+// A loaded counter must lie in [min, max]; a loaded tensor with `bounded` set must be one
+// finite value in (above, below) (the scaler's scale and factors), so a corrupt file cannot make
+// training nonsense.
 struct Entry {
   std::string name;
   Tensor* tensor = nullptr;
   int64_t* counter = nullptr;
   Parameter* param = nullptr;
   int64_t min = std::numeric_limits<int64_t>::min();
-  bool positive = false;
+  int64_t max = std::numeric_limits<int64_t>::max();
+  bool bounded = false;
+  float above = 0.0f, below = INFINITY;
 };
 
 Entry tensor_entry(std::string name, Tensor* t, Parameter* param = nullptr) {
@@ -35,15 +38,19 @@ Entry tensor_entry(std::string name, Tensor* t, Parameter* param = nullptr) {
   return e;
 }
 
-Entry counter_entry(std::string name, int64_t* c, int64_t min) {
+Entry counter_entry(std::string name, int64_t* c, int64_t min,
+                    int64_t max = std::numeric_limits<int64_t>::max()) {
   Entry e{std::move(name), nullptr, c};
   e.min = min;
+  e.max = max;
   return e;
 }
 
-Entry positive_scalar_entry(std::string name, Tensor* t) {
+Entry bounded_scalar_entry(std::string name, Tensor* t, float above, float below = INFINITY) {
   Entry e{std::move(name), t};
-  e.positive = true;
+  e.bounded = true;
+  e.above = above;
+  e.below = below;
   return e;
 }
 
@@ -116,11 +123,13 @@ struct ScalerValues {
             static_cast<int>(growth_interval), static_cast<int>(growth_tracker)};
   }
   void add_to(std::vector<Entry>& entries) {
-    entries.push_back(positive_scalar_entry("scaler.scale", &scale));
-    entries.push_back(positive_scalar_entry("scaler.growth_factor", &growth_factor));
-    entries.push_back(positive_scalar_entry("scaler.backoff_factor", &backoff_factor));
-    entries.push_back(counter_entry("scaler.growth_interval", &growth_interval, 1));
-    entries.push_back(counter_entry("scaler._growth_tracker", &growth_tracker, 0));
+    // The ranges GradScaler's constructor accepts; its counters are ints.
+    constexpr int64_t int_max = std::numeric_limits<int>::max();
+    entries.push_back(bounded_scalar_entry("scaler.scale", &scale, 0.0f));
+    entries.push_back(bounded_scalar_entry("scaler.growth_factor", &growth_factor, 1.0f));
+    entries.push_back(bounded_scalar_entry("scaler.backoff_factor", &backoff_factor, 0.0f, 1.0f));
+    entries.push_back(counter_entry("scaler.growth_interval", &growth_interval, 1, int_max));
+    entries.push_back(counter_entry("scaler._growth_tracker", &growth_tracker, 0, int_max));
   }
 };
 
@@ -179,10 +188,11 @@ LoadedValue read_tensor(const SafetensorsFile& file, const Entry& e, const char*
   const Shape expected = pytorch_shape(e.tensor->shape());
   require(t.shape() == expected, op, file.path, ": '", e.name, "' has shape ", t.shape(),
           ", expected ", expected);
-  if (e.positive) {
+  if (e.bounded) {
     const float v = t.item();
-    require(std::isfinite(v) && v > 0, op, file.path, ": '", e.name, "' is ", v,
-            ", expected a finite value > 0");
+    require(std::isfinite(v) && v > e.above && v < e.below, op, file.path, ": '", e.name, "' is ",
+            v, ", expected a finite value > ", e.above,
+            std::isinf(e.below) ? std::string() : cat(" and < ", e.below));
   }
   const Tensor value = t.shape().rank() == 4 ? permute4(t, kFromPytorch) : t;
   return {value.to(e.tensor->device())};
@@ -197,7 +207,9 @@ LoadedValue read_counter(const SafetensorsFile& file, const Entry& e, const char
   require(ints.shape.empty(), op, file.path, ": '", e.name, "' has ", ints.shape.size(),
           " dimensions, expected a 0-d I64");
   const int64_t value = ints.values.at(0);
-  require(value >= e.min, op, file.path, ": '", e.name, "' is ", value, ", expected >= ", e.min);
+  require(value >= e.min && value <= e.max, op, file.path, ": '", e.name, "' is ", value,
+          ", expected >= ", e.min,
+          e.max == std::numeric_limits<int64_t>::max() ? std::string() : cat(" and <= ", e.max));
   return {Tensor(), value};
 }
 

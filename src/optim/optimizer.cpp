@@ -40,11 +40,6 @@ std::vector<ParamSlot> Optimizer::slots() {
   return out;
 }
 
-void Optimizer::to(Device device) {
-  for (Tensor& t : state0_) t = t.to(device);
-  for (Tensor& t : state1_) t = t.to(device);
-}
-
 namespace {
 std::vector<Tensor> zeros_like_masters(const std::vector<Parameter*>& params) {
   std::vector<Tensor> out;
@@ -109,11 +104,6 @@ std::vector<std::pair<std::string, Tensor*>> Adam::named_state() {
     out.emplace_back(cat("exp_avg_sq.", i), &state1_[i]);
   }
   return out;
-}
-
-void Adam::to(Device device) {
-  Optimizer::to(device);
-  step_ = step_.to(device);
 }
 
 Tensor clip_grad_norm_(const std::vector<Parameter*>& params, float max_norm) {

@@ -22,9 +22,8 @@ public:
   float lr() const { return lr_; }
   // Throws Error for a learning rate PyTorch refuses (negative, NaN) or that is infinite.
   void set_lr(float lr);
-  // The optimizer's state tensors with their names (for checkpoints), and where it lives.
+  // The optimizer's state tensors with their names (for checkpoints), on the parameters' device.
   virtual std::vector<std::pair<std::string, Tensor*>> named_state() = 0;
-  virtual void to(Device device);
 
 protected:
   std::vector<ParamSlot> slots();
@@ -54,7 +53,6 @@ public:
   void step(const Tensor& found_inf) override;
   using Optimizer::step;
   std::vector<std::pair<std::string, Tensor*>> named_state() override;
-  void to(Device device) override;
   // Steps taken so far (a host read).
   int64_t step_count() const { return static_cast<int64_t>(step_.item()); }
 

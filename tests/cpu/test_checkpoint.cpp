@@ -243,18 +243,27 @@ TEST(Checkpoint, StrictLoadingNamesTheFileAndTheProblemAndChangesNothing) {
   EXPECT_EQ(state_bits(*model), before) << "a failed load changed the model";
 }
 
-// A model, Adam and an enabled GradScaler after two real steps (moments, step count, scale and
-// growth tracker all away from their initial values).
+// GradScaler options with every field away from PyTorch's defaults (or disabled).
+amp::GradScalerOptions unusual_scaler(bool enabled = true) {
+  amp::GradScalerOptions options;
+  options.init_scale = 1536.0f;
+  options.growth_factor = 4.0f;
+  options.backoff_factor = 0.25f;
+  options.growth_interval = 7;
+  options.enabled = enabled;
+  return options;
+}
+
+// A model, Adam and a GradScaler, to be trained a few real steps (moments, step count and
+// growth tracker then away from their initial values).
 struct Training {
   std::unique_ptr<nn::Sequential> model;
   std::unique_ptr<optim::Adam> opt;
   std::unique_ptr<amp::GradScaler> scaler;
 
-  explicit Training(uint64_t seed, bool scaler_enabled = true) : model(small_model(seed)) {
+  explicit Training(uint64_t seed, amp::GradScalerOptions options = unusual_scaler())
+      : model(small_model(seed)) {
     opt = std::make_unique<optim::Adam>(model->parameters(), 1e-2f);
-    amp::GradScalerOptions options;
-    options.growth_interval = 7;
-    options.enabled = scaler_enabled;
     scaler = std::make_unique<amp::GradScaler>(options);
   }
   void steps(int count, Rng& rng) {
@@ -294,15 +303,18 @@ TEST(Checkpoint, TrainingCheckpointRoundTripsEveryPart) {
   const std::string path = dir.path("ckpt.safetensors");
   io::save_training_checkpoint(path, *source.model, *source.opt, *source.scaler, sample_state());
 
-  Training target(2);
+  Training target(2, amp::GradScalerOptions{}); // PyTorch's defaults: the file must replace them
   const io::TrainingState state = io::load_training_checkpoint(
       path, *target.model, *target.opt, *target.scaler, {{"precision", "amp"}});
   EXPECT_EQ(state_bits(*target.model), state_bits(*source.model));
   EXPECT_EQ(target.optimizer_values(), source.optimizer_values());
   EXPECT_EQ(target.opt->step_count(), 2);
-  EXPECT_EQ(target.scaler->state_dict()->scale, source.scaler->state_dict()->scale);
-  EXPECT_EQ(target.scaler->state_dict()->growth_tracker, 2);
-  EXPECT_EQ(target.scaler->state_dict()->growth_interval, 7);
+  const amp::GradScalerState loaded = *target.scaler->state_dict();
+  EXPECT_EQ(loaded.scale, 1536.0f);
+  EXPECT_EQ(loaded.growth_factor, 4.0f);
+  EXPECT_EQ(loaded.backoff_factor, 0.25f);
+  EXPECT_EQ(loaded.growth_interval, 7);
+  EXPECT_EQ(loaded.growth_tracker, 2);
   EXPECT_EQ(state.step, 2);
   EXPECT_EQ(state.epoch, 1);
   EXPECT_EQ(state.data_rng.state, 0xfedcba9876543210ULL);
@@ -326,7 +338,7 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
   const std::string path = dir.path("ckpt.safetensors");
   io::save_training_checkpoint(path, *source.model, *source.opt, *source.scaler, sample_state());
 
-  Training target(2);
+  Training target(2, amp::GradScalerOptions{}); // its factors differ from the file's
   auto load = [&](const std::string& file, amp::GradScaler& scaler, io::Metadata required = {}) {
     return [&, file, required] {
       io::load_training_checkpoint(file, *target.model, *target.opt, scaler, required);
@@ -334,7 +346,7 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
   };
   expect_error(load(path, *target.scaler, {{"precision", "fp32"}}), path,
                "written by a run with precision 'amp', this run has 'fp32'");
-  Training disabled(3, false);
+  Training disabled(3, unusual_scaler(false));
   expect_error(load(path, *disabled.scaler), path, "unexpected entry 'scaler.");
   expect_error([&] { io::load_weights(path, *target.model); }, path, "unexpected entry '");
 
@@ -354,6 +366,25 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
       if (e.name == "scaler.growth_interval") e.values[0] = 0;
   });
   expect_error(load(bad, *target.scaler), bad, "'scaler.growth_interval' is 0, expected >= 1");
+  rewrite(path, bad, [](auto&, auto& is) {
+    for (NamedInt64s& e : is)
+      if (e.name == "scaler._growth_tracker") e.values[0] = int64_t(1) << 32; // not an int
+  });
+  expect_error(load(bad, *target.scaler), bad,
+               "'scaler._growth_tracker' is 4294967296, expected >= 0 and <= 2147483647");
+  // Factors GradScaler's constructor refuses are refused in a file too.
+  for (const auto& [name, value, expected] :
+       {std::tuple{"scaler.growth_factor", 0.5f, "is 0.5, expected a finite value > 1"},
+        std::tuple{"scaler.backoff_factor", 1.5f, "is 1.5, expected a finite value > 0 and < 1"},
+        std::tuple{"scaler.scale", INFINITY, "is inf, expected a finite value > 0"}}) {
+    rewrite(path, bad, [name = std::string(name), value = value](auto& ts, auto&) {
+      for (NamedTensor& t : ts)
+        if (t.name == name) t.tensor = Tensor::full({}, value);
+    });
+    expect_error(load(bad, *target.scaler), bad, cat("'", name, "' ", expected));
+  }
+  EXPECT_EQ(target.scaler->state_dict()->growth_factor, 2.0f) << "a refused file changed it";
+  EXPECT_EQ(target.scaler->state_dict()->scale, 65536.0f) << "a refused file changed it";
 }
 
 TEST(Checkpoint, CorruptFilesLoadOrFailWithAnErrorNamingTheFile) {
