@@ -96,6 +96,11 @@ TEST(Autocast, LinearIsTheF16ProductOfTheF16CopyWithFp32Accumulation) {
       EXPECT_EQ(y[r * 5 + o], round_to_half(y[r * 5 + o])); // an f16 value
     }
   }
+  // The copy, not the master, is multiplied: a copy of twice the master doubles the output.
+  Tensor& copy = layer.weight.half_copy();
+  kernels::mul_scalar(copy, Tensor::full({1}, 2.0f), copy); // exact in f16
+  const std::vector<float> doubled = layer(Var(x)).value().to_vector();
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(doubled[i], 2.0f * y[i]) << i;
 }
 
 TEST(Autocast, SavedActivationsAreHalfTheMemory) {
@@ -176,6 +181,26 @@ TEST(GradScaler, UnscaledGradientsEqualTheFp32Gradients) {
     EXPECT_LT(
         test::relative_error(b.model.parameters()[i]->grad(), a.model.parameters()[i]->grad()),
         1e-6);
+}
+
+// Under autocast the activations and weight copies are f16 (about 5e-4 relative rounding each),
+// so unscaled AMP gradients match FP32 ones to about 1e-3; an f16 backward that dropped a term
+// or a scale would be off by far more.
+TEST(GradScaler, UnscaledAmpGradientsAreCloseToTheFp32Gradients) {
+  Problem fp32, amp;
+  optim::SGD opt(amp.model.parameters(), 0.1f);
+  amp::GradScaler scaler;
+  fp32.model.zero_grad();
+  amp.model.zero_grad();
+  fp32.loss(false).backward();
+  scaler.scale(amp.loss(true)).backward();
+  scaler.unscale_(opt);
+  for (size_t i = 0; i < fp32.model.parameters().size(); ++i) {
+    const Tensor& g_amp = amp.model.parameters()[i]->grad();
+    const Tensor& g_fp32 = fp32.model.parameters()[i]->grad();
+    EXPECT_NE(g_amp.to_vector(), g_fp32.to_vector()) << "parameter " << i << ": not f16 math";
+    EXPECT_LT(test::relative_error(g_amp, g_fp32), 1e-2) << "parameter " << i;
+  }
 }
 
 TEST(GradScaler, OverflowSkipsTheStepAndBacksOff) {
@@ -328,12 +353,24 @@ TEST(GradScaler, UnscaleThenClipUsesUnscaledNorms) {
   const float sq_a = optim::clip_grad_norm_(a.model.parameters(), max_norm).item();
   const float sq_b = optim::clip_grad_norm_(b.model.parameters(), max_norm).item();
   EXPECT_NEAR(sq_b, sq_a, 1e-5 * sq_a);
+  // PyTorch's coefficient max_norm / (norm + 1e-6) leaves a norm a little under max_norm.
+  const double norm = std::sqrt(double(sq_b));
   double clipped = 0;
   for (Parameter* param : b.model.parameters())
     for (float g : param->grad().to_vector()) clipped += double(g) * g;
-  EXPECT_NEAR(std::sqrt(clipped), max_norm, 1e-4);
-  scaler.step(opt_b); // does not unscale a second time
+  EXPECT_NEAR(std::sqrt(clipped), max_norm * norm / (norm + 1e-6), 1e-6 * max_norm);
+
+  // step() does not unscale a second time: SGD moves by lr times the clipped gradients.
+  const std::vector<float> before = b.flat_parameters();
+  std::vector<float> grads;
+  for (Parameter* param : b.model.parameters())
+    for (float g : param->grad().to_vector()) grads.push_back(g);
+  scaler.step(opt_b);
   scaler.update();
+  const std::vector<float> after = b.flat_parameters();
+  ASSERT_EQ(after.size(), grads.size());
+  for (size_t i = 0; i < grads.size(); ++i)
+    EXPECT_NEAR(after[i], before[i] - 0.1f * grads[i], 1e-7f + 1e-6f * std::abs(before[i])) << i;
 }
 
 TEST(GradScaler, EachOptimizerSkipsOnItsOwnOverflowAndUpdateCombinesThem) {
@@ -354,6 +391,43 @@ TEST(GradScaler, EachOptimizerSkipsOnItsOwnOverflowAndUpdateCombinesThem) {
   EXPECT_EQ(params[0]->master().to_vector(), w0);
   EXPECT_NE(params[2]->master().to_vector(), w2);
   EXPECT_EQ(scaler.get_scale(), 32768.0f);
+}
+
+// PyTorch's update() counts every optimizer that was unscaled, stepped or not.
+TEST(GradScaler, UpdateCountsAnOptimizerThatWasOnlyUnscaled) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.1f);
+  amp::GradScaler scaler(options_with(1024.0f, 2));
+  expect_error([&] { scaler.found_inf(sgd); }, "GradScaler::found_inf", "has not been unscaled");
+  const std::vector<float> before = p.flat_parameters();
+  for (float injected : {1.0f, INFINITY}) {
+    sgd.zero_grad();
+    scaler.scale(p.loss(true)).backward();
+    kernels::fill(p.model.parameters()[3]->grad(), injected);
+    scaler.unscale_(sgd);
+    EXPECT_EQ(scaler.found_inf(sgd).item(), std::isinf(injected) ? 1.0f : 0.0f);
+    scaler.update(); // no step
+  }
+  EXPECT_EQ(p.flat_parameters(), before);
+  EXPECT_EQ(scaler.get_scale(), 512.0f) << "the overflow seen by unscale_ alone backs off";
+  EXPECT_EQ(scaler.state_dict()->growth_tracker, 0);
+  EXPECT_TRUE(scaler.step_was_skipped(sgd));
+}
+
+TEST(GradScaler, StepWasSkippedIsKnownBetweenStepAndUpdate) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.1f);
+  amp::GradScaler scaler;
+  EXPECT_FALSE(scaler.step_was_skipped(sgd)) << "no step yet";
+  scaler.scale(p.loss(true)).backward();
+  kernels::fill(p.model.parameters()[0]->grad(), NAN);
+  scaler.step(sgd);
+  EXPECT_TRUE(scaler.step_was_skipped(sgd));
+  EXPECT_EQ(scaler.get_scale(), 65536.0f) << "the scale changes only in update()";
+  scaler.update();
+  EXPECT_TRUE(scaler.step_was_skipped(sgd));
+  clean_steps(p, sgd, scaler, 1);
+  EXPECT_FALSE(scaler.step_was_skipped(sgd));
 }
 
 TEST(GradScaler, StateDictRoundTripsWithPyTorchsFields) {
@@ -389,6 +463,27 @@ TEST(GradScaler, StateDictRoundTripsWithPyTorchsFields) {
   expect_error([&] { restored.load_state_dict(std::nullopt); }, "disabled GradScaler");
 }
 
+// A disabled scaler leaves everything to the optimizer: no unscaling, no scale to set or load.
+TEST(GradScaler, DisabledPassesEveryCallThrough) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.1f);
+  amp::GradScalerOptions off;
+  off.enabled = false;
+  amp::GradScaler scaler(off);
+  p.model.zero_grad();
+  scaler.scale(p.loss(false)).backward();
+  std::vector<std::vector<float>> grads;
+  for (Parameter* param : p.model.parameters()) grads.push_back(param->grad().to_vector());
+  scaler.unscale_(sgd);
+  scaler.unscale_(sgd); // no stage machine either
+  for (size_t i = 0; i < grads.size(); ++i)
+    EXPECT_EQ(p.model.parameters()[i]->grad().to_vector(), grads[i]) << "parameter " << i;
+  scaler.update(100.0f);
+  scaler.load_state_dict(amp::GradScalerState{});
+  EXPECT_EQ(scaler.get_scale(), 1.0f);
+  EXPECT_FALSE(scaler.step_was_skipped(sgd));
+}
+
 TEST(GradScaler, DisabledIsExactlyFp32Training) {
   Problem a, b;
   optim::Adam opt_a(a.model.parameters(), 0.01f), opt_b(b.model.parameters(), 0.01f);
@@ -417,8 +512,48 @@ TEST(GradScaler, RejectsInvalidOptions) {
   bad.backoff_factor = 1.5f;
   expect_error([&] { amp::GradScaler s(bad); }, "backoff_factor");
   bad = {};
+  bad.backoff_factor = 0.0f;
+  expect_error([&] { amp::GradScaler s(bad); }, "backoff_factor must be in (0, 1), got 0");
+  bad = {};
+  bad.growth_factor = NAN;
+  expect_error([&] { amp::GradScaler s(bad); }, "growth_factor must be > 1, got nan");
+  bad = {};
   bad.growth_interval = 0;
   expect_error([&] { amp::GradScaler s(bad); }, "growth_interval");
+  for (float scale : {0.0f, -1.0f, NAN, INFINITY}) {
+    bad = {};
+    bad.init_scale = scale;
+    expect_error([&] { amp::GradScaler s(bad); },
+                 "GradScaler: init_scale must be finite and positive");
+  }
+  bad = {};
+  bad.enabled = false; // refused even when disabled (where PyTorch does not look)
+  bad.growth_interval = -3;
+  expect_error([&] { amp::GradScaler s(bad); }, "growth_interval must be positive, got -3");
+}
+
+TEST(GradScaler, LoadStateDictRefusesWhatTheConstructorRefuses) {
+  amp::GradScaler scaler;
+  const amp::GradScalerState good;
+  auto load = [&](amp::GradScalerState state) {
+    return [&, state] { scaler.load_state_dict(state); };
+  };
+  amp::GradScalerState bad = good;
+  bad.scale = 0.0f;
+  expect_error(load(bad), "GradScaler::load_state_dict: scale must be finite and positive, got 0");
+  bad = good;
+  bad.growth_factor = 0.5f;
+  expect_error(load(bad), "growth_factor must be > 1, got 0.5");
+  bad = good;
+  bad.backoff_factor = 2.0f;
+  expect_error(load(bad), "backoff_factor must be in (0, 1), got 2");
+  bad = good;
+  bad.growth_interval = 0;
+  expect_error(load(bad), "growth_interval must be positive, got 0");
+  bad = good;
+  bad.growth_tracker = -1;
+  expect_error(load(bad), "_growth_tracker must be >= 0, got -1");
+  EXPECT_EQ(scaler.get_scale(), 65536.0f) << "a refused state changed the scaler";
 }
 
 TEST(Optimizers, RejectHyperparametersPyTorchRefuses) {
@@ -431,6 +566,16 @@ TEST(Optimizers, RejectHyperparametersPyTorchRefuses) {
   expect_error([&] { optim::Adam a(params, 0.1f, 1.0f); }, "Adam: beta1 must be");
   expect_error([&] { optim::Adam a(params, 0.1f, 0.9f, -0.1f); }, "Adam: beta2");
   expect_error([&] { optim::Adam a(params, 0.1f, 0.9f, 0.999f, -1e-8f); }, "Adam: eps");
+  expect_error([&] { optim::SGD s(params, 0.1f, 0.0f, -1e-4f); }, "SGD: weight_decay");
+  expect_error([&] { optim::Adam a(params, 0.1f, 0.9f, 0.999f, 1e-8f, -1e-4f); },
+               "Adam: weight_decay");
+  expect_error([&] { optim::Adam a(params, 0.1f, -0.1f); }, "Adam: beta1 must be", "got -0.1");
+  expect_error([&] { optim::Adam a(params, 0.1f, 0.9f, 1.0f); }, "Adam: beta2", "< 1, got 1");
+  expect_error([&] { optim::SGD s({}, 0.1f); }, "Optimizer: got an empty parameter list");
+  expect_error([&] { optim::clip_grad_norm_({}, 1.0f); }, "clip_grad_norm_: got an empty");
+  for (float max_norm : {0.0f, -1.0f, NAN})
+    expect_error([&] { optim::clip_grad_norm_(params, max_norm); },
+                 "clip_grad_norm_: max_norm must be positive");
   optim::Adam adam(params, 0.0f); // lr 0 is allowed, as in PyTorch
   expect_error([&] { adam.set_lr(NAN); }, "lr");
   EXPECT_EQ(adam.lr(), 0.0f);

@@ -182,6 +182,9 @@ TEST(CpuGradientNorm, SumSquaresAccumulatesAndClipCoefficientClamps) {
   EXPECT_NEAR(coef.item(), 0.25f, 1e-6f);
   cpu::clip_coefficient(sum_sq, norm * 4.0f, coef); // already small enough: no scaling
   EXPECT_EQ(coef.item(), 1.0f);
+  // PyTorch's 1e-6 in max_norm / (norm + 1e-6): at norm 1e-6 it halves the coefficient.
+  cpu::clip_coefficient(Tensor::from_vector({1e-12f}, {1}), 1e-7f, coef);
+  EXPECT_NEAR(coef.item(), 0.05f, 1e-6f);
 }
 
 // Each value is built to land in one class once multiplied by the scale 1024.
