@@ -83,10 +83,11 @@ GemmOperand input_operand(const Tensor& x, const ConvGeometry& g) {
 
 // w [Cout, kh, kw, Cin] as the matrix [Cout, K].
 GemmOperand weight_operand(const Tensor& w, bool transposed) {
+  const Shape& s = w.shape();
   return {transposed ? OperandKind::transposed : OperandKind::matrix,
           w.raw(),
-          w.shape()[0],
-          w.numel() / w.shape()[0],
+          s[0],
+          s[1] * s[2] * s[3],
           {}};
 }
 
@@ -115,6 +116,7 @@ Tensor taps_first(const Tensor& w, const ConvGeometry& g) {
   Tensor w_t = Tensor::empty({taps * int64_t(g.out_channels), g.channels}, w.dtype(), Device::cuda);
   constexpr int kThreads = 256;
   const int64_t total = w.numel();
+  if (total == 0) return w_t;
   const int blocks = grid_for(total, kThreads);
   if (w.dtype() == DType::f16)
     taps_first_kernel<<<blocks, kThreads, 0, stream()>>>(half_ptr(w), g.out_channels, taps,

@@ -57,6 +57,8 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
   require(xs.rank() == 4 && xs[3] == ws[3], "Conv2d", "expected input [N, H, W, ", ws[3],
           "] (channels last) for weight ", ws, ", got ", describe(x.value()));
   require_parameter_device("Conv2d", x, weight);
+  require(conv.stride >= 1 && conv.pad >= 0, "Conv2d",
+          "expects stride >= 1 and pad >= 0, got stride ", conv.stride, ", pad ", conv.pad);
   const int64_t ho = (xs[1] + 2 * conv.pad - ws[1]) / conv.stride + 1;
   const int64_t wo = (xs[2] + 2 * conv.pad - ws[2]) / conv.stride + 1;
   require(ho > 0 && wo > 0, "Conv2d", "input ", describe(x.value()), " is smaller than the ", ws[1],

@@ -82,6 +82,22 @@ TEST(Layers, Conv2dWrongRankNamesTheExpectation) {
   expect_error([&] { conv(Var(Tensor::zeros({4, 3}))); }, "Conv2d", "[N, H, W, 3]", "[4, 3]");
 }
 
+TEST(Layers, Conv2dOpRefusesAZeroStrideBeforeDividingByIt) {
+  Rng rng(5);
+  nn::Conv2d conv(3, 8, 3, rng);
+  const Var x(Tensor::zeros({1, 5, 5, 3}));
+  expect_error(
+      [&] {
+        ops::conv2d(x, conv.weight, nullptr, ConvParams{0, 1}, false);
+      },
+      "Conv2d", "expects stride >= 1 and pad >= 0, got stride 0, pad 1");
+  expect_error(
+      [&] {
+        ops::conv2d(x, conv.weight, nullptr, ConvParams{1, -1}, false);
+      },
+      "Conv2d", "got stride 1, pad -1");
+}
+
 TEST(Layers, BatchNormChannelMismatch) {
   nn::BatchNorm bn(5);
   expect_error([&] { bn(Var(Tensor::zeros({4, 3}))); }, "BatchNorm", "5", "[4, 3]");

@@ -2,6 +2,7 @@
 // empty shapes, and host values that an i32 tensor cannot hold.
 #include <cmath>
 
+#include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
 namespace minamp::test {
@@ -25,6 +26,20 @@ TEST(Tensor, EmptyShapesViewAsMatricesWithoutDividingByZero) {
   EXPECT_EQ(Shape({0, 5}).rows(), 0);
   EXPECT_EQ(Shape({2, 3, 5}).rows(), 6);
   EXPECT_EQ(Shape{}.rows(), 1);
+}
+
+// Empty tensors own no memory (null data): copies of them must not hand null to memcpy (which
+// UndefinedBehaviorSanitizer, in make test-sanitize, reports).
+TEST(Tensor, EmptyTensorsCloneAndCast) {
+  for (DType from : {DType::f32, DType::f16, DType::i32})
+    for (DType to : {DType::f32, DType::f16, DType::i32}) {
+      const Tensor empty = Tensor::zeros({0, 3}, from);
+      Tensor out = Tensor::empty({3, 0}, to);
+      cpu::cast(empty, out);
+      EXPECT_EQ(out.numel(), 0);
+      EXPECT_EQ(empty.clone().shape(), (Shape{0, 3}));
+      EXPECT_EQ(empty.to(to).dtype(), to);
+    }
 }
 
 TEST(Tensor, FromVectorRejectsValuesAnI32CannotHold) {

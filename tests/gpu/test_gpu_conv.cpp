@@ -165,15 +165,61 @@ TEST(GpuConv, RejectsBadArguments) {
   Tensor y = test::poisoned(c.y_shape(), DType::f16, Device::cuda);
 
   const Tensor w_wrong_cin = test::random_tensor(rng, {4, 3, 3, 5}, DType::f16, Device::cuda);
-  EXPECT_THROW(kernels::conv2d_forward(x, w_wrong_cin, y, c.params(), {}), Error);
+  test::expect_error([&] { kernels::conv2d_forward(x, w_wrong_cin, y, c.params(), {}); },
+                     "conv2d_forward", "[Cout, kh, kw, Cin] with the Cin of x", "f16[4, 3, 3, 5]");
   Tensor y_wrong = test::poisoned({1, 4, 5, 4}, DType::f16, Device::cuda);
-  EXPECT_THROW(kernels::conv2d_forward(x, w, y_wrong, c.params(), {}), Error);
+  test::expect_error([&] { kernels::conv2d_forward(x, w, y_wrong, c.params(), {}); },
+                     "conv2d_forward", "expects y f32/f16 [1, 5, 5, 4]", "f16[1, 4, 5, 4]");
   const Tensor x_rank3 = test::random_tensor(rng, {5, 5, 3}, DType::f16, Device::cuda);
-  EXPECT_THROW(kernels::conv2d_forward(x_rank3, w, y, c.params(), {}), Error);
+  test::expect_error([&] { kernels::conv2d_forward(x_rank3, w, y, c.params(), {}); },
+                     "conv2d_forward", "expects x f32/f16 [N, H, W, Cin]", "f16[5, 5, 3]");
+  test::expect_error(
+      [&] {
+        kernels::conv2d_forward(x, w, y, ConvParams{0, 1}, {});
+      },
+      "conv2d_forward", "expects stride >= 1 and pad >= 0, got stride 0");
 
   Tensor dx;
   Tensor dw_f16 = test::poisoned(c.w_shape(), DType::f16, Device::cuda);
-  EXPECT_THROW(kernels::conv2d_backward(x, w, y, dx, dw_f16, c.params()), Error);
+  test::expect_error([&] { kernels::conv2d_backward(x, w, y, dx, dw_f16, c.params()); },
+                     "conv2d_backward", "expects dw f32 shaped like w");
+}
+
+// Degenerate sizes the CPU reference accepts, gathered and pointwise, f32 and f16: an empty batch
+// (empty y and dx, dw unchanged) and no output channels (empty y and dw, dx all zero).
+TEST(GpuConv, EmptyBatchAndNoOutputChannelsMatchTheCpu) {
+  MINAMP_REQUIRE_GPU();
+  const ConvCase cases[] = {{0, 5, 5, 3, 2, 3, 3, 1, 1},
+                            {0, 4, 4, 8, 8, 1, 1, 1, 0},
+                            {2, 5, 5, 3, 0, 3, 3, 2, 1},
+                            {2, 4, 4, 8, 0, 1, 1, 1, 0}};
+  for (const ConvCase& c : cases)
+    for (DType dtype : {DType::f32, DType::f16}) {
+      Rng rng(510);
+      const Tensor x = test::random_tensor(rng, c.x_shape(), dtype);
+      const Tensor w = test::random_tensor(rng, c.w_shape(), dtype);
+      const Tensor dy = test::random_tensor(rng, c.y_shape(), dtype);
+      const Tensor dw_start = test::random_tensor(rng, c.w_shape());
+      Tensor y_cpu = test::poisoned(c.y_shape(), dtype),
+             dx_cpu = test::poisoned(c.x_shape(), dtype);
+      Tensor dw_cpu = dw_start.clone();
+      kernels::conv2d_forward(x, w, y_cpu, c.params(), {});
+      kernels::conv2d_backward(x, w, dy, dx_cpu, dw_cpu, c.params());
+
+      Tensor y_gpu = test::poisoned(c.y_shape(), dtype, Device::cuda);
+      Tensor dx_gpu = test::poisoned(c.x_shape(), dtype, Device::cuda);
+      Tensor dw_gpu = dw_start.to(Device::cuda);
+      const Tensor x_gpu = x.to(Device::cuda), w_gpu = w.to(Device::cuda);
+      kernels::conv2d_forward(x_gpu, w_gpu, y_gpu, c.params(), {});
+      kernels::conv2d_backward(x_gpu, w_gpu, dy.to(Device::cuda), dx_gpu, dw_gpu, c.params());
+
+      const std::string what = describe_case(c, dtype);
+      EXPECT_EQ(y_gpu.numel(), 0) << what;
+      EXPECT_EQ(dx_gpu.to_vector(), std::vector<float>(size_t(dx_cpu.numel()), 0.0f)) << what;
+      EXPECT_EQ(dx_cpu.to_vector(), dx_gpu.to_vector()) << what;
+      EXPECT_EQ(dw_gpu.to_vector(), dw_cpu.to_vector()) << what;
+      EXPECT_EQ(dw_gpu.to_vector(), dw_start.to_vector()) << what;
+    }
 }
 
 } // namespace

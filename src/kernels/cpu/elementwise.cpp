@@ -24,7 +24,7 @@ void cast(const Tensor& src, Tensor& dst) {
   require_same_numel("cast", "src", src, "dst", dst);
   const int64_t n = src.numel();
   if (src.dtype() == dst.dtype()) {
-    std::memcpy(dst.raw(), src.raw(), src.nbytes());
+    if (src.nbytes() > 0) std::memcpy(dst.raw(), src.raw(), src.nbytes()); // empty: null pointers
     return;
   }
   // Integers go through float: i32 -> float rounds past 2^24, float -> i32 truncates.
