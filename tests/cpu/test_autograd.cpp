@@ -109,6 +109,30 @@ TEST(Autograd, LinearWithFusedReluMatchesSeparateRelu) {
   EXPECT_EQ(fused(x).value().to_vector(), ops::relu(plain(x)).value().to_vector());
 }
 
+TEST(Autograd, LinearWithoutBias) {
+  Rng rng(17);
+  nn::Linear layer(5, 3, rng, /*bias=*/false);
+  check_gradients([&](const Var& x) { return layer(x); }, {4, 5}, {&layer.weight});
+}
+
+TEST(Autograd, StandaloneRelu) {
+  check_gradients([](const Var& x) { return ops::relu(x); }, {6, 5}, {});
+}
+
+TEST(Autograd, Conv2dWithFusedReluMatchesSeparateRelu) {
+  Rng rng(18);
+  nn::Sequential fused;
+  fused.emplace<nn::Conv2d>(3, 4, 3, rng, /*stride=*/2, /*padding=*/1).emplace<nn::ReLU>();
+  auto& conv = static_cast<nn::Conv2d&>(fused[0]);
+  check_gradients([&](const Var& x) { return fused(x); }, {2, 5, 6, 3}, {&conv.weight, &conv.bias});
+
+  Rng same(18);
+  nn::Conv2d plain(3, 4, 3, same, 2, 1);
+  Rng data(4);
+  Var x(test::random_tensor(data, {2, 5, 6, 3}));
+  EXPECT_EQ(fused(x).value().to_vector(), ops::relu(plain(x)).value().to_vector());
+}
+
 TEST(Autograd, Conv2dStridedPadded) {
   Rng rng(9);
   nn::Conv2d conv(3, 4, 3, rng, /*stride=*/2, /*padding=*/1);
