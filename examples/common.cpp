@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -659,6 +661,14 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
                "time every op of training (CUDA events on a GPU; adds a little overhead), then "
                "print the time per op and write it to profile.txt");
   app.add_option("--init-scale", options.init_scale, "GradScaler initial loss scale")
+      ->check(CLI::Validator(
+          [](const std::string& text) { // GradScaler's range, in the option's words
+            const double value = std::strtod(text.c_str(), nullptr);
+            return std::isfinite(value) && value > 0 && value <= FLT_MAX
+                       ? std::string()
+                       : "expected a finite number > 0 (at most 3.4e38), got " + text;
+          },
+          ""))
       ->capture_default_str();
   app.add_option("--growth-interval", options.growth_interval,
                  "clean steps before the loss scale grows")

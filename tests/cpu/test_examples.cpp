@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -76,6 +77,12 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--init-scale 1024", {"--init-scale", "only with --amp or --compare"}},
       {"--no-loss-scaling", {"--no-loss-scaling", "only with --amp or --compare"}},
       {"--growth-interval 5", {"--growth-interval", "only with --amp or --compare"}},
+      {"--amp --init-scale 0", {"--init-scale", "expected a finite number > 0", "got 0"}},
+      {"--amp --init-scale nan", {"--init-scale", "got nan"}},
+      {"--compare --init-scale -1", {"--init-scale", "got -1"}},
+      {"--amp --init-scale 1e39", {"--init-scale", "at most 3.4e38), got 1e39"}},
+      {"--amp --growth-interval 0", {"--growth-interval", "not in range 1 to"}},
+      {"--resume a --compare", {"--resume", "cannot be combined with --compare"}},
       {"--resume a --load-weights b", {"--resume", "--load-weights"}},
       {"--load-weights /nonexistent.safetensors", {"No such file or directory"}},
       {"--save-weights ''", {"--save-weights", "expected a path"}},
@@ -157,6 +164,12 @@ TEST(Examples, SineWritesMetricsSummaryAndImage) {
   EXPECT_EQ(summary["device_name"], "cpu");
   EXPECT_EQ(summary["precision"], "amp");
   EXPECT_EQ(summary["steps"], 6);
+  EXPECT_TRUE(summary["final_loss"].is_number() &&
+              std::isfinite(summary["final_loss"].get<double>()))
+      << summary["final_loss"];
+  EXPECT_GT(summary["final_loss"].get<double>(), 0);
+  EXPECT_EQ(summary["skipped_steps"], 0) << "clean steps at the default scale";
+  EXPECT_EQ(summary["final_scale"], 65536.0);
   EXPECT_GT(summary["peak_bytes"].get<double>(), 0);
   EXPECT_TRUE(std::filesystem::exists(out + "/sine.png"));
 }
