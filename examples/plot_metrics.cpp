@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
+#include <utility>
 
 #include "cli.h"
 #include "core/error.h"
@@ -43,6 +45,20 @@ io::PlotSeries read_column(const std::string& path, const std::string& column,
   return series;
 }
 
+// An input's file and label: FILE alone (labelled FILE), or FILE:LABEL where FILE is the
+// shortest prefix before a ':' that is a file, so that both may hold ':' (e.g. runs/12:30/...).
+// When no prefix is a file, the text before the last ':' is taken as the (missing) file.
+std::pair<std::string, std::string> file_and_label(const std::string& input) {
+  if (std::filesystem::is_regular_file(input)) return {input, input};
+  for (size_t colon = input.find(':'); colon != std::string::npos;
+       colon = input.find(':', colon + 1))
+    if (std::filesystem::is_regular_file(input.substr(0, colon)))
+      return {input.substr(0, colon), input.substr(colon + 1)};
+  const size_t last = input.rfind(':');
+  if (last == std::string::npos) return {input, input};
+  return {input.substr(0, last), input.substr(last + 1)};
+}
+
 // True when the plot would show some point of `series`: a finite value (positive for --log-y).
 bool has_drawable_point(const std::vector<io::PlotSeries>& series, bool log_y) {
   for (const io::PlotSeries& s : series)
@@ -69,9 +85,7 @@ int main(int argc, char** argv) {
   try {
     std::vector<io::PlotSeries> series;
     for (const std::string& input : inputs) {
-      const size_t colon = input.rfind(':');
-      const std::string path = colon == std::string::npos ? input : input.substr(0, colon);
-      const std::string label = colon == std::string::npos ? input : input.substr(colon + 1);
+      const auto [path, label] = file_and_label(input);
       series.push_back(read_column(path, column, label));
     }
     require(has_drawable_point(series, log_y), "plot_metrics", "nothing to draw: column '", column,

@@ -168,15 +168,22 @@ TEST(GradScaler, ScaleMultipliesTheLossByTheInitialScale) {
   EXPECT_EQ(scaler.scale(loss).value().item(), 0.25f * 65536.0f);
 }
 
+// The FP32 backward of `plain`, and the backward of `scaled`'s loss (under autocast with `amp`)
+// times the scale, whose gradients `opt` holds, followed by unscale_.
+void plain_and_unscaled_backward(Problem& plain, Problem& scaled, optim::Optimizer& opt,
+                                 amp::GradScaler& scaler, bool amp) {
+  plain.model.zero_grad();
+  scaled.model.zero_grad();
+  plain.loss(false).backward();
+  scaler.scale(scaled.loss(amp)).backward();
+  scaler.unscale_(opt);
+}
+
 TEST(GradScaler, UnscaledGradientsEqualTheFp32Gradients) {
   Problem a, b;
-  optim::SGD opt_a(a.model.parameters(), 0.1f), opt_b(b.model.parameters(), 0.1f);
+  optim::SGD opt_b(b.model.parameters(), 0.1f);
   amp::GradScaler scaler;
-  a.model.zero_grad();
-  b.model.zero_grad();
-  a.loss(false).backward();
-  scaler.scale(b.loss(false)).backward();
-  scaler.unscale_(opt_b);
+  plain_and_unscaled_backward(a, b, opt_b, scaler, false);
   for (size_t i = 0; i < a.model.parameters().size(); ++i)
     EXPECT_LT(
         test::relative_error(b.model.parameters()[i]->grad(), a.model.parameters()[i]->grad()),
@@ -190,11 +197,7 @@ TEST(GradScaler, UnscaledAmpGradientsAreCloseToTheFp32Gradients) {
   Problem fp32, amp;
   optim::SGD opt(amp.model.parameters(), 0.1f);
   amp::GradScaler scaler;
-  fp32.model.zero_grad();
-  amp.model.zero_grad();
-  fp32.loss(false).backward();
-  scaler.scale(amp.loss(true)).backward();
-  scaler.unscale_(opt);
+  plain_and_unscaled_backward(fp32, amp, opt, scaler, true);
   for (size_t i = 0; i < fp32.model.parameters().size(); ++i) {
     const Tensor& g_amp = amp.model.parameters()[i]->grad();
     const Tensor& g_fp32 = fp32.model.parameters()[i]->grad();
@@ -344,11 +347,7 @@ TEST(GradScaler, UnscaleThenClipUsesUnscaledNorms) {
   Problem a, b;
   optim::SGD opt_b(b.model.parameters(), 0.1f);
   amp::GradScaler scaler;
-  a.model.zero_grad();
-  b.model.zero_grad();
-  a.loss(false).backward();
-  scaler.scale(b.loss(false)).backward();
-  scaler.unscale_(opt_b);
+  plain_and_unscaled_backward(a, b, opt_b, scaler, false);
   const float max_norm = 0.01f;
   const float sq_a = optim::clip_grad_norm_(a.model.parameters(), max_norm).item();
   const float sq_b = optim::clip_grad_norm_(b.model.parameters(), max_norm).item();
@@ -534,25 +533,24 @@ TEST(GradScaler, RejectsInvalidOptions) {
 
 TEST(GradScaler, LoadStateDictRefusesWhatTheConstructorRefuses) {
   amp::GradScaler scaler;
-  const amp::GradScalerState good;
-  auto load = [&](amp::GradScalerState state) {
-    return [&, state] { scaler.load_state_dict(state); };
+  using Edit = void (*)(amp::GradScalerState&);
+  const std::pair<Edit, const char*> cases[] = {
+      {[](amp::GradScalerState& s) { s.scale = 0.0f; },
+       "GradScaler::load_state_dict: scale must be finite and positive, got 0"},
+      {[](amp::GradScalerState& s) { s.growth_factor = 0.5f; },
+       "growth_factor must be > 1, got 0.5"},
+      {[](amp::GradScalerState& s) { s.backoff_factor = 2.0f; },
+       "backoff_factor must be in (0, 1), got 2"},
+      {[](amp::GradScalerState& s) { s.growth_interval = 0; },
+       "growth_interval must be positive, got 0"},
+      {[](amp::GradScalerState& s) { s.growth_tracker = -1; },
+       "_growth_tracker must be >= 0, got -1"},
   };
-  amp::GradScalerState bad = good;
-  bad.scale = 0.0f;
-  expect_error(load(bad), "GradScaler::load_state_dict: scale must be finite and positive, got 0");
-  bad = good;
-  bad.growth_factor = 0.5f;
-  expect_error(load(bad), "growth_factor must be > 1, got 0.5");
-  bad = good;
-  bad.backoff_factor = 2.0f;
-  expect_error(load(bad), "backoff_factor must be in (0, 1), got 2");
-  bad = good;
-  bad.growth_interval = 0;
-  expect_error(load(bad), "growth_interval must be positive, got 0");
-  bad = good;
-  bad.growth_tracker = -1;
-  expect_error(load(bad), "_growth_tracker must be >= 0, got -1");
+  for (const auto& [edit, message] : cases) {
+    amp::GradScalerState bad;
+    edit(bad);
+    expect_error([&] { scaler.load_state_dict(bad); }, message);
+  }
   EXPECT_EQ(scaler.get_scale(), 65536.0f) << "a refused state changed the scaler";
 }
 

@@ -267,8 +267,6 @@ TEST(Examples, RunsWritePlotsNextToTheirMetrics) {
   EXPECT_TRUE(std::filesystem::exists(out + "/amp/loss_scale.png"));
 }
 
-// The loop reads each step's loss, scale and skip flag on the host in batches (not after every
-// step, which would wait for the GPU each time); every row must still show its own step's values.
 TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
   const std::string out = fresh_dir("plot_metrics");
   ASSERT_EQ(run_program("mlp", "--compare --epochs 1 --batches 5 --out " + out).status, 0);
@@ -277,6 +275,14 @@ TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
                                                    ":FP32 " + amp + ":AMP");
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_GT(std::filesystem::file_size(out + "/loss.png"), 0u);
+  // ':' in a file's path (with or without a label) and in a label.
+  const std::string colon_dir = out + "/12:30";
+  std::filesystem::create_directories(colon_dir);
+  std::filesystem::copy_file(fp32, colon_dir + "/metrics.csv");
+  run = run_program("plot_metrics", "--out " + out + "/colon.png " + colon_dir + "/metrics.csv " +
+                                        colon_dir + "/metrics.csv:run:12:30");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_GT(std::filesystem::file_size(out + "/colon.png"), 0u);
 
   const std::string header_only = out + "/header_only.csv";
   std::ofstream(header_only) << "step,loss\n";
@@ -285,6 +291,7 @@ TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
       {"--column skipped --log-y " + fp32, {"nothing to draw", "positive"}},
       {header_only, {"nothing to draw", "'loss'"}},
       {out + "/missing.csv", {"missing.csv", "No such file or directory"}},
+      {out + "/missing.csv:label", {"missing.csv: cannot open (No such file or directory)"}},
   };
   for (const auto& [args, parts] : cases) {
     expect_one_line_error(run_program("plot_metrics", "--out " + out + "/bad.png " + args), args,
@@ -293,6 +300,8 @@ TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
   EXPECT_FALSE(std::filesystem::exists(out + "/bad.png"));
 }
 
+// The loop reads each step's loss, scale and skip flag on the host in batches (not after every
+// step, which would wait for the GPU each time); every row must still show its own step's values.
 TEST(Examples, MetricsShowEachStepsScaleAndSkipThoughReadInBatches) {
   // Rows: step, loss, wall_s, scale, skipped.
   auto read_rows = [](const std::string& path) {
