@@ -1,5 +1,6 @@
 // The kernels:: dispatcher: checks that an op's tensors share one device, then calls the CPU
 // reference (minamp::cpu) or the CUDA backend (minamp::gpu), timed when the op profiler is on.
+#include <cstdint>
 #include <initializer_list>
 
 #include "core/error.h"
@@ -32,6 +33,14 @@ Device common_device(const char* op, const std::vector<ParamSlot>& params) {
     device = d;
   }
   return device;
+}
+
+// True when the bytes of `a` and `b` overlap (e.g. two views of one storage).
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0 || a.device() != b.device()) return false;
+  const auto a_begin = reinterpret_cast<uintptr_t>(a.raw());
+  const auto b_begin = reinterpret_cast<uintptr_t>(b.raw());
+  return a_begin < b_begin + uintptr_t(b.nbytes()) && b_begin < a_begin + uintptr_t(a.nbytes());
 }
 
 #if !MINAMP_WITH_CUDA
@@ -94,6 +103,9 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   if (epilogue.bias)
     require(epilogue.bias->numel() == n && epilogue.bias->dtype() == DType::f32, "gemm",
             "bias must be f32 [", n, "], got ", describe(*epilogue.bias));
+  // Tiles of C are written while other tiles still read A and B (on either backend).
+  require(!overlaps(c, a) && !overlaps(c, b), "gemm", "C ", describe(c),
+          " shares memory with A or B; the product needs an output of its own");
   MINAMP_DISPATCH("gemm", common_device("gemm", {&a, &b, &c, epilogue.bias}),
                   gemm(a, trans_a, b, trans_b, c, epilogue));
 }

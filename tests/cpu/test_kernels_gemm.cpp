@@ -185,5 +185,19 @@ TEST(CpuGemm, RejectsShapesThatDoNotChain) {
   expect_error([&] { cpu::bias_backward(c, db); }, "bias_backward", "db");
 }
 
+TEST(Gemm, RefusesAnOutputThatSharesMemoryWithAnInput) {
+  Rng rng(18);
+  Tensor square = random_tensor(rng, {4, 4});
+  const Tensor other = random_tensor(rng, {4, 4});
+  expect_error([&] { kernels::gemm(square, false, other, false, square, {}); }, "gemm",
+               "C f32[4, 4] on cpu shares memory with A or B");
+  expect_error([&] { kernels::gemm(other, true, square, false, square, {}); }, "gemm",
+               "shares memory");
+  Tensor c = poisoned({4, 4}), c_ref = poisoned({4, 4});
+  kernels::gemm(square, false, other, false, c, {}); // distinct buffers are fine
+  cpu::gemm(square, false, other, false, c_ref, {});
+  EXPECT_EQ(c.to_vector(), c_ref.to_vector());
+}
+
 } // namespace
 } // namespace minamp::test
