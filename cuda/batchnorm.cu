@@ -118,13 +118,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- Backward.
 
-// xhat and dy_hat of one element: dy_hat is dy with the ReLU mask (y > 0) recomputed from x.
+// xhat and dy_hat of one element: dy_hat is dy with the ReLU mask (zero where y <= 0; a NaN
+// passes, as in PyTorch) recomputed from x.
 template <class TX, class TDy>
 __device__ __forceinline__ void normalised_and_grad(const TX* x, const TDy* dy, int64_t i, int c,
                                                     const ChannelParams& p, bool relu, float& xhat,
                                                     float& dy_hat) {
   xhat = (load_f(x, i) - p.mean[c]) * p.invstd[c];
-  const bool masked = relu && !(fmaf(p.gamma[c], xhat, p.beta[c]) > 0.0f);
+  const bool masked = relu && fmaf(p.gamma[c], xhat, p.beta[c]) <= 0.0f;
   dy_hat = masked ? 0.0f : load_f(dy, i);
 }
 

@@ -123,8 +123,8 @@ struct ScaleOnDevice { // v * scale[0], the scale read where it lives
 struct Relu { // NaN passes through, as in PyTorch, so an overflow is never hidden
   __device__ float operator()(float v) const { return v < 0.0f ? 0.0f : v; }
 };
-struct ReluGrad { // dy where the forward output y > 0
-  __device__ float operator()(float y, float dy) const { return y > 0.0f ? dy : 0.0f; }
+struct ReluGrad { // 0 where the forward output y <= 0, else dy (also at NaN, as in PyTorch)
+  __device__ float operator()(float y, float dy) const { return y <= 0.0f ? 0.0f : dy; }
 };
 
 } // namespace

@@ -191,8 +191,8 @@ TEST(CpuBatchNorm, BackwardMatchesFiniteDifferences) {
 
 // The gradients of L = sum(dy .* batchnorm(x)) in training mode, in double from the analytic
 // formulas: dgamma = sum(dy_hat xhat), dbeta = sum(dy_hat) and
-// dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat)), dy_hat = dy masked by y >
-// 0.
+// dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat)), dy_hat = dy zeroed where
+// y <= 0.
 struct BatchNormGradients {
   Doubles dx, dgamma, dbeta;
 };
@@ -205,7 +205,7 @@ BatchNormGradients batchnorm_backward_reference(const Doubles& x, const Doubles&
   for (int64_t i = 0; i < size; ++i) {
     const int64_t c = i % channels;
     xhat[i] = (x[i] - forward.mean[c]) * invstd[c];
-    dy_hat[i] = relu && !(forward.y[i] > 0.0) ? 0.0 : dy[i];
+    dy_hat[i] = relu && forward.y[i] <= 0.0 ? 0.0 : dy[i];
     sum_dy[c] += dy_hat[i];
     sum_dy_xhat[c] += dy_hat[i] * xhat[i];
   }
@@ -272,6 +272,31 @@ TEST(CpuBatchNorm, F16ActivationsUseFp32Statistics) {
   EXPECT_EQ(half_run[1].to_vector(), float_run[1].to(DType::f16).to_vector()); // dx
   for (size_t i = 2; i < half_run.size(); ++i)
     EXPECT_EQ(half_run[i].to_vector(), float_run[i].to_vector()) << "output " << i;
+}
+
+// Eval mode with the fused ReLU and one NaN in x: as BatchNorm then ReLU in PyTorch, y is NaN
+// there, the ReLU passes that element's gradient (dx = gamma invstd dy), and only its channel's
+// dgamma becomes NaN.
+TEST(CpuBatchNorm, FusedReluPassesTheGradientOfANaN) {
+  Rng rng(35);
+  BatchNormLayer layer(rng, {4, 3});
+  std::vector<float> x = layer.x.to_vector();
+  x[0] = std::nanf("");
+  layer.x = Tensor::from_vector(x, {4, 3});
+  const BatchNormParams bn = params(false, true);
+  Tensor y = poisoned({4, 3}), mean = poisoned({3}), invstd = poisoned({3});
+  cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                         layer.running_var, bn);
+  EXPECT_TRUE(std::isnan(y.to_vector()[0]));
+  const Tensor dy = random_tensor(rng, {4, 3});
+  Tensor dx = poisoned({4, 3}), dgamma = Tensor::zeros({3}), dbeta = Tensor::zeros({3});
+  cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma, dbeta,
+                          bn);
+  const float expected_dx0 = layer.gamma.to_vector()[0] * invstd.to_vector()[0] * dy.to_vector()[0];
+  EXPECT_FLOAT_EQ(dx.to_vector()[0], expected_dx0);
+  EXPECT_TRUE(std::isnan(dgamma.to_vector()[0]));
+  EXPECT_TRUE(std::isfinite(dgamma.to_vector()[1]) && std::isfinite(dgamma.to_vector()[2]));
+  EXPECT_TRUE(std::isfinite(dbeta.to_vector()[0])) << "dbeta sums dy, not x";
 }
 
 TEST(CpuBatchNorm, RejectsMismatchedShapes) {

@@ -124,6 +124,18 @@ TEST(CpuRelu, ForwardPropagatesNaN) {
   EXPECT_EQ(y.to_vector()[1], 0.0f);
 }
 
+// As PyTorch's threshold_backward: the gradient is zeroed where y <= 0 and passes elsewhere,
+// a NaN output included (an overflow is not hidden from the loss scaler's check).
+TEST(CpuRelu, BackwardPassesTheGradientWhereTheOutputIsNaN) {
+  for (DType dtype : {DType::f32, DType::f16}) {
+    const Tensor y = Tensor::from_vector({std::nanf(""), 0.0f, 2.0f}, {3}).to(dtype);
+    const Tensor dy = Tensor::from_vector({3.0f, 4.0f, 5.0f}, {3}).to(dtype);
+    Tensor dx = poisoned({3}, dtype);
+    cpu::relu_backward(y, dy, dx);
+    EXPECT_EQ(dx.to_vector(), (std::vector<float>{3.0f, 0.0f, 5.0f})) << dtype;
+  }
+}
+
 Doubles avgpool_reference(const Doubles& x, const Shape& shape) {
   const int64_t n = shape[0], pixels = shape[1] * shape[2], channels = shape[3];
   Doubles y(static_cast<size_t>(n * channels), 0.0);

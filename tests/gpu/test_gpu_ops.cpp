@@ -7,6 +7,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -159,12 +160,15 @@ TEST(GpuElementwise, MulScalarReadsTheScaleOnTheDeviceAndMayAlias) {
   expect_equal(in_place, ref, "mul_scalar in place");
 }
 
+// x holds a NaN (first element): forward propagates it and backward passes its gradient.
 TEST(GpuElementwise, ReluForwardAndBackward) {
   MINAMP_REQUIRE_GPU();
   Rng rng(14);
   for (int64_t n : kSizes)
     for (DType dtype : kFloating) {
-      const Tensor x = random_tensor(rng, {n}, dtype);
+      std::vector<float> values = random_tensor(rng, {n}).to_vector();
+      values[0] = std::nanf("");
+      const Tensor x = Tensor::from_vector(values, {n}).to(dtype);
       Tensor y = poisoned({n}, dtype, Device::cuda);
       kernels::relu_forward(gpu(x), y);
       Tensor y_ref = Tensor::empty({n}, dtype);
@@ -177,6 +181,7 @@ TEST(GpuElementwise, ReluForwardAndBackward) {
       Tensor dx_ref = Tensor::empty({n}, dtype);
       kernels::relu_backward(y_ref, dy, dx_ref);
       expect_equal(dx, dx_ref, label("relu_backward", n, dtype, dtype));
+      EXPECT_EQ(dx.to_vector()[0], dy.to_vector()[0]) << "y[0] is NaN: its gradient passes";
     }
 }
 
@@ -489,6 +494,51 @@ TEST(GpuBatchNorm, SmallShapesEveryMode) {
   // Another momentum and eps than PyTorch's defaults, so that neither can be hard-wired.
   for (bool training : {true, false})
     check_batchnorm({17, 33, DType::f32, training, true, 0.3f, 1e-3f}, rng);
+}
+
+// Eval mode with the fused ReLU and a NaN in x: y, dx, dgamma and dbeta as on the CPU (which
+// test_kernels_batchnorm pins to PyTorch: the NaN's gradient passes the ReLU).
+TEST(GpuBatchNorm, FusedReluPassesTheGradientOfANaN) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(53);
+  const BatchNormParams bn{false, 0.1f, 1e-5f, true};
+  std::vector<float> values = random_tensor(rng, {5, 3}).to_vector();
+  values[0] = std::nanf("");
+  const Tensor x = Tensor::from_vector(values, {5, 3});
+  const Tensor gamma = random_tensor(rng, {3}, DType::f32, Device::cpu, 0.5f, 1.5f);
+  const Tensor beta = random_tensor(rng, {3}), dy = random_tensor(rng, {5, 3});
+  const Tensor running_mean = random_tensor(rng, {3});
+  const Tensor running_var = random_tensor(rng, {3}, DType::f32, Device::cpu, 0.5f, 2.0f);
+  struct Outputs {
+    Tensor y, dx, dgamma, dbeta;
+  };
+  auto run = [&](Device device) {
+    Outputs out{poisoned({5, 3}, DType::f32, device), poisoned({5, 3}, DType::f32, device),
+                Tensor::zeros({3}, DType::f32, device), Tensor::zeros({3}, DType::f32, device)};
+    Tensor mean = poisoned({3}, DType::f32, device), invstd = poisoned({3}, DType::f32, device);
+    Tensor rm = running_mean.to(device), rv = running_var.to(device);
+    kernels::batchnorm_forward(x.to(device), gamma.to(device), beta.to(device), out.y, mean, invstd,
+                               rm, rv, bn);
+    kernels::batchnorm_backward(x.to(device), gamma.to(device), beta.to(device), mean, invstd,
+                                dy.to(device), out.dx, out.dgamma, out.dbeta, bn);
+    return out;
+  };
+  const Outputs on_gpu = run(Device::cuda), on_cpu = run(Device::cpu);
+  EXPECT_TRUE(std::isnan(on_gpu.y.to_vector()[0]));
+  const float dx0 = on_gpu.dx.to_vector()[0];
+  EXPECT_TRUE(std::isfinite(dx0) && dx0 != 0.0f) << "the NaN's gradient passes the ReLU: " << dx0;
+  EXPECT_TRUE(std::isnan(on_gpu.dgamma.to_vector()[0]));
+  for (auto [gpu_out, cpu_out, name] :
+       {std::tuple{&on_gpu.y, &on_cpu.y, "y"}, std::tuple{&on_gpu.dx, &on_cpu.dx, "dx"},
+        std::tuple{&on_gpu.dgamma, &on_cpu.dgamma, "dgamma"},
+        std::tuple{&on_gpu.dbeta, &on_cpu.dbeta, "dbeta"}}) {
+    const std::vector<float> g = gpu_out->to_vector(), c = cpu_out->to_vector();
+    for (size_t i = 0; i < g.size(); ++i) {
+      const bool both_nan = std::isnan(g[i]) && std::isnan(c[i]);
+      EXPECT_TRUE(both_nan || std::abs(g[i] - c[i]) <= 1e-5f * (1.0f + std::abs(c[i])))
+          << name << "[" << i << "]: " << g[i] << " on gpu, " << c[i] << " on cpu";
+    }
+  }
 }
 
 TEST(GpuBatchNorm, LargeActivation262144x256) {

@@ -33,9 +33,10 @@ std::vector<double> channel_sums(int64_t rows, int64_t width, const BlockSums& b
 }
 
 // dy with the fused ReLU's mask: zero where the forward's normalised value (before the ReLU) was
-// not positive. Everything is computed unconditionally, so that the loops vectorise.
+// <= 0 (a NaN passes, as in PyTorch's relu backward). Everything is computed unconditionally,
+// so that the loops vectorise.
 template <class T> inline T relu_masked(bool relu, T dy, float normalised) {
-  return relu && !(normalised > 0.0f) ? T(0) : dy;
+  return relu && normalised <= 0.0f ? T(0) : dy;
 }
 
 // Per-channel batch mean and biased variance of x [rows, C] (two passes, double).

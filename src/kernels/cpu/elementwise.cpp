@@ -88,7 +88,7 @@ void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   const FloatInput grad_out(dy);
   FloatOutput grad_in(dx, false);
   for (int64_t i = 0; i < grad_in.size(); ++i)
-    grad_in[i] = out_values[i] > 0.0f ? grad_out[i] : 0.0f;
+    grad_in[i] = out_values[i] <= 0.0f ? 0.0f : grad_out[i]; // NaN passes, as in PyTorch
   grad_in.store();
 }
 
