@@ -134,6 +134,12 @@ bool jpeg_huffman_tables_fit(const std::string& bytes) {
   return true;
 }
 
+// stb's reason for its last failure on this thread, or a stand-in where it gave none.
+const char* failure_reason() {
+  const char* reason = stbi_failure_reason();
+  return reason ? reason : "no reason given";
+}
+
 void append_png_bytes(void* context, void* data, int size) {
   static_cast<std::string*>(context)->append(static_cast<const char*>(data), size_t(size));
 }
@@ -149,12 +155,14 @@ Tensor load_image(const std::string& path, int channels) {
   int width = 0, height = 0, file_channels = 0;
   require(jpeg_huffman_tables_fit(bytes), "load_image", path,
           ": corrupt JPEG (a Huffman table has more than 256 codes)");
-  require(stbi_info_from_memory(data, length, &width, &height, &file_channels) == 1, "load_image",
-          path, ": not a readable PNG or JPEG (", stbi_failure_reason(), ")");
+  // Each stb call runs before stbi_failure_reason() is read (a function's arguments are evaluated
+  // in no fixed order: read within one require(), the reason could be the previous call's).
+  const bool readable = stbi_info_from_memory(data, length, &width, &height, &file_channels) == 1;
+  require(readable, "load_image", path, ": not a readable PNG or JPEG (", failure_reason(), ")");
   require(int64_t(width) * height <= kMaxPixels, "load_image", path, ": ", width, "x", height,
           " pixels is more than ", kMaxPixels);
   stbi_uc* pixels = stbi_load_from_memory(data, length, &width, &height, &file_channels, channels);
-  require(pixels != nullptr, "load_image", path, ": cannot decode (", stbi_failure_reason(), ")");
+  require(pixels != nullptr, "load_image", path, ": cannot decode (", failure_reason(), ")");
   Tensor image = Tensor::empty({height, width, channels});
   float* out = image.data<float>();
   for (int64_t i = 0; i < image.numel(); ++i) out[i] = pixels[i] / 255.0f;

@@ -156,6 +156,14 @@ TEST(Image, CorruptPngsAndJpegsLoadOrThrowError) {
   expect_error([&] { io::load_image(dir.path("missing.png"), 3); }, dir.path("missing.png"));
 }
 
+// The message ends with stb's reason, not cut short (a null reason would stop the stream).
+TEST(Image, ANonImageFileNamesStbsReason) {
+  test::TempDir dir;
+  io::write_file_atomically(dir.path("x.png"), "notanimage\n");
+  expect_error([&] { io::load_image(dir.path("x.png"), 3); }, dir.path("x.png"),
+               ": not a readable PNG or JPEG (unknown image type)");
+}
+
 TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
   // SOI, then a DHT segment whose 16 code counts sum to 16 * 255 (a table holds at most 256).
   std::string bytes = "\xff\xd8\xff\xc4";
