@@ -203,6 +203,9 @@ int main(int argc, char** argv) {
     data.train = first_images(data.train, subset);
     data.test = first_images(data.test, subset);
     const std::string source = images_root.empty() ? data_dir : images_root;
+    // Where the data is, as one spelling (a checkpoint records it: "data/x", "./data/x/" and
+    // "/abs/data/x" are one data set to --resume).
+    const std::string data_path = std::filesystem::canonical(source).string();
     require(data.classes >= 2, "classify", source, ": ", data.classes,
             " class; a classifier needs at least 2");
     require(data.train.size() > 0, "classify", source, ": no training images",
@@ -229,7 +232,7 @@ int main(int argc, char** argv) {
     require(epochs <= examples::kMaxSteps / spec.steps_per_epoch, "--epochs", "at most ",
             examples::kMaxSteps, " steps, got ", epochs, " epochs of ", spec.steps_per_epoch);
     spec.steps = epochs * spec.steps_per_epoch;
-    spec.config = {{"data", source},
+    spec.config = {{"data", data_path},
                    {"subset", std::to_string(subset)},
                    {"batch_size", std::to_string(batch_size)},
                    {"width", std::to_string(width)}};

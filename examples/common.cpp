@@ -397,6 +397,21 @@ private:
                        {"growth_interval", std::to_string(options_.growth_interval)}});
     return identity;
   }
+  // identity() in the order a mismatch is best reported: the example and precision, then the
+  // options, and last the steps per epoch, which follow from the data and batch options.
+  io::RequiredMetadata identity_to_resume() const {
+    io::Metadata rest = identity();
+    io::RequiredMetadata ordered;
+    for (const char* key : {"example", "precision"}) {
+      ordered.push_back({key, rest.at(key)});
+      rest.erase(key);
+    }
+    const std::string steps_per_epoch = rest.at("steps_per_epoch");
+    rest.erase("steps_per_epoch");
+    ordered.insert(ordered.end(), rest.begin(), rest.end());
+    ordered.push_back({"steps_per_epoch", steps_per_epoch});
+    return ordered;
+  }
   int64_t epochs_done(int64_t steps) const {
     return spec_.steps_per_epoch > 0 ? steps / spec_.steps_per_epoch : 0;
   }
@@ -435,7 +450,7 @@ private:
 
 void Run::resume(const std::string& path) {
   const io::TrainingState state =
-      io::load_training_checkpoint(path, *model_, *opt_, *scaler_, identity());
+      io::load_training_checkpoint(path, *model_, *opt_, *scaler_, identity_to_resume());
   require(state.step <= spec_.steps, "--resume", path, ": the checkpoint is at step ", state.step,
           ", past this run's ", spec_.steps, " steps");
   require(state.epoch == epochs_done(state.step), "--resume", path, ": epoch ", state.epoch,

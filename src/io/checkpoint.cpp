@@ -245,6 +245,11 @@ void load_entries(const SafetensorsFile& file, const std::vector<Entry>& entries
   }
 }
 
+// Whether `file` is a training checkpoint (it records the steps completed) rather than weights.
+bool is_training_checkpoint(const SafetensorsFile& file) {
+  return file.has_int64s("train.step") || file.has_tensor("train.step");
+}
+
 std::vector<NamedTensor> logs_of(const SafetensorsFile& file) {
   std::vector<NamedTensor> logs;
   for (const NamedTensor& t : file.tensors)
@@ -260,7 +265,11 @@ void save_weights(const std::string& path, nn::Module& model) {
 }
 
 void load_weights(const std::string& path, nn::Module& model) {
-  load_entries(load_safetensors(path), model_entries(model), false, "load_weights");
+  const SafetensorsFile file = load_safetensors(path);
+  require(!is_training_checkpoint(file), "load_weights", path,
+          ": a training checkpoint, not a weights file (it has 'train.step'); continue its run "
+          "with load_training_checkpoint (--resume in the examples)");
+  load_entries(file, model_entries(model), false, "load_weights");
 }
 
 void save_training_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,
@@ -278,8 +287,11 @@ void save_training_checkpoint(const std::string& path, nn::Module& model, optim:
 
 TrainingState load_training_checkpoint(const std::string& path, nn::Module& model,
                                        optim::Optimizer& opt, amp::GradScaler& scaler,
-                                       const Metadata& required) {
+                                       const RequiredMetadata& required) {
   const SafetensorsFile file = load_safetensors(path);
+  require(is_training_checkpoint(file), "load_training_checkpoint", path,
+          ": not a training checkpoint (it has no 'train.step'); a weights file loads with "
+          "load_weights (--load-weights in the examples)");
   for (const auto& [key, value] : required) {
     const auto found = file.metadata.find(key);
     require(found != file.metadata.end() && found->second == value, "load_training_checkpoint",

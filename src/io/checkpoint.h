@@ -39,7 +39,8 @@ namespace minamp::io {
 void save_weights(const std::string& path, nn::Module& model);
 
 // Loads a state_dict written by save_weights (or by PyTorch's safetensors for the equivalent
-// module) into `model`. Throws Error naming the file and the first problem found.
+// module) into `model`. Throws Error naming the file and the first problem found (a training
+// checkpoint is named as such).
 void load_weights(const std::string& path, nn::Module& model);
 
 // What a training checkpoint holds besides the model, optimizer and scaler.
@@ -55,12 +56,16 @@ struct TrainingState {
 void save_training_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,
                               const amp::GradScaler& scaler, const TrainingState& state);
 
+// Metadata values a checkpoint must have, checked in this order (the first that differs is the
+// one reported, so the most telling keys, e.g. which example wrote the file, come first).
+using RequiredMetadata = std::vector<std::pair<std::string, std::string>>;
+
 // Loads a checkpoint written by save_training_checkpoint into model, opt and scaler (built as
 // for the run that wrote it) and returns the rest. The file's metadata must hold every key of
 // `required` with the same value (e.g. the example and precision of this run). Throws Error
-// naming the file and the problem.
+// naming the file and the problem (a weights-only file is named as such).
 TrainingState load_training_checkpoint(const std::string& path, nn::Module& model,
                                        optim::Optimizer& opt, amp::GradScaler& scaler,
-                                       const Metadata& required = {});
+                                       const RequiredMetadata& required = {});
 
 } // namespace minamp::io

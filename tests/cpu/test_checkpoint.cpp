@@ -339,16 +339,27 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
   io::save_training_checkpoint(path, *source.model, *source.opt, *source.scaler, sample_state());
 
   Training target(2, amp::GradScalerOptions{}); // its factors differ from the file's
-  auto load = [&](const std::string& file, amp::GradScaler& scaler, io::Metadata required = {}) {
+  auto load = [&](const std::string& file, amp::GradScaler& scaler,
+                  io::RequiredMetadata required = {}) {
     return [&, file, required] {
       io::load_training_checkpoint(file, *target.model, *target.opt, scaler, required);
     };
   };
   expect_error(load(path, *target.scaler, {{"precision", "fp32"}}), path,
                "written by a run with precision 'amp', this run has 'fp32'");
+  // The first key that differs, in the caller's order, is the one reported.
+  expect_error(load(path, *target.scaler, {{"precision", "fp32"}, {"example", "other"}}), path,
+               "precision 'amp'");
+  expect_error(load(path, *target.scaler, {{"example", "other"}, {"precision", "fp32"}}), path,
+               "example 'test', this run has 'other'");
   Training disabled(3, unusual_scaler(false));
   expect_error(load(path, *disabled.scaler), path, "unexpected entry 'scaler.");
-  expect_error([&] { io::load_weights(path, *target.model); }, path, "unexpected entry '");
+  expect_error([&] { io::load_weights(path, *target.model); }, path,
+               ": a training checkpoint, not a weights file");
+  const std::string weights = dir.path("weights.safetensors");
+  io::save_weights(weights, *source.model);
+  expect_error(load(weights, *target.scaler, {{"example", "test"}}), weights,
+               ": not a training checkpoint (it has no 'train.step')");
 
   const std::string plain = dir.path("plain.safetensors");
   io::save_training_checkpoint(plain, *disabled.model, *disabled.opt, *disabled.scaler,

@@ -219,12 +219,19 @@ TEST(Classify, BadCheckpointsAreOneLineErrorsWithNoOutput) {
   expect_one_line_error(run_program("classify", small_run(data(), 2, 16) + " --amp " + "--resume " +
                                                     checkpoint + " --out " + out),
                         {checkpoint, "batch_size '32', this run has '16'"});
-  expect_one_line_error(run_program("classify", small_run(data(), 2, 32, 8) + " --amp " +
+  // The data folder spelled another way is the same data: the width is what differs.
+  expect_one_line_error(run_program("classify", small_run(data() + "/./", 2, 32, 8) + " --amp " +
                                                     "--resume " + checkpoint + " --out " + out),
                         {checkpoint, "width '4', this run has '8'"});
+  expect_one_line_error(run_program("classify", small_run(data(), 2) + " --subset 40 --amp " +
+                                                    "--resume " + checkpoint + " --out " + out),
+                        {checkpoint, "subset '0', this run has '40'"});
+  expect_one_line_error(
+      run_program("mlp", "--amp --resume " + checkpoint + " --out " + out),
+      {checkpoint, "written by a run with example 'classify', this run has 'mlp'"});
   expect_one_line_error(run_program("classify", small_run(data(), 2) + " --load-weights " +
                                                     checkpoint + " --out " + out),
-                        {checkpoint, "unexpected entry"});
+                        {checkpoint, "a training checkpoint, not a weights file", "--resume"});
 
   const std::string truncated = fresh_dir("classify_truncated.safetensors");
   io::write_file_atomically(truncated, io::read_file(checkpoint).substr(0, 1000));

@@ -109,6 +109,17 @@ TEST(Examples, ResumeRefusesACheckpointOfOtherDataSeedLearningRateOrScaler) {
     EXPECT_NE(run.status, 0) << args;
     EXPECT_NE(run.output.find(what), std::string::npos) << args << ": " << run.output;
   }
+  const std::string weights_dir = fresh_dir("resume_weights");
+  ASSERT_EQ(run_program("mlp", "--epochs 1 --batches 3 --save-weights " + weights_dir + " --out " +
+                                   fresh_dir("resume_weights_run"))
+                .status,
+            0);
+  const ProgramRun from_weights = run_program(
+      "mlp", "--epochs 2 --batches 3 --resume " + weights_dir + "/final.safetensors --out " + out);
+  EXPECT_NE(from_weights.status, 0);
+  EXPECT_NE(from_weights.output.find("not a training checkpoint"), std::string::npos)
+      << from_weights.output;
+  EXPECT_NE(from_weights.output.find("--load-weights"), std::string::npos) << from_weights.output;
   EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3" + resume).status, 0)
       << "more epochs of the same data resume";
 
