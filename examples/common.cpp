@@ -17,6 +17,7 @@
 
 #include "amp/autocast.h"
 #include "amp/diagnostics.h"
+#include "cli.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
 #include "io/plot.h"
@@ -656,15 +657,12 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--seed", options.seed, "seed of the initial weights and the data")
-      ->check(CLI::Validator(
-          [](const std::string& text) { // "-5" would wrap around to 2^64 - 5
-            return text.find('-') == std::string::npos
-                       ? std::string()
-                       : "expected a non-negative integer, got " + text;
-          },
-          ""))
+      ->check(any_uint64())
       ->capture_default_str();
-  app.add_option("--lr", options.lr, "learning rate")->capture_default_str();
+  app.add_option("--lr", options.lr, "learning rate")
+      ->check(finite_number([](double v) { return v >= 0 && v <= FLT_MAX; },
+                            "a finite number >= 0 (at most 3.4e38)"))
+      ->capture_default_str();
   app.add_option("--out", options.out, "output directory (default out/<example>)")
       ->check(kNonEmptyPath);
   app.add_flag("--amp", options.amp, "train with mixed precision (autocast + GradScaler)");
@@ -676,24 +674,18 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
                "time every op of training (CUDA events on a GPU; adds a little overhead), then "
                "print the time per op and write it to profile.txt");
   app.add_option("--init-scale", options.init_scale, "GradScaler initial loss scale")
-      ->check(CLI::Validator(
-          [](const std::string& text) { // GradScaler's range, in the option's words
-            const double value = std::strtod(text.c_str(), nullptr);
-            return std::isfinite(value) && value > 0 && value <= FLT_MAX
-                       ? std::string()
-                       : "expected a finite number > 0 (at most 3.4e38), got " + text;
-          },
-          ""))
+      ->check(finite_number([](double v) { return v > 0 && v <= FLT_MAX; }, // GradScaler's range
+                            "a finite number > 0 (at most 3.4e38)"))
       ->capture_default_str();
   app.add_option("--growth-interval", options.growth_interval,
                  "clean steps before the loss scale grows")
-      ->check(CLI::Range(1, INT32_MAX))
+      ->check(integer_in(1, INT32_MAX))
       ->capture_default_str();
   app.add_flag("--no-loss-scaling", options.no_loss_scaling,
                "AMP without loss scaling (ablation: small gradients flush to zero)");
   app.add_option("--log-every", options.log_every,
                  "progress line every N steps (0: every tenth of the run or 10 s)")
-      ->check(CLI::Range(int64_t(0), kMaxSteps));
+      ->check(integer_in(0, kMaxSteps));
   app.add_option("--save-weights", options.save_weights,
                  "write DIR/init.safetensors before the first step and DIR/final.safetensors "
                  "after the last (PyTorch state_dict names and layouts; with --compare, "
@@ -704,13 +696,16 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
       ->check(kNonEmptyPath);
   app.add_option("--checkpoint-every", options.checkpoint_every,
                  "every N steps, write a training checkpoint to OUT/checkpoint.safetensors")
-      ->check(CLI::Range(int64_t(0), kMaxSteps));
+      ->check(integer_in(0, kMaxSteps));
   app.add_option("--resume", options.resume,
                  "continue the run saved in this training checkpoint (same options)")
       ->check(kNonEmptyPath);
   // The scaler's options without mixed precision would be ignored (as GradScaler(enabled=False)
   // ignores its arguments): most likely --amp was forgotten, so they are refused.
   app.parse_complete_callback([&app, &options] {
+    if (options.amp && options.compare)
+      throw CLI::ValidationError("--amp",
+                                 "--compare trains both FP32 and AMP; give one of the two");
     if (options.amp || options.compare) return;
     for (const char* name : {"--init-scale", "--growth-interval"})
       if (app.count(name) > 0)
@@ -720,12 +715,6 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
       throw CLI::ValidationError("--no-loss-scaling", "applies only with --amp or --compare");
   });
 }
-
-const CLI::Validator kNonEmptyPath(
-    [](const std::string& text) {
-      return text.empty() ? std::string("expected a path, got ''") : "";
-    },
-    "");
 
 void require_host_memory(double bytes, const std::string& what) {
   const double available = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));

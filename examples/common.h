@@ -17,16 +17,13 @@
 
 namespace minamp::examples {
 
-// The largest counts and sizes the programs take (CLI::Range checks them: "--steps: Value 0 not
-// in range 1 to 1000000000"). Past them a step count overflows or a model needs more memory
-// than any machine has, and the run would die without a word instead of saying so.
+// The largest counts and sizes the programs take (integer_in checks them: "--steps: expected an
+// integer from 1 to 1000000000, got 0"). Past them a step count overflows or a model needs more
+// memory than any machine has, and the run would die without a word instead of saying so.
 constexpr int64_t kMaxSteps = 1'000'000'000;
 constexpr int64_t kMaxWidth = 65'536;     // features or channels of one layer
 constexpr int64_t kMaxBatch = 16'777'216; // rows of one batch
 constexpr int64_t kMaxLayers = 1'000;
-
-// CLI11 check of a path option: "" is refused instead of silently meaning "not given".
-extern const CLI::Validator kNonEmptyPath;
 
 // Throws Error naming `what` when `bytes` of host memory are more than this machine has (a
 // data set built in std::vectors would otherwise be killed by the kernel part-way).

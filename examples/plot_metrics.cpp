@@ -75,7 +75,9 @@ int main(int argc, char** argv) {
   bool log_y = false;
   std::vector<std::string> inputs;
   app.add_option("--column", column, "the CSV column to plot")->capture_default_str();
-  app.add_option("--out", out, "the PNG to write")->capture_default_str();
+  app.add_option("--out", out, "the PNG to write")
+      ->check(examples::kNonEmptyPath)
+      ->capture_default_str();
   app.add_option("--title", title, "plot title (default: the column)");
   app.add_option("--y-label", y_label, "y axis label (default: the column)");
   app.add_flag("--log-y", log_y, "logarithmic y axis (e.g. for the loss scale)");

@@ -42,16 +42,16 @@ int main(int argc, char** argv) {
     examples::add_common_options(app, options, 1e-3f);
     int64_t steps = 512, size = 0, hidden = 256, layers = 2;
     app.add_option("--steps", steps, "training steps on the one example")
-        ->check(CLI::Range(int64_t(1), examples::kMaxSteps))
+        ->check(examples::integer_in(1, examples::kMaxSteps))
         ->capture_default_str();
     app.add_option("--size", size,
                    "grid size S (default 512 on a GPU, 64 on the CPU, 16 on the CUDA emulator)")
-        ->check(CLI::Range(2, 8192));
+        ->check(examples::integer_in(2, 8192));
     app.add_option("--hidden", hidden, "channels of the hidden layers")
-        ->check(CLI::Range(int64_t(1), examples::kMaxWidth))
+        ->check(examples::integer_in(1, examples::kMaxWidth))
         ->capture_default_str();
     app.add_option("--layers", layers, "hidden Conv+BN+ReLU blocks after the first")
-        ->check(CLI::Range(int64_t(0), examples::kMaxLayers))
+        ->check(examples::integer_in(0, examples::kMaxLayers))
         ->capture_default_str();
     examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);

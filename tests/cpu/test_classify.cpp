@@ -166,6 +166,13 @@ TEST(Classify, DataProblemsAreOneLineErrorsWithNoOutput) {
                         {"/nonexistent/img", "not a directory"});
   expect_one_line_error(run_program("classify", small_run(data(), 1, 1000) + " --out " + out),
                         {"--batch-size", "384 training images"});
+  // Options that would be ignored are refused.
+  expect_one_line_error(
+      run_program("classify", small_run(data(), 1) + " --image-size 16 --out " + out),
+      {"--image-size requires --images"});
+  expect_one_line_error(
+      run_program("classify", small_run(data(), 1) + " --images data/tiny-images --out " + out),
+      {"--data excludes --images"});
 
   const std::string bad = synthetic_data("classify_corrupt");
   const std::string images = bad + "/train-images-idx3-ubyte.gz";

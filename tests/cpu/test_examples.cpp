@@ -66,13 +66,18 @@ TEST(Examples, BadValuesAreOneLineErrors) {
   // that would wrap or poison training are refused before anything is written.
   const std::string out = fresh_dir("bad_values");
   const std::pair<const char*, std::vector<std::string>> cases[] = {
-      {"--epochs 0", {"--epochs", "not in range 1 to 1000000000"}},
+      {"--epochs 0", {"--epochs", "expected an integer from 1 to 1000000000, got 0"}},
+      {"--batch-size 1e3", {"--batch-size", "expected an integer from 1 to 16777216, got 1e3"}},
+      {"--epochs 1.5", {"--epochs", "got 1.5"}},
       {"--epochs 1000000 --batches 1000000", {"--epochs x --batches", "at most 1000000000"}},
       {"--epochs 1 --batches 1000000000 --batch-size 16000000",
        {"--batches", "more than this machine's"}},
       {"--widths 4000000000", {"--widths", "wider than 65536"}},
-      {"--seed -5", {"--seed", "non-negative"}},
-      {"--lr nan", {"SGD: lr must be a finite number >= 0, got nan"}},
+      {"--seed -5", {"--seed", "expected an integer from 0 to 18446744073709551615, got -5"}},
+      {"--seed 18446744073709551616", {"--seed", "got 18446744073709551616"}}, // not clamped
+      {"--lr nan", {"--lr", "expected a finite number >= 0 (at most 3.4e38), got nan"}},
+      {"--lr -1", {"--lr", "got -1"}},
+      {"--amp --compare", {"--amp", "--compare trains both FP32 and AMP"}},
       {"--log-every -1", {"--log-every"}},
       {"--init-scale 1024", {"--init-scale", "only with --amp or --compare"}},
       {"--no-loss-scaling", {"--no-loss-scaling", "only with --amp or --compare"}},
@@ -81,7 +86,7 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--amp --init-scale nan", {"--init-scale", "got nan"}},
       {"--compare --init-scale -1", {"--init-scale", "got -1"}},
       {"--amp --init-scale 1e39", {"--init-scale", "at most 3.4e38), got 1e39"}},
-      {"--amp --growth-interval 0", {"--growth-interval", "not in range 1 to"}},
+      {"--amp --growth-interval 0", {"--growth-interval", "expected an integer from 1 to"}},
       {"--resume a --compare", {"--resume", "cannot be combined with --compare"}},
       {"--resume a --load-weights b", {"--resume", "--load-weights"}},
       {"--load-weights /nonexistent.safetensors", {"No such file or directory"}},
@@ -309,6 +314,8 @@ TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
                           parts);
   }
   EXPECT_FALSE(std::filesystem::exists(out + "/bad.png"));
+  expect_one_line_error(run_program("plot_metrics", "--out '' " + fp32), "--out ''",
+                        {"--out", "expected a path"});
 }
 
 // The loop reads each step's loss, scale and skip flag on the host in batches (not after every
