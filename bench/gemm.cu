@@ -472,6 +472,22 @@ int run(int argc, char** argv) {
               device["l2_bytes"].get<int>() >> 20, cublas_name.c_str());
   std::printf("%-48s %-4s %10s %10s %8s\n", "shape (MxNxK)", "in", "minamp", "cuBLAS", "ratio");
   json rows = json::array(), sweep_skipped = json::array();
+  // The JSON so far, written after every row: a kernel that faults or hangs (killed by the
+  // caller's time limit) keeps the rows before it, the library's ahead of the sweep's.
+  const auto save = [&] {
+    if (json_path.empty()) return;
+    const json result = {
+        {"framework", "minamp"},
+        {"device", device},
+        {"cublas_version", cublas_version},
+        {"cublas_math_mode", "default (Sgemm is plain fp32, no TF32)"},
+        {"minamp_peak_device_bytes", allocator_for(Device::cuda).peak_bytes()},
+        {"timing", "CUDA events per run on one stream, queued behind a spin kernel, median; "
+                   "minamp and cuBLAS alternate in 2 rounds after 5 warm-up runs each"},
+        {"rows", rows},
+        {"wmma_sweep_skipped", sweep_skipped}};
+    io::write_file_atomically(json_path, result.dump(2) + "\n");
+  };
   bool all_ok = true;
   for (DType ab : dtypes) {
     for (const GemmShape& s : shapes) {
@@ -483,25 +499,13 @@ int run(int argc, char** argv) {
         all_ok = all_ok && row["check"]["ok"].get<bool>();
         print_row(row);
         rows.push_back(std::move(row));
+        save();
       });
     }
   }
   cublasDestroy(handle);
-
-  const json result = {{"framework", "minamp"},
-                       {"device", device},
-                       {"cublas_version", cublas_version},
-                       {"cublas_math_mode", "default (Sgemm is plain fp32, no TF32)"},
-                       {"minamp_peak_device_bytes", allocator_for(Device::cuda).peak_bytes()},
-                       {"timing", "CUDA events per run on one stream, queued behind a spin kernel, "
-                                  "median; minamp and cuBLAS alternate in 2 rounds after 5 "
-                                  "warm-up runs each"},
-                       {"rows", rows},
-                       {"wmma_sweep_skipped", sweep_skipped}};
-  if (!json_path.empty()) {
-    io::write_file_atomically(json_path, result.dump(2) + "\n");
-    std::printf("wrote %s\n", json_path.c_str());
-  }
+  save();
+  if (!json_path.empty()) std::printf("wrote %s\n", json_path.c_str());
   return all_ok ? 0 : 1;
 }
 

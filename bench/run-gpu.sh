@@ -108,8 +108,10 @@ stage() {
 }
 
 # bench_gemm PART (square-f16, model-f16 or all-f32): one process per part, so that a failure
-# in one keeps the others (bench_gemm writes its JSON at the end). The f16 parts also time the
-# WMMA sweep's tile configurations (square 4096, sine fwd and dgrad): tuning data.
+# in one keeps the others (bench_gemm rewrites its JSON after every row, so a fault or a time
+# limit keeps the rows before it; each shape's library row comes before its sweep rows). The f16
+# parts also time the WMMA sweep's tile configurations (square 4096, sine fwd and dgrad): tuning
+# data.
 gemm_parts=(square-f16 model-f16 all-f32)
 run_gemm() {
   local sweep=()
@@ -119,8 +121,8 @@ run_gemm() {
 }
 
 # run_model MODEL: minamp in FP32, then AMP (one process each, so that a slow or failing AMP run
-# keeps the FP32 result: bench_train writes its JSON at the end), then PyTorch, so that each
-# pair is measured close in time.
+# keeps the FP32 result), then PyTorch (which rewrites its JSON after every run, the informational
+# fused-optimizer runs last), so that each pair is measured close in time.
 run_model() {
   local m=$1 p
   for p in fp32 amp; do

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -223,15 +224,29 @@ void progress(const std::string& label, const char* what) {
   std::fflush(stdout);
 }
 
+// The last 10 losses of a run, all its JSON reports. Keeping every step's loss would hold a new
+// device block each step (a cudaMalloc once the cache runs dry), which neither the training loop
+// of the examples nor PyTorch's peer (bench/pytorch/train.py keeps 10 too) pays.
+class LossTail {
+public:
+  void add(Tensor loss) {
+    kept_.push_back(std::move(loss));
+    if (kept_.size() > 10) kept_.pop_front();
+  }
+  const std::deque<Tensor>& kept() const { return kept_; }
+
+private:
+  std::deque<Tensor> kept_;
+};
+
 // The JSON of a training run: its step times, the peak bytes it used beyond the resident data,
 // and its losses (the last, and the mean of the last 10).
 json training_result(const Workload& w, bool amp, const char* mode, const Config& cfg,
-                     const std::vector<double>& ms, size_t used_peak_bytes,
-                     const std::vector<Tensor>& losses, const amp::GradScaler& scaler,
-                     const json& profile) {
+                     const std::vector<double>& ms, size_t used_peak_bytes, const LossTail& tail,
+                     const amp::GradScaler& scaler, const json& profile) {
+  const std::deque<Tensor>& losses = tail.kept();
   double last10 = 0;
-  const size_t tail = std::min<size_t>(10, losses.size());
-  for (size_t i = losses.size() - tail; i < losses.size(); ++i) last10 += losses[i].item();
+  for (const Tensor& loss : losses) last10 += loss.item();
   return {{"model", w.name},
           {"precision", amp ? "amp" : "fp32"},
           {"mode", mode},
@@ -241,7 +256,7 @@ json training_result(const Workload& w, bool amp, const char* mode, const Config
           {"peak_bytes", used_peak_bytes},
           {"data_bytes", w.data_bytes()},
           {"final_loss", losses.back().item()},
-          {"loss_last10_mean", last10 / double(tail)},
+          {"loss_last10_mean", last10 / double(losses.size())},
           {"final_scale", scaler.get_scale()},
           {"profile", profile}};
 }
@@ -284,8 +299,8 @@ json train_run(Workload& w, bool amp, const Config& cfg, const std::string& labe
   backend::cuda_synchronize();
   Allocator& allocator = allocator_for(cfg.device);
   allocator.reset_peak();
-  std::vector<Tensor> losses;
-  const auto ms = time_each(cfg.steps, [&](int64_t i) { losses.push_back(step(cfg.warmup + i)); });
+  LossTail losses;
+  const auto ms = time_each(cfg.steps, [&](int64_t i) { losses.add(step(cfg.warmup + i)); });
   const size_t peak = allocator.peak_bytes();
   const json profile = cfg.profile_steps > 0
                            ? profile_run(step, cfg.warmup + cfg.steps, cfg.profile_steps)
@@ -328,13 +343,13 @@ json graph_train_run(Workload& w, bool amp, const Config& cfg, const std::string
   const std::unique_ptr<backend::CudaGraph, void (*)(backend::CudaGraph*)> graph(
       backend::cuda_graph_capture(captured_step), backend::cuda_graph_destroy);
 
-  std::vector<Tensor> losses;
+  LossTail losses;
   const auto ms = time_each(cfg.steps, [&](int64_t i) {
     const size_t batch = static_cast<size_t>(cfg.warmup + i) % w.inputs.size();
     copy_bytes(input.raw(), cfg.device, w.inputs[batch].raw(), cfg.device, input.nbytes());
     copy_bytes(target.raw(), cfg.device, w.targets[batch].raw(), cfg.device, target.nbytes());
     backend::cuda_graph_launch(graph.get());
-    losses.push_back(loss_value.clone());
+    losses.add(loss_value.clone());
   });
   const size_t peak = allocator.peak_bytes();
 

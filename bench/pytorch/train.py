@@ -5,6 +5,7 @@ plus forward-only inference, peak memory and the final loss. Writes JSON with th
 version, the TF32 flags and the thread count."""
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -105,10 +106,10 @@ def train_run(w, amp, args, device, label, fused=False):
         step(i)
     device.sync()
     device.reset_peak()
-    losses = []
+    losses = collections.deque(maxlen=10)  # as bench/train.cpp: a list would keep every step's
     ms = time_each(args.steps, lambda i: losses.append(step(args.warmup + i)), device)
     peak = device.peak(w.data_bytes())
-    tail = [float(x) for x in losses[-10:]]
+    tail = [float(x) for x in losses]
     return {"model": w.name, "precision": "amp" if amp else "fp32", "mode": mode,
             "warmup": args.warmup, "steps": args.steps, "step_ms": summarize_ms(ms),
             **peak, "data_bytes": w.data_bytes(), "final_loss": float(losses[-1]),
@@ -202,10 +203,12 @@ def environment(args):
     return env
 
 
-def run_all(args, device):
-    """Each model and precision: training then inference on one workload, then (with --fused)
-    training with the fused optimizers on a fresh one. A workload is dropped before the next is
-    built, so that no other run's model or batches are resident while a peak is measured."""
+def run_all(args, device, save):
+    """Each model and precision: training then inference on one workload, then (with --fused,
+    after both precisions: informational runs last) training with the fused optimizers on a fresh
+    one. A workload is dropped before the next is built, so that no other run's model or batches
+    are resident while a peak is measured. save(info, runs) follows every run, so that a run cut
+    short (a time limit, a crash in a library) keeps the ones before it."""
     runs, info = [], {}
 
     def measure(name, precision, label, parts):
@@ -216,9 +219,11 @@ def run_all(args, device):
             try:
                 runs.append(part(w))
                 print_run(runs[-1])
+                save(info, runs)
             except RuntimeError as error:  # e.g. an op without an f16 kernel on this device
                 print(f"  {label} {mode}: failed: {error}", flush=True)
                 runs.append(run_error(name, precision, mode, error))
+                save(info, runs)
                 return
 
     for name in args.models.split(","):
@@ -231,9 +236,11 @@ def run_all(args, device):
             measure(name, precision, label, [
                 ("train", lambda w: train_run(w, amp, args, device, label)),
                 ("infer", lambda w: inference_run(w, amp, args, device, label))])
-            if args.fused:
-                measure(name, precision, label, [
-                    ("train-fused", lambda w: train_run(w, amp, args, device, label, fused=True))])
+        for precision in args.precisions.split(",") if args.fused else []:
+            amp = precision == "amp"
+            label = f"{name} {precision} {args.device}"
+            measure(name, precision, label, [
+                ("train-fused", lambda w: train_run(w, amp, args, device, label, fused=True))])
     return info, runs
 
 
@@ -244,13 +251,18 @@ def main():
     print(f"pytorch {torch.__version__} on {args.device} ({torch.get_num_threads()} threads): "
           f"{args.warmup} warm-up + {args.steps} timed steps, sine {args.size}x{args.size}",
           flush=True)
-    info, runs = run_all(args, device)
-    result = dict(environment(args), models=info, runs=runs)
+    env = environment(args)
+
+    def save(info, runs):
+        if args.json:
+            with open(args.json + ".tmp", "w") as f:
+                json.dump(dict(env, models=info, runs=runs), f, indent=2)
+                f.write("\n")
+            os.replace(args.json + ".tmp", args.json)
+
+    info, runs = run_all(args, device, save)
+    save(info, runs)
     if args.json:
-        with open(args.json + ".tmp", "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-        os.replace(args.json + ".tmp", args.json)
         print(f"wrote {args.json}")
 
 

@@ -147,7 +147,7 @@ class CpuTargets(unittest.TestCase):
 
 
 class GpuTargets(unittest.TestCase):
-    def gpu_report(self):
+    def gpu_report(self, gemm_check_failed=False):
         ms = {"mlp": 0.05, "sine": 4.0, "classify": 2.0}
         minamp = every_run("minamp", ms, peak=100, modes=("train", "train-graph", "infer"))
         pytorch = every_run("pytorch", {"mlp": 1.0, "sine": 4.0, "classify": 2.0}, peak=100,
@@ -162,12 +162,22 @@ class GpuTargets(unittest.TestCase):
              "c_dtype": "f16", "m": 4096, "n": 4096, "k": 4096, "ratio": 0.1,
              "minamp": {"tflops": 70.0}, "cublas": {"tflops": 700.0},
              "check": {"max_rel_diff_vs_cublas": 1e-3}}]}
+        if gemm_check_failed:  # bench_gemm writes no times or ratio for a failed check
+            library = gemm["rows"][0]
+            for key in ("ratio", "minamp", "cublas"):
+                del library[key]
+            library["check"] = {"ok": False}
         return Report(self, "gpu", minamp_result(minamp, 512), pytorch_result(pytorch, 512), gemm)
 
     def test_the_gemm_target_reads_the_library_row_not_a_sweep_row(self):
         target = self.gpu_report().targets()["WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"]
         self.assertEqual((target["minamp"], target["reference"]), (420.0, 700.0))
         self.assertEqual(target["status"], "met")
+
+    def test_a_gemm_whose_check_failed_misses_rather_than_goes_unmeasured(self):
+        report = self.gpu_report(gemm_check_failed=True)
+        target = report.targets()["WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"]
+        self.assertEqual(target["status"], "missed (its result check failed)")
 
     def test_pairs_that_are_not_the_targets_are_info_even_inside_the_bound(self):
         report = self.gpu_report()
