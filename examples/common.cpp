@@ -36,22 +36,56 @@ double seconds_since(Clock::time_point start) {
 
 std::string mib(size_t bytes) { return cat(std::round(bytes / 1048576.0 * 100) / 100, " MiB"); }
 
-// Throws Error naming `option` unless `dir` is a directory or could be made one: its nearest
-// existing ancestor is a directory this process may write to.
-void require_directory_can_exist(const std::string& dir, const char* option) {
-  std::filesystem::path path = std::filesystem::absolute(dir);
+// A directory a run writes into: the option that names it and the files it will write there.
+struct OutputDir {
+  std::string dir;
+  const char* option;
+  std::vector<std::string> files;
+};
+
+// The outermost directory that creating `dir` would make ("" when `dir` exists).
+std::filesystem::path first_missing(const std::string& dir) {
+  std::filesystem::path path = std::filesystem::absolute(dir), missing;
+  while (!std::filesystem::exists(path) && path.has_parent_path() && path != path.parent_path()) {
+    missing = path;
+    path = path.parent_path();
+  }
+  return missing;
+}
+
+// Throws Error naming the option unless its directory is one or could be made one (the nearest
+// existing ancestor is a directory this process may write to) and none of its files is a
+// directory (found only when the run writes it at the end, that would throw the run away).
+void require_usable(const OutputDir& out) {
+  std::filesystem::path path = std::filesystem::absolute(out.dir);
   while (!std::filesystem::exists(path) && path.has_parent_path() && path != path.parent_path())
     path = path.parent_path();
   const bool usable = std::filesystem::is_directory(path) && ::access(path.c_str(), W_OK) == 0;
-  require(usable, option, "cannot create the directory ", dir, " (", path.string(),
+  require(usable, out.option, "cannot create the directory ", out.dir, " (", path.string(),
           std::filesystem::is_directory(path) ? " is not writable)" : " is not a directory)");
+  for (const std::string& file : out.files)
+    require(!std::filesystem::is_directory(out.dir + "/" + file), out.option, out.dir, "/", file,
+            " is a directory, where the run would write a file");
 }
 
-// Creates `dir` and its parents; throws Error naming `option` and the reason when it cannot.
-void make_directory(const std::string& dir, const char* option) {
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  require(!error, option, "cannot create the directory ", dir, " (", error.message(), ")");
+// Checks every output directory, then creates them. When one cannot be created after all (a
+// read-only mount that root's access() cannot see), the ones this call made are removed: an
+// error leaves no empty folder behind.
+void make_output_dirs(const std::vector<OutputDir>& outputs) {
+  for (const OutputDir& out : outputs) require_usable(out);
+  std::vector<std::filesystem::path> made;
+  for (const OutputDir& out : outputs) {
+    const std::filesystem::path missing = first_missing(out.dir);
+    std::error_code error;
+    std::filesystem::create_directories(out.dir, error);
+    if (error) {
+      std::error_code ignored; // the first error is the one to report
+      for (const std::filesystem::path& dir : made) std::filesystem::remove_all(dir, ignored);
+      throw Error(
+          cat(out.option, ": cannot create the directory ", out.dir, " (", error.message(), ")"));
+    }
+    if (!missing.empty()) made.push_back(missing);
+  }
 }
 
 // The data-order generator's stream: apart from the weights' (stream 0), same seed.
@@ -418,6 +452,8 @@ private:
   }
   bool evaluates() const { return spec_.steps_per_epoch > 0 && spec_.eval_batch != nullptr; }
 
+  // The directories this run writes into, with the files it writes there.
+  std::vector<OutputDir> output_dirs(const std::string& out_dir) const;
   void resume(const std::string& path);
   void save_checkpoint(const std::string& path) const;
   // One optimizer step on batch `step`; its loss, scale and found_inf are copied on the device
@@ -461,6 +497,17 @@ void Run::resume(const std::string& path) {
                                                                 evaluates() ? state.epoch : 0);
   order_.restore(state.data_rng, state.step);
   first_step_ = state.step;
+}
+
+std::vector<OutputDir> Run::output_dirs(const std::string& out_dir) const {
+  OutputDir out{out_dir, "--out", {"metrics.csv", "summary.json", "loss.png"}};
+  if (evaluates()) out.files.insert(out.files.end(), {"epochs.csv", "accuracy.png"});
+  if (scaler_->is_enabled()) out.files.push_back("loss_scale.png");
+  if (options_.profile) out.files.push_back("profile.txt");
+  if (options_.checkpoint_every > 0) out.files.push_back("checkpoint.safetensors");
+  if (options_.save_weights.empty()) return {out};
+  return {out,
+          {options_.save_weights, "--save-weights", {"init.safetensors", "final.safetensors"}}};
 }
 
 void Run::save_checkpoint(const std::string& path) const {
@@ -557,10 +604,7 @@ void Run::finish_epoch(int64_t epoch, double wall_s, Progress& progress) {
 
 RunResult Run::train(const std::string& out_dir) {
   const bool save_weights = !options_.save_weights.empty();
-  require_directory_can_exist(out_dir, "--out"); // both checked before either is created
-  if (save_weights) require_directory_can_exist(options_.save_weights, "--save-weights");
-  make_directory(out_dir, "--out");
-  if (save_weights) make_directory(options_.save_weights, "--save-weights");
+  make_output_dirs(output_dirs(out_dir));
   if (save_weights && first_step_ == 0)
     io::save_weights(options_.save_weights + "/init.safetensors", *model_);
 

@@ -92,10 +92,19 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--load-weights /nonexistent.safetensors", {"No such file or directory"}},
       {"--save-weights ''", {"--save-weights", "expected a path"}},
       {"--save-weights /dev/null/minamp", {"--save-weights", "/dev/null is not a directory"}},
+      // Found only when creating it (as root, access() says /proc is writable): --out, made
+      // first, is removed again.
+      {"--save-weights /proc/minamp", {"--save-weights", "/proc"}},
   };
   for (const auto& [args, parts] : cases) {
     expect_one_line_error(run_program("mlp", std::string(args) + " --out " + out), args, parts);
   }
+  // A folder where the run would write a file at the end is refused before it starts.
+  const std::string weights = fresh_dir("bad_values_weights");
+  std::filesystem::create_directories(weights + "/final.safetensors");
+  expect_one_line_error(
+      run_program("mlp", "--save-weights " + weights + " --out " + out), "final.safetensors",
+      {"--save-weights", "final.safetensors is a directory, where the run would write a file"});
   EXPECT_FALSE(std::filesystem::exists(out)) << "a refused run wrote output";
 }
 
