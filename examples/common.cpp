@@ -739,7 +739,8 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
                  "start from the weights in this safetensors file")
       ->check(kNonEmptyPath);
   app.add_option("--checkpoint-every", options.checkpoint_every,
-                 "every N steps, write a training checkpoint to OUT/checkpoint.safetensors")
+                 "every N steps, write a training checkpoint to OUT/checkpoint.safetensors "
+                 "(with --compare, OUT/fp32/ and OUT/amp/)")
       ->check(integer_in(0, kMaxSteps));
   app.add_option("--resume", options.resume,
                  "continue the run saved in this training checkpoint (same options)")
@@ -798,6 +799,16 @@ std::string device_label(Device device) {
   return device == Device::cpu ? "cpu" : cat("cuda (", device_description(device), ")");
 }
 
+// A non-finite final loss is reported (the run still writes its outputs, which show where the
+// loss went): in FP32 nothing skips such steps, and in AMP every step was skipped at the end.
+void warn_if_diverged(const RunResult& r) {
+  if (std::isfinite(r.final_loss)) return;
+  std::fprintf(stderr,
+               "warning: %s: the final loss is %g: training diverged (a lower --lr may "
+               "help)\n",
+               r.precision.c_str(), r.final_loss);
+}
+
 // The options of one precision's run under --compare: weights go to their own subdirectory.
 Options options_for(const Options& options, const std::string& precision) {
   Options run = options;
@@ -810,9 +821,12 @@ int run_example(const TrainSpec& spec, const Options& options) {
   const Device device = resolve_device(options.device);
   require(options.resume.empty() || options.load_weights.empty(), "--resume",
           "continues from the checkpoint's weights; it cannot be combined with --load-weights");
+  require(options.checkpoint_every <= spec.steps, "--checkpoint-every", "the run has ", spec.steps,
+          " steps, so every ", options.checkpoint_every, " steps would write no checkpoint");
   const std::string out = options.out.empty() ? "out/" + spec.example : options.out;
   if (!options.compare) {
     const RunResult r = train(spec, options, device, options.amp, out);
+    warn_if_diverged(r);
     std::printf("%s %s on %s: final loss %.6g in %.2f s, peak %s, skipped %lld, scale %g\n",
                 spec.example.c_str(), r.precision.c_str(), device_label(device).c_str(),
                 r.final_loss, r.wall_s, mib(r.peak_bytes).c_str(),
@@ -824,6 +838,8 @@ int run_example(const TrainSpec& spec, const Options& options) {
           "resumes one run; it cannot be combined with --compare");
   const RunResult fp32 = train(spec, options_for(options, "fp32"), device, false, out + "/fp32");
   const RunResult amp = train(spec, options_for(options, "amp"), device, true, out + "/amp");
+  warn_if_diverged(fp32);
+  warn_if_diverged(amp);
   std::printf("\n%s on %s, %lld steps (same init and data)%s", spec.example.c_str(),
               device_label(device).c_str(), static_cast<long long>(spec.steps),
               device == Device::cpu ? " — CPU f16 is an emulation for study: the speed claim "

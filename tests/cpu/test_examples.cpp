@@ -95,6 +95,7 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       // Found only when creating it (as root, access() says /proc is writable): --out, made
       // first, is removed again.
       {"--save-weights /proc/minamp", {"--save-weights", "/proc"}},
+      {"--epochs 1 --checkpoint-every 51", {"--checkpoint-every", "the run has 50 steps"}},
   };
   for (const auto& [args, parts] : cases) {
     expect_one_line_error(run_program("mlp", std::string(args) + " --out " + out), args, parts);
@@ -221,6 +222,18 @@ TEST(Examples, ProfileWritesTheTimePerOp) {
   EXPECT_EQ(calls_per_step["batchnorm_forward"], 3.0);
   EXPECT_EQ(calls_per_step["zero_grads"], 1.0);
   EXPECT_EQ(calls_per_step["adam_step"], 1.0);
+}
+
+// A run whose loss ends as NaN finishes and writes its outputs, but says that it diverged.
+TEST(Examples, ADivergedRunSaysSo) {
+  const std::string out = fresh_dir("diverged");
+  const ProgramRun run = run_program("mlp", "--lr 1e10 --epochs 1 --out " + out);
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("warning: fp32: the final loss is"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("training diverged"), std::string::npos) << run.output;
+  EXPECT_TRUE(std::filesystem::exists(out + "/metrics.csv"));
+  const ProgramRun fine = run_program("mlp", "--epochs 1 --out " + out);
+  EXPECT_EQ(fine.output.find("warning"), std::string::npos) << fine.output;
 }
 
 TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
