@@ -211,6 +211,9 @@ void check_offsets(const std::string& path, std::vector<EntrySpec>& specs, uint6
     check_file(spec.begin <= spec.end && spec.end <= data_size, path, where, " data_offsets [",
                spec.begin, ", ", spec.end, "] lie outside the ", data_size, "-byte data block");
     check_file(spec.begin >= previous_end, path, where, " overlaps the previous entry");
+    // As the safetensors library's validation: the entries tile the data block, with no gap.
+    check_file(spec.begin == previous_end, path, where, " starts at byte ", spec.begin,
+               ", leaving a gap after byte ", previous_end, " of the data block");
     const size_t size = element_size(spec.dtype);
     uint64_t count = 0;
     check_file(product_within(spec.shape, data_size / size, count) &&
@@ -219,6 +222,8 @@ void check_offsets(const std::string& path, std::vector<EntrySpec>& specs, uint6
                " of its shape");
     previous_end = spec.end;
   }
+  check_file(previous_end == data_size, path, "the ", data_size, "-byte data block has ",
+             data_size - previous_end, " bytes after its last entry (truncated or padded?)");
 }
 
 Tensor make_tensor(const std::string& path, const EntrySpec& spec, const char* data) {

@@ -200,6 +200,13 @@ TEST(Safetensors, SpecificCorruptionsNameTheFileAndTheProblem) {
       path, assemble({{"a", entry("F32", {3}, 0, 12)}, {"b", entry("F32", {2}, 8, 16)}}, data));
   expect_load_error(path, "overlaps");
 
+  // The entries must tile the data block, as the safetensors library requires.
+  test::write_bytes(
+      path, assemble({{"a", entry("F32", {1}, 0, 4)}, {"b", entry("F32", {2}, 8, 16)}}, data));
+  expect_load_error(path, "entry 'b' starts at byte 8, leaving a gap after byte 4");
+  test::write_bytes(path, assemble({{"w", entry("F32", {3}, 0, 12)}}, data));
+  expect_load_error(path, "the 16-byte data block has 4 bytes after its last entry");
+
   test::write_bytes(path, assemble({{"w", entry("F32", {1, 1, 1, 2, 2}, 0, 16)}}, data));
   expect_load_error(path, "entry 'w' has 5 dimensions");
 
