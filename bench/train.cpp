@@ -397,7 +397,8 @@ void print_run(const json& run) {
   std::fflush(stdout);
 }
 
-// The comma-separated items of an option, each checked against the accepted values.
+// The comma-separated items of an option, each checked against the accepted values and given
+// once (empty items, as in a trailing comma, are skipped).
 std::vector<std::string> parse_list(const std::string& text, const char* option,
                                     const std::vector<std::string>& accepted) {
   std::vector<std::string> items;
@@ -407,6 +408,8 @@ std::vector<std::string> parse_list(const std::string& text, const char* option,
     if (item.empty()) continue;
     require(std::find(accepted.begin(), accepted.end(), item) != accepted.end(), option,
             "unknown value '", item, "'");
+    require(std::find(items.begin(), items.end(), item) == items.end(), option, "'", item,
+            "' is given twice");
     items.push_back(item);
   }
   require(!items.empty(), option, "expected at least one value, got '", text, "'");

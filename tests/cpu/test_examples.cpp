@@ -172,6 +172,23 @@ TEST(Examples, CudaWithoutAGpuSaysWhy) {
   }
 }
 
+TEST(Examples, BenchTrainRefusesBadListsAndNumbers) {
+  const std::string json = fresh_dir("bench_bad.json");
+  for (const auto& [args, parts] :
+       {std::pair<std::string, std::vector<std::string>>{"--models mlp,mlp",
+                                                         {"--models", "'mlp' is given twice"}},
+        {"--models resnet", {"--models", "unknown value 'resnet'"}},
+        {"--precisions ,", {"--precisions", "expected at least one value"}},
+        {"--steps 1e2", {"--steps", "expected an integer from 1 to 1000000000, got 1e2"}},
+        {"--seed -1", {"--seed", "expected an integer from 0"}}}) {
+    const ProgramRun run = run_program("bench_train", args + " --device cpu --json " + json);
+    EXPECT_NE(run.status, 0) << args;
+    for (const std::string& part : parts)
+      EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(json)) << "a refused run wrote its JSON";
+}
+
 TEST(Examples, SineWritesMetricsSummaryAndImage) {
   const std::string out = fresh_dir("sine");
   const ProgramRun run = run_program("sine", "--size 8 --hidden 8 --steps 6 --amp --out " + out);
