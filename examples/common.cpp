@@ -483,13 +483,15 @@ private:
   static constexpr int64_t kPendingColumns = 3;
   Tensor pending_figures_;
   int64_t first_step_ = 0;
+  double wall_before_ = 0.0; // training seconds before this process: a resumed run's checkpoint's
 };
 
 void Run::resume(const std::string& path) {
   const io::TrainingState state =
       io::load_training_checkpoint(path, *model_, *opt_, *scaler_, identity_to_resume());
-  require(state.step <= spec_.steps, "--resume", path, ": the checkpoint is at step ", state.step,
-          ", past this run's ", spec_.steps, " steps");
+  require(state.step < spec_.steps, "--resume", path, ": the checkpoint is at step ", state.step,
+          ", ", state.step == spec_.steps ? "the end" : "past the end", " of this run's ",
+          spec_.steps, " steps: nothing is left to train (ask for more steps or epochs)");
   require(state.epoch == epochs_done(state.step), "--resume", path, ": epoch ", state.epoch,
           " does not match step ", state.step, " at ", spec_.steps_per_epoch, " steps per epoch");
   log_.steps = records_from_tensor<StepRecord, kStepColumns>(path, state, "steps", state.step);
@@ -612,7 +614,8 @@ RunResult Run::train(const std::string& out_dir) {
   result.precision = precision_;
   Progress progress(cat(spec_.example, " ", precision_, " ", device_), first_step_, spec_.steps,
                     options_.log_every, spec_.steps_per_epoch);
-  const double wall_before = log_.steps.empty() ? 0.0 : log_.steps.back().wall_s;
+  wall_before_ = log_.steps.empty() ? 0.0 : log_.steps.back().wall_s;
+  const double wall_before = wall_before_;
   Allocator& allocator = allocator_for(device_);
   allocator.reset_peak();
   profile::set_enabled(options_.profile);
@@ -673,7 +676,8 @@ void Run::write_outputs(const std::string& out_dir, const RunResult& result) con
                             {"seed", options_.seed},
                             {"lr", options_.lr},
                             {"final_loss", result.final_loss},
-                            {"wall_s", result.wall_s},
+                            // The whole run's training time, as metrics.csv's wall_s.
+                            {"wall_s", wall_before_ + result.wall_s},
                             {"peak_bytes", result.peak_bytes},
                             {"skipped_steps", result.skipped_steps},
                             {"final_scale", result.final_scale},

@@ -135,8 +135,21 @@ TEST(Examples, ResumeRefusesACheckpointOfOtherDataSeedLearningRateOrScaler) {
   EXPECT_NE(from_weights.output.find("not a training checkpoint"), std::string::npos)
       << from_weights.output;
   EXPECT_NE(from_weights.output.find("--load-weights"), std::string::npos) << from_weights.output;
+  const ProgramRun finished = run_program("mlp", "--epochs 2 --batches 3" + resume);
+  EXPECT_NE(finished.status, 0);
+  EXPECT_NE(finished.output.find("at step 6, the end of this run's 6 steps: nothing is left"),
+            std::string::npos)
+      << finished.output;
   EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3" + resume).status, 0)
       << "more epochs of the same data resume";
+  // The resumed run's summary counts the whole run's training time, as metrics.csv does.
+  const auto summary = nlohmann::json::parse(minamp::io::read_file(out + "/summary.json"));
+  const std::string csv = minamp::io::read_file(out + "/metrics.csv");
+  const std::string last_row = csv.substr(csv.rfind('\n', csv.size() - 2) + 1);
+  const double last_wall_s =
+      std::stod(last_row.substr(last_row.find(',', last_row.find(',') + 1) + 1));
+  EXPECT_EQ(summary["resumed_at_step"], 6);
+  EXPECT_NEAR(summary["wall_s"].get<double>(), last_wall_s, 1e-3 * last_wall_s + 1e-6);
 
   const std::string amp_source = fresh_dir("resume_amp_source");
   ASSERT_EQ(
