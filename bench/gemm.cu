@@ -476,16 +476,16 @@ int run(int argc, char** argv) {
   // caller's time limit) keeps the rows before it, the library's ahead of the sweep's.
   const auto save = [&] {
     if (json_path.empty()) return;
-    const json result = {
-        {"framework", "minamp"},
-        {"device", device},
-        {"cublas_version", cublas_version},
-        {"cublas_math_mode", "default (Sgemm is plain fp32, no TF32)"},
-        {"minamp_peak_device_bytes", allocator_for(Device::cuda).peak_bytes()},
-        {"timing", "CUDA events per run on one stream, queued behind a spin kernel, median; "
-                   "minamp and cuBLAS alternate in 2 rounds after 5 warm-up runs each"},
-        {"rows", rows},
-        {"wmma_sweep_skipped", sweep_skipped}};
+    const json result = {{"framework", "minamp"},
+                         {"device", device},
+                         {"cublas_version", cublas_version},
+                         {"cublas_math_mode", "default (Sgemm is plain fp32, no TF32)"},
+                         {"minamp_peak_device_bytes", allocator_for(Device::cuda).peak_bytes()},
+                         {"timing",
+                          "CUDA events per run on one stream, queued behind a spin kernel, median; "
+                          "minamp and cuBLAS alternate in 2 rounds after 5 warm-up runs each"},
+                         {"rows", rows},
+                         {"wmma_sweep_skipped", sweep_skipped}};
     io::write_file_atomically(json_path, result.dump(2) + "\n");
   };
   bool all_ok = true;
