@@ -466,25 +466,25 @@ int run(int argc, char** argv) {
   app.add_option("--precisions", precisions, "comma-separated: fp32, amp")->capture_default_str();
   const int64_t max_steps = 1'000'000'000;
   app.add_option("--steps", cfg.steps, "timed training steps (after warm-up)")
-      ->check(examples::integer_in(1, max_steps))
+      ->transform(examples::integer_in(1, max_steps))
       ->capture_default_str();
   app.add_option("--warmup", cfg.warmup, "untimed training steps first")
-      ->check(examples::integer_in(0, max_steps))
+      ->transform(examples::integer_in(0, max_steps))
       ->capture_default_str();
   app.add_option("--infer-steps", cfg.infer_steps, "timed forward-only passes")
-      ->check(examples::integer_in(1, max_steps))
+      ->transform(examples::integer_in(1, max_steps))
       ->capture_default_str();
   app.add_option("--profile", cfg.profile_steps,
                  "after the timed steps, this many more with the op profiler on: time per op")
-      ->check(examples::integer_in(0, max_steps))
+      ->transform(examples::integer_in(0, max_steps))
       ->capture_default_str();
   app.add_flag("--cuda-graph", cfg.cuda_graph,
                "also time training replayed from a CUDA graph of one step (mode train-graph)");
   app.add_option("--size", cfg.size,
                  "sine grid size S (default 512 on a GPU, 64 on the CPU, 16 on the CUDA emulator)")
-      ->check(examples::integer_in(2, 8192));
+      ->transform(examples::integer_in(2, 8192));
   app.add_option("--seed", cfg.seed, "seed of the weights and data")
-      ->check(examples::any_uint64())
+      ->transform(examples::any_uint64())
       ->capture_default_str();
   app.add_option("--json", json_path, "write the results to this JSON file");
   examples::use_one_line_errors(app);

@@ -167,10 +167,10 @@ int main(int argc, char** argv) {
     int channels = 3;
     std::string data_dir = "/usr/share/datasets/fashion-mnist", images_root;
     app.add_option("--batch-size", batch_size, "images per training batch")
-        ->check(examples::integer_in(1, examples::kMaxBatch))
+        ->transform(examples::integer_in(1, examples::kMaxBatch))
         ->capture_default_str();
     app.add_option("--epochs", epochs, "passes over the training set")
-        ->check(examples::integer_in(1, examples::kMaxSteps))
+        ->transform(examples::integer_in(1, examples::kMaxSteps))
         ->capture_default_str();
     CLI::Option* data_option =
         app.add_option("--data", data_dir, "directory of Fashion-MNIST's *-ubyte.gz files")
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     // The image-folder options without --images would be ignored: refused, as CLI11 words it
     // ("--image-size requires --images").
     app.add_option("--image-size", image_size, "with --images: side images are resized to")
-        ->check(examples::integer_in(4, 1024))
+        ->transform(examples::integer_in(4, 1024))
         ->needs(images_option)
         ->capture_default_str();
     app.add_option("--channels", channels, "with --images: 1 (grey) or 3 (RGB)")
@@ -193,14 +193,14 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--holdout-every", holdout_every,
                    "with --images: images 1, N+1, 2N+1, ... of each class are test images")
-        ->check(examples::integer_in(2, 1000000))
+        ->transform(examples::integer_in(2, 1000000))
         ->needs(images_option)
         ->capture_default_str();
     app.add_option("--width", width, "channels of the first conv stage (the second has twice)")
-        ->check(examples::integer_in(1, examples::kMaxWidth / 2))
+        ->transform(examples::integer_in(1, examples::kMaxWidth / 2))
         ->capture_default_str();
     app.add_option("--subset", subset, "use only the first N training and N test images (0: all)")
-        ->check(examples::integer_in(0, INT64_MAX));
+        ->transform(examples::integer_in(0, INT64_MAX));
     examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);
     examples::resolve_device(options.device); // --device cuda without a GPU: before the data loads

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <string>
 
 namespace minamp::examples {
@@ -27,31 +28,29 @@ template <class T> bool parses_as_integer(const std::string& text, T& value) {
   return !text.empty() && error == std::errc() && stop == end;
 }
 
-// Check of an integer option in [min, max]. (CLI::Range says "not in range" for 1e3 or 1.5
-// too.)
-inline CLI::Validator integer_in(int64_t min, int64_t max) {
+// Check of a decimal integer option in [min, max] of type T. (CLI::Range says "not in range"
+// for 1e3 or 1.5 too, and CLI11 alone reads "010" as octal 8, wraps "-5" to 2^64 - 5 in an
+// unsigned option and clamps values past 2^64 - 1.) The value is handed on as written in
+// canonical decimal, so CLI11 stores the number this check read: give it to Option::transform
+// (Option::check would hand it a copy).
+template <class T> CLI::Validator integer_in(T min, T max) {
+  const std::string range = std::to_string(min) + " to " + std::to_string(max);
+  const std::string help = "INT in [" + std::to_string(min) + " - " + std::to_string(max) + "]";
   return CLI::Validator(
-      [min, max](const std::string& text) {
-        int64_t value = 0;
-        return parses_as_integer(text, value) && value >= min && value <= max
-                   ? std::string()
-                   : "expected an integer from " + std::to_string(min) + " to " +
-                         std::to_string(max) + ", got " + text;
+      [min, max, range](std::string& text) {
+        T value = 0;
+        if (!parses_as_integer(text, value) || value < min || value > max)
+          return "expected an integer from " + range + ", got " + text;
+        text = std::to_string(value);
+        return std::string();
       },
-      "");
+      help);
 }
+inline CLI::Validator integer_in(int64_t min, int64_t max) { return integer_in<int64_t>(min, max); }
 
-// Check of a uint64 option (a seed): CLI11 alone wraps "-5" to 2^64 - 5 and clamps values past
-// 2^64 - 1, so two different seeds would give one run.
+// Check of a seed: any uint64.
 inline CLI::Validator any_uint64() {
-  return CLI::Validator(
-      [](const std::string& text) {
-        uint64_t value = 0;
-        return parses_as_integer(text, value)
-                   ? std::string()
-                   : "expected an integer from 0 to 18446744073709551615, got " + text;
-      },
-      "");
+  return integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max());
 }
 
 // Check of a real-valued option: a finite number, in full, that `accept` takes; otherwise

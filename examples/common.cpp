@@ -43,48 +43,69 @@ struct OutputDir {
   std::vector<std::string> files;
 };
 
-// The outermost directory that creating `dir` would make ("" when `dir` exists).
-std::filesystem::path first_missing(const std::string& dir) {
-  std::filesystem::path path = std::filesystem::absolute(dir), missing;
-  while (!std::filesystem::exists(path) && path.has_parent_path() && path != path.parent_path()) {
-    missing = path;
-    path = path.parent_path();
+// The directories that creating `dir` would make, deepest first (none when `dir` exists), and
+// in `existing` the nearest ancestor that exists.
+std::vector<std::filesystem::path> missing_dirs(const std::string& dir,
+                                                std::filesystem::path& existing) {
+  std::vector<std::filesystem::path> missing;
+  existing = std::filesystem::absolute(dir);
+  while (!std::filesystem::exists(existing) && existing.has_parent_path() &&
+         existing != existing.parent_path()) {
+    missing.push_back(existing);
+    existing = existing.parent_path();
   }
   return missing;
 }
 
-// Throws Error naming the option unless its directory is one or could be made one (the nearest
-// existing ancestor is a directory this process may write to) and none of its files is a
-// directory (found only when the run writes it at the end, that would throw the run away).
-void require_usable(const OutputDir& out) {
-  std::filesystem::path path = std::filesystem::absolute(out.dir);
-  while (!std::filesystem::exists(path) && path.has_parent_path() && path != path.parent_path())
-    path = path.parent_path();
-  const bool usable = std::filesystem::is_directory(path) && ::access(path.c_str(), W_OK) == 0;
-  require(usable, out.option, "cannot create the directory ", out.dir, " (", path.string(),
-          std::filesystem::is_directory(path) ? " is not writable)" : " is not a directory)");
-  for (const std::string& file : out.files)
-    require(!std::filesystem::is_directory(out.dir + "/" + file), out.option, out.dir, "/", file,
-            " is a directory, where the run would write a file");
+// Throws Error naming the option unless each directory is one or could be made one (the
+// nearest existing ancestor is a directory this process may write to) and none of its files is
+// a directory (found only when the run writes it, that would throw the run away).
+void require_outputs_usable(const std::vector<OutputDir>& outputs) {
+  for (const OutputDir& out : outputs) {
+    std::filesystem::path existing;
+    missing_dirs(out.dir, existing);
+    const bool is_dir = std::filesystem::is_directory(existing);
+    require(is_dir && ::access(existing.c_str(), W_OK) == 0, out.option,
+            "cannot create the directory ", out.dir, " (", existing.string(),
+            is_dir ? " is not writable)" : " is not a directory)");
+    for (const std::string& file : out.files)
+      require(!std::filesystem::is_directory(out.dir + "/" + file), out.option, out.dir, "/", file,
+              " is a directory, where the run would write a file");
+  }
 }
 
-// Checks every output directory, then creates them. When one cannot be created after all (a
-// read-only mount that root's access() cannot see), the ones this call made are removed: an
-// error leaves no empty folder behind.
+// The directories a run of `spec` writes into (in FP32, or AMP when `amp`), with the files it
+// writes there.
+std::vector<OutputDir> output_dirs(const TrainSpec& spec, const Options& options, bool amp,
+                                   const std::string& out_dir) {
+  OutputDir out{out_dir, "--out", {"metrics.csv", "summary.json", "loss.png"}};
+  out.files.insert(out.files.end(), spec.output_files.begin(), spec.output_files.end());
+  if (spec.steps_per_epoch > 0 && spec.eval_batch)
+    out.files.insert(out.files.end(), {"epochs.csv", "accuracy.png"});
+  if (amp && !options.no_loss_scaling) out.files.push_back("loss_scale.png");
+  if (options.profile) out.files.push_back("profile.txt");
+  if (options.checkpoint_every > 0) out.files.push_back("checkpoint.safetensors");
+  if (options.save_weights.empty()) return {out};
+  return {out, {options.save_weights, "--save-weights", {"init.safetensors", "final.safetensors"}}};
+}
+
+// Creates the output directories (checked with require_outputs_usable first). When one cannot be
+// created after all (a pseudo-filesystem such as /proc, which access() calls writable for root),
+// the directories this call made are removed, deepest first and only while empty: an error leaves
+// no empty folder behind and never touches anything else.
 void make_output_dirs(const std::vector<OutputDir>& outputs) {
-  for (const OutputDir& out : outputs) require_usable(out);
-  std::vector<std::filesystem::path> made;
+  std::vector<std::filesystem::path> made; // deepest first within each output
   for (const OutputDir& out : outputs) {
-    const std::filesystem::path missing = first_missing(out.dir);
+    std::filesystem::path existing;
+    const std::vector<std::filesystem::path> missing = missing_dirs(out.dir, existing);
     std::error_code error;
     std::filesystem::create_directories(out.dir, error);
-    if (error) {
-      std::error_code ignored; // the first error is the one to report
-      for (const std::filesystem::path& dir : made) std::filesystem::remove_all(dir, ignored);
-      throw Error(
-          cat(out.option, ": cannot create the directory ", out.dir, " (", error.message(), ")"));
-    }
-    if (!missing.empty()) made.push_back(missing);
+    made.insert(made.begin(), missing.begin(), missing.end());
+    if (!error) continue;
+    std::error_code ignored; // the first error is the one to report
+    for (const std::filesystem::path& dir : made) std::filesystem::remove(dir, ignored);
+    throw Error(
+        cat(out.option, ": cannot create the directory ", out.dir, " (", error.message(), ")"));
   }
 }
 
@@ -452,8 +473,6 @@ private:
   }
   bool evaluates() const { return spec_.steps_per_epoch > 0 && spec_.eval_batch != nullptr; }
 
-  // The directories this run writes into, with the files it writes there.
-  std::vector<OutputDir> output_dirs(const std::string& out_dir) const;
   void resume(const std::string& path);
   void save_checkpoint(const std::string& path) const;
   // One optimizer step on batch `step`; its loss, scale and found_inf are copied on the device
@@ -499,17 +518,6 @@ void Run::resume(const std::string& path) {
                                                                 evaluates() ? state.epoch : 0);
   order_.restore(state.data_rng, state.step);
   first_step_ = state.step;
-}
-
-std::vector<OutputDir> Run::output_dirs(const std::string& out_dir) const {
-  OutputDir out{out_dir, "--out", {"metrics.csv", "summary.json", "loss.png"}};
-  if (evaluates()) out.files.insert(out.files.end(), {"epochs.csv", "accuracy.png"});
-  if (scaler_->is_enabled()) out.files.push_back("loss_scale.png");
-  if (options_.profile) out.files.push_back("profile.txt");
-  if (options_.checkpoint_every > 0) out.files.push_back("checkpoint.safetensors");
-  if (options_.save_weights.empty()) return {out};
-  return {out,
-          {options_.save_weights, "--save-weights", {"init.safetensors", "final.safetensors"}}};
 }
 
 void Run::save_checkpoint(const std::string& path) const {
@@ -606,7 +614,9 @@ void Run::finish_epoch(int64_t epoch, double wall_s, Progress& progress) {
 
 RunResult Run::train(const std::string& out_dir) {
   const bool save_weights = !options_.save_weights.empty();
-  make_output_dirs(output_dirs(out_dir));
+  const std::vector<OutputDir> outputs = output_dirs(spec_, options_, amp_, out_dir);
+  require_outputs_usable(outputs);
+  make_output_dirs(outputs);
   if (save_weights && first_step_ == 0)
     io::save_weights(options_.save_weights + "/init.safetensors", *model_);
 
@@ -615,14 +625,13 @@ RunResult Run::train(const std::string& out_dir) {
   Progress progress(cat(spec_.example, " ", precision_, " ", device_), first_step_, spec_.steps,
                     options_.log_every, spec_.steps_per_epoch);
   wall_before_ = log_.steps.empty() ? 0.0 : log_.steps.back().wall_s;
-  const double wall_before = wall_before_;
   Allocator& allocator = allocator_for(device_);
   allocator.reset_peak();
   profile::set_enabled(options_.profile);
   const auto start = Clock::now();
   for (int64_t s = first_step_; s < spec_.steps; ++s) {
     pending_.push_back(step(s, int64_t(pending_.size())));
-    pending_.back().wall_s = float(wall_before + seconds_since(start));
+    pending_.back().wall_s = float(wall_before_ + seconds_since(start));
     const bool epoch_ends = evaluates() && (s + 1) % spec_.steps_per_epoch == 0;
     const bool checkpoint =
         options_.checkpoint_every > 0 && (s + 1) % options_.checkpoint_every == 0;
@@ -633,7 +642,7 @@ RunResult Run::train(const std::string& out_dir) {
       progress.update(s, log_.steps.back().loss, log_.steps.back().scale);
     }
     if (epoch_ends)
-      finish_epoch(s / spec_.steps_per_epoch, wall_before + seconds_since(start), progress);
+      finish_epoch(s / spec_.steps_per_epoch, wall_before_ + seconds_since(start), progress);
     if (checkpoint) save_checkpoint(out_dir + "/checkpoint.safetensors");
   }
   backend::cuda_synchronize();
@@ -705,7 +714,7 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--seed", options.seed, "seed of the initial weights and the data")
-      ->check(any_uint64())
+      ->transform(any_uint64())
       ->capture_default_str();
   app.add_option("--lr", options.lr, "learning rate")
       ->check(finite_number([](double v) { return v >= 0 && v <= FLT_MAX; },
@@ -727,13 +736,13 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
       ->capture_default_str();
   app.add_option("--growth-interval", options.growth_interval,
                  "clean steps before the loss scale grows")
-      ->check(integer_in(1, INT32_MAX))
+      ->transform(integer_in(1, INT32_MAX))
       ->capture_default_str();
   app.add_flag("--no-loss-scaling", options.no_loss_scaling,
                "AMP without loss scaling (ablation: small gradients flush to zero)");
   app.add_option("--log-every", options.log_every,
                  "progress line every N steps (0: every tenth of the run or 10 s)")
-      ->check(integer_in(0, kMaxSteps));
+      ->transform(integer_in(0, kMaxSteps));
   app.add_option("--save-weights", options.save_weights,
                  "write DIR/init.safetensors before the first step and DIR/final.safetensors "
                  "after the last (PyTorch state_dict names and layouts; with --compare, "
@@ -745,7 +754,7 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
   app.add_option("--checkpoint-every", options.checkpoint_every,
                  "every N steps, write a training checkpoint to OUT/checkpoint.safetensors "
                  "(with --compare, OUT/fp32/ and OUT/amp/)")
-      ->check(integer_in(0, kMaxSteps));
+      ->transform(integer_in(0, kMaxSteps));
   app.add_option("--resume", options.resume,
                  "continue the run saved in this training checkpoint (same options)")
       ->check(kNonEmptyPath);
@@ -828,6 +837,14 @@ int run_example(const TrainSpec& spec, const Options& options) {
   require(options.checkpoint_every <= spec.steps, "--checkpoint-every", "the run has ", spec.steps,
           " steps, so every ", options.checkpoint_every, " steps would write no checkpoint");
   const std::string out = options.out.empty() ? "out/" + spec.example : options.out;
+  // Every run's outputs are checked before the first one trains (with --compare, the AMP run's
+  // too, before the FP32 run).
+  if (options.compare) {
+    require_outputs_usable(output_dirs(spec, options_for(options, "fp32"), false, out + "/fp32"));
+    require_outputs_usable(output_dirs(spec, options_for(options, "amp"), true, out + "/amp"));
+  } else {
+    require_outputs_usable(output_dirs(spec, options, options.amp, out));
+  }
   if (!options.compare) {
     const RunResult r = train(spec, options, device, options.amp, out);
     warn_if_diverged(r);

@@ -88,6 +88,7 @@ struct TrainSpec {
   // whether this run trained with mixed precision.
   std::function<void(nn::Sequential& model, Device device, bool amp, const std::string& out_dir)>
       finish;
+  std::vector<std::string> output_files; // the files `finish` writes into out_dir
 };
 
 struct RunResult {

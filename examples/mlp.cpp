@@ -41,13 +41,13 @@ int main(int argc, char** argv) {
     int64_t batch_size = 512, epochs = 10, batches = 50;
     app.add_option("--widths", widths_text, "hidden layer widths")->capture_default_str();
     app.add_option("--batch-size", batch_size, "rows per batch")
-        ->check(examples::integer_in(1, examples::kMaxBatch))
+        ->transform(examples::integer_in(1, examples::kMaxBatch))
         ->capture_default_str();
     app.add_option("--epochs", epochs, "passes over the batches")
-        ->check(examples::integer_in(1, examples::kMaxSteps))
+        ->transform(examples::integer_in(1, examples::kMaxSteps))
         ->capture_default_str();
     app.add_option("--batches", batches, "random batches per epoch")
-        ->check(examples::integer_in(1, examples::kMaxSteps))
+        ->transform(examples::integer_in(1, examples::kMaxSteps))
         ->capture_default_str();
     examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);

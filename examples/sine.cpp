@@ -42,16 +42,16 @@ int main(int argc, char** argv) {
     examples::add_common_options(app, options, 1e-3f);
     int64_t steps = 512, size = 0, hidden = 256, layers = 2;
     app.add_option("--steps", steps, "training steps on the one example")
-        ->check(examples::integer_in(1, examples::kMaxSteps))
+        ->transform(examples::integer_in(1, examples::kMaxSteps))
         ->capture_default_str();
     app.add_option("--size", size,
                    "grid size S (default 512 on a GPU, 64 on the CPU, 16 on the CUDA emulator)")
-        ->check(examples::integer_in(2, 8192));
+        ->transform(examples::integer_in(2, 8192));
     app.add_option("--hidden", hidden, "channels of the hidden layers")
-        ->check(examples::integer_in(1, examples::kMaxWidth))
+        ->transform(examples::integer_in(1, examples::kMaxWidth))
         ->capture_default_str();
     app.add_option("--layers", layers, "hidden Conv+BN+ReLU blocks after the first")
-        ->check(examples::integer_in(0, examples::kMaxLayers))
+        ->transform(examples::integer_in(0, examples::kMaxLayers))
         ->capture_default_str();
     examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);
@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
                     Tensor::from_vector(target, {1, size, size, 1}, DType::f32, device)};
       return resident;
     };
+    spec.output_files = {"sine.png"};
     spec.finish = [&](nn::Sequential& model, Device device, bool amp, const std::string& out_dir) {
       model.eval();
       NoGrad no_grad;

@@ -199,8 +199,9 @@ EntrySpec parse_entry(const std::string& path, const std::string& name, const js
   return spec;
 }
 
-// Checks that every entry's bytes lie inside the data block, hold exactly dtype * shape, and
-// do not overlap another entry. Sorts `specs` by offset.
+// Checks that every entry's bytes lie inside the data block and hold exactly dtype * shape, and
+// that the entries tile the block (no overlap, no gap, nothing after the last). Sorts `specs` by
+// offset.
 void check_offsets(const std::string& path, std::vector<EntrySpec>& specs, uint64_t data_size) {
   std::sort(specs.begin(), specs.end(), [](const EntrySpec& a, const EntrySpec& b) {
     return std::pair(a.begin, a.end) < std::pair(b.begin, b.end); // empty ones first
@@ -223,7 +224,7 @@ void check_offsets(const std::string& path, std::vector<EntrySpec>& specs, uint6
     previous_end = spec.end;
   }
   check_file(previous_end == data_size, path, "the ", data_size, "-byte data block has ",
-             data_size - previous_end, " bytes after its last entry (truncated or padded?)");
+             data_size - previous_end, " bytes after its last entry");
 }
 
 Tensor make_tensor(const std::string& path, const EntrySpec& spec, const char* data) {

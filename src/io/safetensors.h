@@ -51,7 +51,8 @@ void save_safetensors(const std::string& path, const std::vector<NamedTensor>& t
                       const Metadata& metadata = {}, const std::vector<NamedInt64s>& int64s = {});
 
 // Reads and validates a whole file: header length and JSON, names, dtypes (F32, F16, I32, I64),
-// shapes, and that the data offsets lie in the file, match dtype * shape and do not overlap.
+// shapes, and that the data offsets match dtype * shape and tile the data block exactly (no
+// overlap, no gap, nothing after the last entry), as the safetensors library requires.
 // Throws Error naming the file and what is wrong.
 SafetensorsFile load_safetensors(const std::string& path);
 

@@ -27,7 +27,8 @@ void bias_backward(const Tensor& dy, Tensor& db);
 
 // y = max(x, 0), any floating dtype, y.dtype == x.dtype.
 void relu_forward(const Tensor& x, Tensor& y);
-// dx = dy where y > 0 else 0 (y is the forward output).
+// dx = 0 where y <= 0, else dy (y is the forward output; a NaN y passes its gradient, as
+// PyTorch's threshold_backward).
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
 
 // y[N, Ho, Wo, Cout] = conv(x[N, H, W, Cin], w[Cout, kh, kw, Cin]) (+ bias, ReLU per epilogue;

@@ -7,7 +7,8 @@ namespace minamp::ops {
 
 namespace {
 
-// dy masked by the fused ReLU's output y (y > 0), or dy itself when no ReLU was fused.
+// dy masked by the fused ReLU's output y (zero where y <= 0), or dy itself when no ReLU was
+// fused.
 Tensor unfused_relu_grad(const Tensor& y, const Tensor& dy, bool relu) {
   if (!relu) return dy;
   Tensor masked = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
