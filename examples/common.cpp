@@ -837,14 +837,10 @@ int run_example(const TrainSpec& spec, const Options& options) {
   require(options.checkpoint_every <= spec.steps, "--checkpoint-every", "the run has ", spec.steps,
           " steps, so every ", options.checkpoint_every, " steps would write no checkpoint");
   const std::string out = options.out.empty() ? "out/" + spec.example : options.out;
-  // Every run's outputs are checked before the first one trains (with --compare, the AMP run's
-  // too, before the FP32 run).
-  if (options.compare) {
-    require_outputs_usable(output_dirs(spec, options_for(options, "fp32"), false, out + "/fp32"));
+  // Each run checks its outputs as it starts; with --compare, the AMP run's are also checked
+  // before the FP32 run trains.
+  if (options.compare)
     require_outputs_usable(output_dirs(spec, options_for(options, "amp"), true, out + "/amp"));
-  } else {
-    require_outputs_usable(output_dirs(spec, options, options.amp, out));
-  }
   if (!options.compare) {
     const RunResult r = train(spec, options, device, options.amp, out);
     warn_if_diverged(r);
