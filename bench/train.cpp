@@ -240,7 +240,7 @@ private:
 };
 
 // The JSON of a training run: its step times, the peak bytes it used beyond the resident data,
-// and its losses (the last, and the mean of the last 10).
+// and its losses (the last, and the mean of the last 10, or of all when fewer).
 json training_result(const Workload& w, bool amp, const char* mode, const Config& cfg,
                      const std::vector<double>& ms, size_t used_peak_bytes, const LossTail& tail,
                      const amp::GradScaler& scaler, const json& profile) {
@@ -391,8 +391,8 @@ void print_run(const json& run) {
               ms["p10"].get<double>(), ms["p90"].get<double>(),
               run["peak_bytes"].get<double>() / 1048576.0);
   if (run.contains("final_loss"))
-    std::printf("  loss %.6g (last-10 mean %.6g)", run["final_loss"].get<double>(),
-                run["loss_last10_mean"].get<double>());
+    std::printf("  loss %.6g (last-%d mean %.6g)", run["final_loss"].get<double>(),
+                std::min(run["steps"].get<int>(), 10), run["loss_last10_mean"].get<double>());
   std::printf("\n");
   std::fflush(stdout);
 }

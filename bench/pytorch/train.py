@@ -142,7 +142,8 @@ def print_run(run):
     line = (f"  {run['model']:<8} {run['precision']:<4} {run['mode']:<11} median "
             f"{ms['median']:9.3f} ms  (p10 {ms['p10']:.3f}, p90 {ms['p90']:.3f})  peak {peak}")
     if "final_loss" in run:
-        line += f"  loss {run['final_loss']:.6g} (last-10 mean {run['loss_last10_mean']:.6g})"
+        tail = min(run["steps"], 10)
+        line += f"  loss {run['final_loss']:.6g} (last-{tail} mean {run['loss_last10_mean']:.6g})"
     print(line, flush=True)
 
 
