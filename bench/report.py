@@ -106,10 +106,14 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def step_target(name, ours, theirs, bound, minamp, pytorch, info=False):
-    """A row comparing minamp's median step time with PyTorch's. An info row is measured against
-    a target's bound but is not that target: its two sides are not the target's like-for-like
-    pair (e.g. minamp replaying a CUDA graph against PyTorch eager)."""
+NOT_THE_PAIR = "not the target's pair"
+
+
+def step_target(name, ours, theirs, bound, minamp, pytorch, info=None):
+    """A row comparing minamp's median step time with PyTorch's. An info row (info says why) is
+    measured against a target's bound but is not that target, e.g. NOT_THE_PAIR: its two sides
+    are not the target's like-for-like pair (minamp replaying a CUDA graph against PyTorch
+    eager)."""
     a, b = find(minamp, *ours), find(pytorch, *theirs)
     return {"target": name, "minamp": median(a), "reference": median(b), "unit": "ms",
             "bound": bound, "ratio": ratio(median(a), median(b)), "le": True, "info": info}
@@ -130,6 +134,38 @@ def loss_target(name, model, minamp):
            "ratio": gap, "le": True, "ratio_is": "|AMP - FP32| / FP32"}
     if a and f and (la is None or lf is None):  # NaN or inf: bench_train's JSON writes null
         row["not_finite"] = True
+    return row
+
+
+def sine_losses(result):
+    """{seed, fp32, amp}: the last-10 mean losses of sine's FP32 and AMP training in one
+    bench_train result (None for a loss that was not finite), or None when it lacks either."""
+    f, a = find(result, "sine", "fp32", "train"), find(result, "sine", "amp", "train")
+    if not (f and a):
+        return None
+    return {"seed": result.get("seed"), "fp32": f["loss_last10_mean"], "amp": a["loss_last10_mean"]}
+
+
+def seeds_target(minamp, seed_results):
+    """The sine loss target's figure over every seed bench_train trained sine with: the target's
+    own run and the --minamp-seeds runs, each from its own init. One run's last-10 mean moves by
+    20% or more with the init in FP32 alone (bench/NOTES.md), so the mean over seeds shows what one
+    init cannot: whether AMP trains as well as FP32. An info row beside the target, which stays
+    the one run's; None with fewer than two seeds."""
+    by_seed = [s for s in map(sine_losses, [minamp] + seed_results) if s]
+    if len(by_seed) < 2:
+        return None
+    seeds = ", ".join(str(s["seed"]) for s in by_seed)
+    row = {"target": f"sine AMP final loss vs FP32, mean over seeds {seeds} (last-10 means)",
+           "minamp": None, "reference": None, "unit": "loss", "bound": 0.05, "ratio": None,
+           "le": True, "ratio_is": "|AMP - FP32| / FP32 of the means over seeds",
+           "info": "the target over seeds", "by_seed": by_seed}
+    if any(s["fp32"] is None or s["amp"] is None for s in by_seed):
+        row["not_finite"] = True
+        return row
+    row["minamp"] = sum(s["amp"] for s in by_seed) / len(by_seed)
+    row["reference"] = sum(s["fp32"] for s in by_seed) / len(by_seed)
+    row["ratio"] = abs(row["minamp"] - row["reference"]) / row["reference"]
     return row
 
 
@@ -175,16 +211,16 @@ def gpu_targets(minamp, pytorch, gemm):
                     ("mlp", "amp", "train"), 0.2, minamp, pytorch),
         step_target("mlp AMP step replayed from a CUDA graph vs PyTorch eager AMP",
                     ("mlp", "amp", "train-graph"), ("mlp", "amp", "train"), 0.2, minamp, pytorch,
-                    info=True),
+                    info=NOT_THE_PAIR),
         step_target(f"sine {size}^2 AMP step replayed from a CUDA graph vs PyTorch eager AMP",
                     ("sine", "amp", "train-graph"), ("sine", "amp", "train"), 0.8, minamp,
-                    pytorch, info=True),
+                    pytorch, info=NOT_THE_PAIR),
         step_target("mlp AMP step vs PyTorch eager AMP with fused optimizers",
                     ("mlp", "amp", "train"), ("mlp", "amp", "train-fused"), 0.2, minamp, pytorch,
-                    info=True),
+                    info=NOT_THE_PAIR),
         step_target(f"sine {size}^2 AMP step vs PyTorch eager AMP with fused optimizers",
                     ("sine", "amp", "train"), ("sine", "amp", "train-fused"), 0.8, minamp,
-                    pytorch, info=True),
+                    pytorch, info=NOT_THE_PAIR),
         memory_target(f"sine {size}^2 AMP peak memory vs minamp FP32", "sine", 0.55, minamp),
         loss_target("sine AMP final loss vs FP32 (last-10 mean)", "sine", minamp),
         loss_target("mlp AMP final loss vs FP32 (last-10 mean)", "mlp", minamp),
@@ -199,7 +235,7 @@ def verdict(row):
     if row["ratio"] is None:
         return "not measured"
     if row.get("info"):
-        return "info (not the target's pair)"
+        return f"info ({row['info']})"
     met = row["ratio"] <= row["bound"] if row["le"] else row["ratio"] >= row["bound"]
     return "met" if met else "missed"
 
@@ -217,7 +253,18 @@ def target_lines(targets, markdown):
         bound = ("<= " if t["le"] else ">= ") + fmt(t["bound"])
         rows.append([t["target"], f"{fmt(t['minamp'])} {t['unit']}",
                      f"{fmt(t['reference'])} {t['unit']}", fmt(t["ratio"], 3), bound, verdict(t)])
-    return table(head, rows, markdown)
+    return table(head, rows, markdown) + by_seed_lines(targets)
+
+
+def by_seed_lines(targets):
+    """Under the targets: each seed's AMP / FP32 ratio of the row over seeds, if there is one."""
+    lines = []
+    for t in targets:
+        if "by_seed" in t:
+            ratios = [f"seed {s['seed']} {fmt(ratio(s['amp'], s['fp32']), 3)}"
+                      for s in t["by_seed"]]
+            lines.append("sine AMP / FP32 loss (last-10 means) by seed: " + ", ".join(ratios) + ".")
+    return [""] + lines if lines else []
 
 
 def rank(known, value):
@@ -343,6 +390,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--platform", choices=["cpu", "gpu"], required=True)
     p.add_argument("--minamp", nargs="+", required=True, help="bench_train JSON files")
+    p.add_argument("--minamp-seeds", nargs="*",
+                   help="bench_train JSON files of sine trained from other seeds")
     p.add_argument("--pytorch", nargs="*", help="bench/pytorch/train.py JSON files")
     p.add_argument("--pytorch-status", help="why PyTorch did not run, if it did not")
     p.add_argument("--gemm", nargs="*", help="bench_gemm JSON files (their rows in this order)")
@@ -367,6 +416,10 @@ def main():
                          + "; ".join(meta["missing"]))
     targets = (cpu_targets(minamp, pytorch) if args.platform == "cpu"
                else gpu_targets(minamp, pytorch, gemm))
+    seed_results = [load_one(path, problems) for path in args.minamp_seeds or []]
+    over_seeds = seeds_target(minamp, [r for r in seed_results if r is not None])
+    if over_seeds:
+        targets.append(over_seeds)
     for t in targets:
         t["status"] = verdict(t)
     combined = {"meta": meta, "targets": targets, "minamp": minamp, "pytorch": pytorch,

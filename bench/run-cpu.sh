@@ -54,6 +54,10 @@ declare -A pytorch_amp_steps=(
   [classify]="--warmup 2 --steps 10 --infer-steps 5"
 )
 models=(mlp sine classify)
+# The sine loss target compares AMP with FP32 from one init (seed 0); the same training from these
+# seeds gives the report's informational row over seeds (one init's last-10 mean moves by 20% or
+# more with the seed, bench/NOTES.md).
+seeds=(1 2 3 4 5)
 
 build_minamp() {
   cmake --build "$build" --target bench_train -j "$threads"
@@ -63,6 +67,16 @@ run_minamp() {
   echo "== minamp $1 (bench_train, $threads threads)"
   # shellcheck disable=SC2086
   "$build/bench_train" --device cpu --models "$1" ${steps[$1]} --json "$work/minamp-$1.json"
+}
+
+run_seeds() {
+  echo "== minamp sine from seeds ${seeds[*]} (bench_train, $threads threads)"
+  mkdir -p "$work/seeds"
+  local seed
+  for seed in "${seeds[@]}"; do
+    "$build/bench_train" --device cpu --models sine --size 64 --warmup 12 --steps 500 \
+      --infer-steps 1 --seed "$seed" --json "$work/seeds/minamp-sine-seed$seed.json" || return 1
+  done
 }
 
 # Creates the venv and installs torch (CPU use; PyPI's wheel) unless it is there already.
@@ -105,9 +119,10 @@ main() {
       status="the PyTorch benchmark failed on $m (see the log)"
     fi
   done
+  run_seeds || echo "bench: bench_train failed on a sine seed; the row over seeds has the others"
   echo "== report"
   python3 bench/report.py --platform cpu --minamp "$work"/minamp-*.json \
-    --pytorch "$work"/pytorch-*.json --pytorch-status "$status" --commit "$commit" \
+    --minamp-seeds "$work"/seeds/*.json --pytorch "$work"/pytorch-*.json --pytorch-status "$status" --commit "$commit" \
     --log "$log" \
     --out "$results/$name.json" --markdown "$results/$name.md"
 }

@@ -5,16 +5,17 @@
 # bench_train and the sine and mlp examples, then runs, in the order the targets need them,
 # bench_gemm (WMMA / fp32 GEMMs vs cuBLAS), bench_train --device cuda (mlp, sine 512x512,
 # classify; FP32 and AMP) each model followed by bench/pytorch/train.py --device cuda with the
-# GPU machine's python3, and the examples' own FP32-vs-AMP tables (sine --compare at 512x512, mlp
-# --compare; images and metrics under the parts folder). The log is written to ${OUT:-/tmp} as it
-# comes, and the parts folder (/tmp/<name>-parts: the per-tool JSON and the examples' outputs) is
-# packed into $OUT/<name>-parts.tgz after every stage, so that $OUT holds four files whatever
-# happens (the device tool returns at most 8). The report (whatever results there are, the
-# missing ones listed) goes to bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log
-# beside it, and is copied to $OUT. A run with no results at all writes nothing to bench/results.
-# A target that does not build leaves the others to run. Every stage has a time limit, cut to what
-# is left of $BUDGET_S seconds (default 540) in all, so a result comes back even when one hangs
-# (later stages are then skipped); expect 3-5 minutes on an H100. COMMIT names the measured commit
+# GPU machine's python3, the examples' own FP32-vs-AMP tables (sine --compare at 512x512, mlp
+# --compare; images and metrics under the parts folder), and sine again from five more seeds.
+# The log is written to ${OUT:-/tmp} as it comes, and the parts folder (/tmp/<name>-parts: the
+# per-tool JSON and the examples' outputs) is packed into $OUT/<name>-parts.tgz after every
+# stage, so that $OUT holds four files whatever happens (the device tool returns at most 8). The
+# report (whatever results there are, the missing ones listed) goes to
+# bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log beside it, and is copied to
+# $OUT. A run with no results at all writes nothing to bench/results. A target that does not
+# build leaves the others to run. Every stage has a time limit, cut to what is left of $BUDGET_S
+# seconds (default 540) in all, so a result comes back even when one hangs (later stages are then
+# skipped); expect 3-5 minutes on an H100, and up to 2 more for the seeds. COMMIT names the measured commit
 # where the copied tree has no .git: give the sha of the tree sent, with -dirty if it has
 # uncommitted changes (git diff --quiet HEAD || echo -dirty, on the machine that sends it). PYTHON
 # (default python3) runs bench/pytorch/train.py and bench/report.py; CUDA_HOME (default
@@ -142,6 +143,18 @@ run_examples() {
   stage "mlp --compare" 60 "$build/mlp" --compare --device cuda --out "$work/mlp"
 }
 
+# The sine loss target compares AMP with FP32 from one init (seed 0); the same training from five
+# more seeds gives the report's informational row over seeds (one init's last-10 mean moves by
+# 20% or more with the seed, bench/NOTES.md). Last: a spent budget skips these first.
+run_seeds() {
+  local seed
+  for seed in 1 2 3 4 5; do
+    stage "bench_train sine seed $seed" 60 "$build/bench_train" --device cuda --models sine \
+      --size 512 --warmup 12 --steps 500 --infer-steps 1 --seed "$seed" \
+      --json "$work/seeds/minamp-sine-seed$seed.json"
+  done
+}
+
 # The stages in the order the targets need them (a budget spent skips the last ones): the
 # 4096^3 GEMM, mlp and sine, then what is only informational.
 main() {
@@ -160,11 +173,13 @@ main() {
   run_model classify
   run_gemm all-f32
   run_examples
+  mkdir -p "$work/seeds"
+  run_seeds
   echo "== report"
   local gemm_json=() part
   for part in "${gemm_parts[@]}"; do gemm_json+=("$work/gemm-$part.json"); done
   "$python" bench/report.py --platform gpu --minamp "$work"/minamp-*.json \
-    --pytorch "$work"/pytorch-*.json --gemm "${gemm_json[@]}" --commit "$commit" --log "$log" \
+    --minamp-seeds "$work"/seeds/*.json --pytorch "$work"/pytorch-*.json --gemm "${gemm_json[@]}" --commit "$commit" --log "$log" \
     --out "$results/$name.json" --markdown "$results/$name.md"
 }
 

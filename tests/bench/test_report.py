@@ -32,13 +32,16 @@ def every_run(framework, ms, peak=None, loss=1.0, modes=("train", "infer")):
 class Report:
     """report.py run on JSON files written into a temporary folder."""
 
-    def __init__(self, test, platform, minamp=None, pytorch=None, gemm=None):
+    def __init__(self, test, platform, minamp=None, pytorch=None, gemm=None, seeds=()):
         self.dir = tempfile.TemporaryDirectory()
         test.addCleanup(self.dir.cleanup)
         args = [sys.executable, REPORT, "--platform", platform, "--commit", "abc1234",
                 "--out", self.path("report.json"), "--markdown", self.path("report.md"),
                 "--minamp", self.write("minamp.json", minamp)]
         args += ["--pytorch", self.write("pytorch.json", pytorch)]
+        if seeds:
+            args += ["--minamp-seeds"] + [self.write(f"seed{i}.json", result)
+                                          for i, result in enumerate(seeds)]
         if platform == "gpu":
             args += ["--gemm", self.write("gemm.json", gemm)]
         self.process = subprocess.run(args, capture_output=True, text=True)
@@ -60,8 +63,16 @@ class Report:
         return {t["target"]: t for t in self.combined()["targets"]}
 
 
-def minamp_result(runs, size=64):
-    return {"framework": "minamp", "threads": 2, "sine_size": size, "runs": runs, "models": {}}
+def minamp_result(runs, size=64, seed=0):
+    return {"framework": "minamp", "threads": 2, "sine_size": size, "seed": seed, "runs": runs,
+            "models": {}}
+
+
+def sine_from_seed(seed, fp32_loss, amp_loss):
+    """bench_train's result of sine trained from another seed: FP32 and AMP, with these losses."""
+    runs = [run_record("sine", precision, "train", 30.0, final_loss=loss, loss_last10_mean=loss)
+            for precision, loss in (("fp32", fp32_loss), ("amp", amp_loss))]
+    return minamp_result(runs, seed=seed)
 
 
 def pytorch_result(runs, size=64):
@@ -130,6 +141,38 @@ class CpuTargets(unittest.TestCase):
         self.assertEqual(report.combined()["meta"]["missing"],
                          ["minamp mlp amp train-graph: failed (capture failed)",
                           "PyTorch mlp: no fp32 train"])
+
+    def test_the_sine_loss_over_seeds_is_an_info_row_of_the_means(self):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        for run in minamp:  # seed 0: AMP 20% under FP32, the target missed
+            if run["model"] == "sine" and run["mode"] == "train":
+                run["loss_last10_mean"] = 1.0 if run["precision"] == "fp32" else 0.8
+        seeds = [sine_from_seed(1, 0.8, 0.9), sine_from_seed(2, 0.7, 0.8), None]  # seed 3 failed
+        report = Report(self, "cpu", minamp_result(minamp), None, seeds=seeds)
+        self.assertEqual(report.process.returncode, 0, report.process.stderr)
+        targets = report.targets()
+        self.assertEqual(targets["sine AMP final loss vs FP32 (last-10 mean)"]["status"], "missed")
+        row = targets["sine AMP final loss vs FP32, mean over seeds 0, 1, 2 (last-10 means)"]
+        self.assertAlmostEqual(row["minamp"], 2.5 / 3)
+        self.assertAlmostEqual(row["reference"], 2.5 / 3)
+        self.assertAlmostEqual(row["ratio"], 0.0)
+        self.assertEqual(row["status"], "info (the target over seeds)")
+        with open(report.path("report.md")) as f:
+            self.assertIn("by seed: seed 0 0.8, seed 1 1.12, seed 2 1.14.", f.read())
+
+    def test_a_seed_whose_loss_is_not_finite_shows_in_the_row_over_seeds(self):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        report = Report(self, "cpu", minamp_result(minamp), None,
+                        seeds=[sine_from_seed(1, 1.0, None)])
+        row = report.targets()["sine AMP final loss vs FP32, mean over seeds 0, 1 (last-10 means)"]
+        self.assertEqual(row["status"], "missed (loss not finite)")
+        with open(report.path("report.md")) as f:
+            self.assertIn("by seed: seed 0 1, seed 1 n/a.", f.read())
+
+    def test_one_seed_alone_gives_no_row_over_seeds(self):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        report = Report(self, "cpu", minamp_result(minamp), None, seeds=[None])
+        self.assertFalse(any("over seeds" in name for name in report.targets()))
 
     def test_runs_without_peak_bytes_leave_the_memory_row_unmeasured(self):
         minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0})

@@ -43,11 +43,12 @@ def step_run(model, precision, mode, median_ms, train=True):
 def fake_bench_train(args):
     runs = []
     for model in option(args, "--models").split(","):
-        for precision in option(args, "--precisions").split(","):
+        for precision in option(args, "--precisions", "fp32,amp").split(","):
             for mode in ("train", "infer", "train-graph"):
                 runs.append(step_run(model, precision, mode, 1.0, mode != "infer"))
     write_json(option(args, "--json"), {"framework": "minamp", "threads": 16, "sine_size": 512,
-                                        "runs": runs, "models": {}})
+                                        "seed": int(option(args, "--seed", 0)), "runs": runs,
+                                        "models": {}})
 
 
 def fake_bench_gemm(args):
@@ -117,7 +118,7 @@ class RunGpuScript(unittest.TestCase):
                                  capture_output=True, text=True, timeout=280)
         self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
         self.assertNotIn("time budget is spent", process.stdout)
-        self.assertEqual(process.stdout.count(": exit 0,"), 15, process.stdout[-3000:])
+        self.assertEqual(process.stdout.count(": exit 0,"), 20, process.stdout[-3000:])
 
         files = sorted(os.path.relpath(os.path.join(folder, f), out)
                        for folder, _, names in os.walk(out) for f in names)
@@ -134,10 +135,13 @@ class RunGpuScript(unittest.TestCase):
         statuses = {t["target"]: t["status"] for t in report["targets"]}
         self.assertEqual(statuses["WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"], "met")
         self.assertEqual(statuses["mlp AMP step vs PyTorch eager AMP"], "missed")  # 1.0 / 2.0
+        over_seeds = "sine AMP final loss vs FP32, mean over seeds 0, 1, 2, 3, 4, 5 (last-10 means)"
+        self.assertEqual(statuses[over_seeds], "info (the target over seeds)")
         with tarfile.open(os.path.join(out, name + "-parts.tgz")) as parts:
             members = {os.path.relpath(m, name + "-parts") for m in parts.getnames()}
         for part in ("gemm-square-f16.json", "minamp-sine-amp.json", "pytorch-classify.json",
-                     "sine/amp/summary.json", "mlp/fp32/metrics.csv"):
+                     "sine/amp/summary.json", "mlp/fp32/metrics.csv",
+                     "seeds/minamp-sine-seed5.json"):
             self.assertIn(part, members)
 
 
