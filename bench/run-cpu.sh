@@ -45,9 +45,10 @@ declare -A steps=(
   [mlp]="--warmup 50 --steps 450 --infer-steps 50"
   [classify]="--warmup 3 --steps 20 --infer-steps 10"
 )
-# PyTorch's CPU fp16 autocast is far slower than its FP32 (about 0.55 s a sine step on 2 cores, 16× its FP32), so
-# its AMP runs take fewer steps to keep the bench near 10 minutes: their times are informational
-# (the CPU targets compare FP32) and their final losses are not comparable with minamp's.
+# PyTorch's CPU fp16 autocast is far slower than its FP32 (about 0.55 s a sine step on 2 cores,
+# 16× its FP32), so its AMP runs take fewer steps to keep the bench near 5 minutes: their times
+# are informational (the CPU targets compare FP32) and their final losses are not comparable
+# with minamp's.
 declare -A pytorch_amp_steps=(
   [sine]="--size 64 --warmup 2 --steps 20 --infer-steps 5"
   [mlp]="${steps[mlp]}"
@@ -122,8 +123,8 @@ main() {
   run_seeds || echo "bench: bench_train failed on a sine seed; the row over seeds has the others"
   echo "== report"
   python3 bench/report.py --platform cpu --minamp "$work"/minamp-*.json \
-    --minamp-seeds "$work"/seeds/*.json --pytorch "$work"/pytorch-*.json --pytorch-status "$status" --commit "$commit" \
-    --log "$log" \
+    --minamp-seeds "$work"/seeds/*.json --pytorch "$work"/pytorch-*.json \
+    --pytorch-status "$status" --commit "$commit" --log "$log" \
     --out "$results/$name.json" --markdown "$results/$name.md"
 }
 

@@ -15,10 +15,10 @@
 # $OUT. A run with no results at all writes nothing to bench/results. A target that does not
 # build leaves the others to run. Every stage has a time limit, cut to what is left of $BUDGET_S
 # seconds (default 540) in all, so a result comes back even when one hangs (later stages are then
-# skipped); expect 3-5 minutes on an H100, and up to 2 more for the seeds. COMMIT names the measured commit
-# where the copied tree has no .git: give the sha of the tree sent, with -dirty if it has
-# uncommitted changes (git diff --quiet HEAD || echo -dirty, on the machine that sends it). PYTHON
-# (default python3) runs bench/pytorch/train.py and bench/report.py; CUDA_HOME (default
+# skipped); expect 3-5 minutes on an H100, and up to 2 more for the seeds. COMMIT names the
+# measured commit where the copied tree has no .git: give the sha of the tree sent, with -dirty
+# if it has uncommitted changes (git diff --quiet HEAD || echo -dirty, on the machine that sends
+# it). PYTHON (default python3) runs bench/pytorch/train.py and bench/report.py; CUDA_HOME (default
 # /usr/local/cuda) has its bin/ appended to PATH; RESULTS (default bench/results) is where the
 # report goes (tests/bench/test_run_gpu.py runs the whole script on stand-in tools).
 #
@@ -148,6 +148,7 @@ run_examples() {
 # 20% or more with the seed, bench/NOTES.md). Last: a spent budget skips these first.
 run_seeds() {
   local seed
+  mkdir -p "$work/seeds"
   for seed in 1 2 3 4 5; do
     stage "bench_train sine seed $seed" 60 "$build/bench_train" --device cuda --models sine \
       --size 512 --warmup 12 --steps 500 --infer-steps 1 --seed "$seed" \
@@ -173,13 +174,13 @@ main() {
   run_model classify
   run_gemm all-f32
   run_examples
-  mkdir -p "$work/seeds"
   run_seeds
   echo "== report"
   local gemm_json=() part
   for part in "${gemm_parts[@]}"; do gemm_json+=("$work/gemm-$part.json"); done
   "$python" bench/report.py --platform gpu --minamp "$work"/minamp-*.json \
-    --minamp-seeds "$work"/seeds/*.json --pytorch "$work"/pytorch-*.json --gemm "${gemm_json[@]}" --commit "$commit" --log "$log" \
+    --minamp-seeds "$work"/seeds/*.json --pytorch "$work"/pytorch-*.json \
+    --gemm "${gemm_json[@]}" --commit "$commit" --log "$log" \
     --out "$results/$name.json" --markdown "$results/$name.md"
 }
 
