@@ -198,6 +198,14 @@ struct StepRecord {
   float loss = 0, wall_s = 0, scale = 1, skipped = 0, correct = 0, rows = 0;
 };
 
+// The mean loss of the last `count` steps (of all, when fewer; 0 when there are none).
+double last_losses_mean(const std::vector<StepRecord>& steps, size_t count) {
+  const size_t used = std::min(count, steps.size());
+  double sum = 0;
+  for (size_t i = steps.size() - used; i < steps.size(); ++i) sum += steps[i].loss;
+  return used == 0 ? 0.0 : sum / double(used);
+}
+
 // At most this many steps wait to be read on the host (Run::read_pending): a host read waits
 // for the GPU, and the training loop promises no per-step host synchronisation.
 constexpr int64_t kMaxPendingSteps = 32;
@@ -654,6 +662,7 @@ RunResult Run::train(const std::string& out_dir) {
 
   for (const StepRecord& r : log_.steps) result.skipped_steps += r.skipped != 0;
   if (!log_.steps.empty()) result.final_loss = log_.steps.back().loss;
+  result.loss_last10_mean = last_losses_mean(log_.steps, 10);
   if (!log_.epochs.empty()) {
     result.test_loss = log_.epochs.back().test_loss;
     result.test_accuracy = log_.epochs.back().test_accuracy;
@@ -685,6 +694,7 @@ void Run::write_outputs(const std::string& out_dir, const RunResult& result) con
                             {"seed", options_.seed},
                             {"lr", options_.lr},
                             {"final_loss", result.final_loss},
+                            {"loss_last10_mean", result.loss_last10_mean},
                             // The whole run's training time, as metrics.csv's wall_s.
                             {"wall_s", wall_before_ + result.wall_s},
                             {"peak_bytes", result.peak_bytes},
@@ -795,14 +805,24 @@ RunResult train(const TrainSpec& spec, const Options& options, Device device, bo
 }
 
 namespace {
+// What RunResult::loss_last10_mean is the mean of, in a run of `steps` steps: "last-10 mean".
+std::string last_losses_label(int64_t steps) {
+  return cat("last-", std::min<int64_t>(steps, 10), " mean");
+}
+
+// The FP32-vs-AMP table of training (with the losses) or inference (fp32 and amp null).
 void print_comparison(const std::string& what, double fp32_s, double amp_s, size_t fp32_bytes,
-                      size_t amp_bytes, const RunResult* fp32, const RunResult* amp) {
+                      size_t amp_bytes, const RunResult* fp32, const RunResult* amp,
+                      const std::string& tail_label = "") {
   std::printf("\n%s\n", what.c_str());
-  std::printf("  %-10s %12s %14s %14s\n", "", "time (s)", "peak memory", fp32 ? "final loss" : "");
-  std::printf("  %-10s %12.4f %14s %14s\n", "FP32", fp32_s, mib(fp32_bytes).c_str(),
-              fp32 ? cat(fp32->final_loss).c_str() : "");
-  std::printf("  %-10s %12.4f %14s %14s\n", "AMP", amp_s, mib(amp_bytes).c_str(),
-              amp ? cat(amp->final_loss).c_str() : "");
+  std::printf("  %-10s %12s %14s %14s %14s\n", "", "time (s)", "peak memory",
+              fp32 ? "final loss" : "", tail_label.c_str());
+  std::printf("  %-10s %12.4f %14s %14s %14s\n", "FP32", fp32_s, mib(fp32_bytes).c_str(),
+              fp32 ? cat(fp32->final_loss).c_str() : "",
+              fp32 ? cat(fp32->loss_last10_mean).c_str() : "");
+  std::printf("  %-10s %12.4f %14s %14s %14s\n", "AMP", amp_s, mib(amp_bytes).c_str(),
+              amp ? cat(amp->final_loss).c_str() : "",
+              amp ? cat(amp->loss_last10_mean).c_str() : "");
   std::printf("  time saved: %.1f%%   memory saved: %.1f%%\n", 100.0 * (1.0 - amp_s / fp32_s),
               100.0 * (1.0 - double(amp_bytes) / double(fp32_bytes)));
 }
@@ -844,10 +864,11 @@ int run_example(const TrainSpec& spec, const Options& options) {
   if (!options.compare) {
     const RunResult r = train(spec, options, device, options.amp, out);
     warn_if_diverged(r);
-    std::printf("%s %s on %s: final loss %.6g in %.2f s, peak %s, skipped %lld, scale %g\n",
+    std::printf("%s %s on %s: final loss %.6g (%s %.6g) in %.2f s, peak %s, skipped %lld, "
+                "scale %g\n",
                 spec.example.c_str(), r.precision.c_str(), device_label(device).c_str(),
-                r.final_loss, r.wall_s, mib(r.peak_bytes).c_str(),
-                static_cast<long long>(r.skipped_steps), r.final_scale);
+                r.final_loss, last_losses_label(spec.steps).c_str(), r.loss_last10_mean, r.wall_s,
+                mib(r.peak_bytes).c_str(), static_cast<long long>(r.skipped_steps), r.final_scale);
     std::printf("wrote %s/ (metrics.csv, summary.json, plots)\n", out.c_str());
     return 0;
   }
@@ -863,7 +884,7 @@ int run_example(const TrainSpec& spec, const Options& options) {
                                       "belongs to the GPU\n"
                                     : "\n");
   print_comparison("Training", fp32.wall_s, amp.wall_s, fp32.peak_bytes, amp.peak_bytes, &fp32,
-                   &amp);
+                   &amp, last_losses_label(spec.steps));
   std::printf("  AMP: %lld skipped steps, final scale %g\n",
               static_cast<long long>(amp.skipped_steps), amp.final_scale);
   print_comparison("Inference (forward only)", fp32.inference_wall_s, amp.inference_wall_s,

@@ -95,6 +95,7 @@ struct RunResult {
   std::string precision; // "fp32" or "amp"
   double wall_s = 0;
   double final_loss = 0;
+  double loss_last10_mean = 0; // of the last 10 steps' losses (of all, when fewer): less noisy
   size_t peak_bytes = 0;
   int64_t skipped_steps = 0;
   double final_scale = 1;

@@ -219,22 +219,29 @@ TEST(Examples, CompareChecksBothRunsOutputsFirst) {
 
 TEST(Examples, SineWritesMetricsSummaryAndImage) {
   const std::string out = fresh_dir("sine");
-  const ProgramRun run = run_program("sine", "--size 8 --hidden 8 --steps 6 --amp --out " + out);
+  const ProgramRun run = run_program("sine", "--size 8 --hidden 8 --steps 12 --amp --out " + out);
   ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("(last-10 mean "), std::string::npos) << run.output;
   std::ifstream csv(out + "/metrics.csv");
   std::string header, line;
   std::getline(csv, header);
   EXPECT_EQ(header, "step,loss,wall_s,scale,skipped");
-  int rows = 0;
-  while (std::getline(csv, line)) ++rows;
-  EXPECT_EQ(rows, 6);
+  std::vector<double> losses;
+  while (std::getline(csv, line)) losses.push_back(std::stod(line.substr(line.find(',') + 1)));
+  ASSERT_EQ(losses.size(), 12u);
+  double last10 = 0;
+  for (size_t i = 2; i < 12; ++i) last10 += losses[i] / 10; // steps 2-11
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
-  for (const char* key : {"example", "device", "device_name", "precision", "steps", "final_loss",
-                          "wall_s", "peak_bytes", "skipped_steps", "final_scale"})
+  for (const char* key :
+       {"example", "device", "device_name", "precision", "steps", "final_loss", "loss_last10_mean",
+        "wall_s", "peak_bytes", "skipped_steps", "final_scale"})
     EXPECT_TRUE(summary.contains(key)) << key;
   EXPECT_EQ(summary["device_name"], "cpu");
   EXPECT_EQ(summary["precision"], "amp");
-  EXPECT_EQ(summary["steps"], 6);
+  EXPECT_EQ(summary["steps"], 12);
+  // metrics.csv rounds to 6 digits
+  EXPECT_NEAR(summary["loss_last10_mean"].get<double>(), last10, 1e-5 * last10);
+  EXPECT_NEAR(summary["final_loss"].get<double>(), losses.back(), 1e-5 * losses.back());
   EXPECT_TRUE(summary["final_loss"].is_number() &&
               std::isfinite(summary["final_loss"].get<double>()))
       << summary["final_loss"];
