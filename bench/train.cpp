@@ -229,9 +229,10 @@ void progress(const std::string& label, const char* what) {
 // of the examples nor PyTorch's peer (bench/pytorch/train.py keeps 10 too) pays.
 class LossTail {
 public:
+  static constexpr int kSize = 10;
   void add(Tensor loss) {
     kept_.push_back(std::move(loss));
-    if (kept_.size() > 10) kept_.pop_front();
+    if (kept_.size() > kSize) kept_.pop_front();
   }
   const std::deque<Tensor>& kept() const { return kept_; }
 
@@ -392,7 +393,8 @@ void print_run(const json& run) {
               run["peak_bytes"].get<double>() / 1048576.0);
   if (run.contains("final_loss"))
     std::printf("  loss %.6g (last-%d mean %.6g)", run["final_loss"].get<double>(),
-                std::min(run["steps"].get<int>(), 10), run["loss_last10_mean"].get<double>());
+                std::min(run["steps"].get<int>(), LossTail::kSize),
+                run["loss_last10_mean"].get<double>());
   std::printf("\n");
   std::fflush(stdout);
 }

@@ -198,9 +198,13 @@ struct StepRecord {
   float loss = 0, wall_s = 0, scale = 1, skipped = 0, correct = 0, rows = 0;
 };
 
-// The mean loss of the last `count` steps (of all, when fewer; 0 when there are none).
-double last_losses_mean(const std::vector<StepRecord>& steps, size_t count) {
-  const size_t used = std::min(count, steps.size());
+// Steps at the end of a run whose mean loss is reported beside the last one (RunResult's
+// loss_last10_mean): one step's loss is noisy.
+constexpr size_t kLossTailSteps = 10;
+
+// The mean loss of the last kLossTailSteps steps (of all, when fewer; 0 when there are none).
+double last_losses_mean(const std::vector<StepRecord>& steps) {
+  const size_t used = std::min(kLossTailSteps, steps.size());
   double sum = 0;
   for (size_t i = steps.size() - used; i < steps.size(); ++i) sum += steps[i].loss;
   return used == 0 ? 0.0 : sum / double(used);
@@ -662,7 +666,7 @@ RunResult Run::train(const std::string& out_dir) {
 
   for (const StepRecord& r : log_.steps) result.skipped_steps += r.skipped != 0;
   if (!log_.steps.empty()) result.final_loss = log_.steps.back().loss;
-  result.loss_last10_mean = last_losses_mean(log_.steps, 10);
+  result.loss_last10_mean = last_losses_mean(log_.steps);
   if (!log_.epochs.empty()) {
     result.test_loss = log_.epochs.back().test_loss;
     result.test_accuracy = log_.epochs.back().test_accuracy;
@@ -807,7 +811,7 @@ RunResult train(const TrainSpec& spec, const Options& options, Device device, bo
 namespace {
 // What RunResult::loss_last10_mean is the mean of, in a run of `steps` steps: "last-10 mean".
 std::string last_losses_label(int64_t steps) {
-  return cat("last-", std::min<int64_t>(steps, 10), " mean");
+  return cat("last-", std::min(steps, int64_t(kLossTailSteps)), " mean");
 }
 
 // The FP32-vs-AMP table of training (with the losses) or inference (fp32 and amp null).
