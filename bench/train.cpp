@@ -40,7 +40,7 @@ struct Config {
   int64_t infer_steps = 20;
   int64_t profile_steps = 0; // training steps with the op profiler on, after the timed ones
   bool cuda_graph = false;   // also time training replayed from a CUDA graph of one step
-  int64_t size = 0;          // sine grid; 0: 512 on a GPU, 64 on the CPU
+  int64_t size = 0;          // sine grid; 0: 512 on a GPU, 64 on the CPU, 16 on the emulator
   uint64_t seed = 0;
 };
 

@@ -109,7 +109,7 @@ void make_output_dirs(const std::vector<OutputDir>& outputs) {
   }
 }
 
-// The data-order generator's stream: apart from the weights' (stream 0), same seed.
+// The data-order generator's stream: apart from the weights' (Rng's default stream), same seed.
 constexpr uint64_t kDataStream = 1;
 
 Var loss_of(LossKind kind, const Var& output, const Tensor& target) {
