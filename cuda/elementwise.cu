@@ -140,8 +140,9 @@ void fill(Tensor& dst, float value) {
   });
 }
 
-// Same dtype: a plain device copy. Otherwise through float; float -> i32 truncates on the device,
-// where a non-finite value cannot be reported: it becomes 0 (the CPU reference throws instead).
+// Same dtype: a plain device copy. Otherwise through float; float -> i32 truncates toward zero on
+// the device, where a bad value cannot be reported: NaN becomes 0, ±inf and values beyond int32
+// saturate (the CPU reference throws instead).
 void cast(const Tensor& src, Tensor& dst) {
   require_same_numel("cast", "src", src, "dst", dst);
   if (src.nbytes() == 0) return;

@@ -1,4 +1,4 @@
-// The GEMM machinery shared by the tensor-core kernel (gemm_wmma.cu), the fp32 SIMT kernel
+// The GEMM machinery shared by the tensor-core kernel (gemm_wmma.cuh), the fp32 SIMT kernel
 // (gemm_fp32.cu) and the implicit-GEMM convolution (conv.cu):
 //   - host side: how a GEMM operand is described (a plain matrix, a transposed one, or one of
 //     the two gathered matrices of a conv that are never materialised: the im2col matrix of its

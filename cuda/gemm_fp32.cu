@@ -6,7 +6,7 @@
 // see plan_gemm). Warps are 8 threads along N by 4 along M, so a warp reads few
 // distinct shared-memory words per step.
 //
-// Pipeline. The WMMA kernel's (gemm_pipeline in gemm.cuh, described in gemm_wmma.cu) with
+// Pipeline. The WMMA kernel's (gemm_pipeline in gemm.cuh, described in gemm_wmma.cuh) with
 // BK = 16 and STAGES = 3: rotating shared buffers filled by 16-byte cp.async chunks (plain loads
 // before sm_80), one commit group per k-step, wait + __syncthreads before each step, the next
 // copy issued into the buffer freed by the previous step. Tiles keep the global orientation (see

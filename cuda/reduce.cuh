@@ -145,7 +145,7 @@ __global__ void column_finish_kernel(const float* partials, int row_blocks, int 
   }
 }
 
-// Row blocks for a column reduction: enough blocks in all to fill every SM about 8 times
+// Row blocks for a column reduction: enough blocks in all to fill every SM about once
 // (8 blocks of 256 threads is a full SM), but no more than one row block per 128 rows, so each
 // thread sums at least ~16 rows before the block combines them.
 inline int row_blocks_for(int64_t rows, int cols) {

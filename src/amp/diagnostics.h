@@ -37,7 +37,8 @@ public:
   ~ActivationGradientProbe();
   ActivationGradientProbe(const ActivationGradientProbe&) = delete;
   ActivationGradientProbe& operator=(const ActivationGradientProbe&) = delete;
-  // The per-op reports of the last backward (host reads), in forward order.
+  // The per-op reports of every backward run while the probe is alive (the examples run one),
+  // host reads, in forward order.
   std::vector<RangeReport> reports() const;
 
 private:

@@ -44,8 +44,8 @@ uint16_t float_to_half_bits(float value) {
   if (magnitude >= 0x38800000) { // >= 2^-14: normal binary16, re-bias the exponent by 127 - 15
     return sign | static_cast<uint16_t>(shift_round_even(magnitude - 0x38000000, 13));
   }
-  if (magnitude < 0x33000000) // < 2^-25 (and 2^-25 itself, a tie with 0): rounds to ±0
-    return sign;
+  // < 2^-25: rounds to ±0 (2^-25 itself, a tie, rounds to even 0 on the subnormal path below).
+  if (magnitude < 0x33000000) return sign;
   // Subnormal binary16: value = m * 2^-24. With the float's implicit bit restored,
   // value = mantissa * 2^(exponent - 150), so m = mantissa >> (126 - exponent), rounded.
   const int exponent = static_cast<int>(magnitude >> 23);

@@ -1,5 +1,5 @@
-// Float views of f32 / f16 tensors, the shared GEMM epilogue and the shared checks of the CPU
-// reference kernels (see cpu_util.h).
+// Float views of f32 / f16 tensors and the shared GEMM epilogue of the CPU reference kernels (see
+// cpu_util.h).
 #include "kernels/cpu/cpu_util.h"
 
 namespace minamp::cpu {

@@ -1,5 +1,6 @@
 // Helpers shared by the CPU reference kernels (namespace minamp::cpu): float views of f32 / f16
-// tensors, Eigen row-major maps, and the checks whose messages every kernel uses.
+// tensors, Eigen row-major maps, ReLU and the shared GEMM bias/ReLU epilogue (the argument checks
+// are in kernels/checks.h).
 //
 // The CPU backend emulates f16 faithfully: an f16 input is widened to float (exact), the math is
 // fp32, and an f16 output is rounded to nearest even. Reductions accumulate in double here, so the
