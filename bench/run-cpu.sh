@@ -46,9 +46,9 @@ declare -A steps=(
   [classify]="--warmup 3 --steps 20 --infer-steps 10"
 )
 # PyTorch's CPU fp16 autocast is far slower than its FP32 (about 0.55 s a sine step on 2 cores,
-# 16× its FP32), so its AMP runs take fewer steps to keep the bench near 5 minutes: their times
-# are informational (the CPU targets compare FP32) and their final losses are not comparable
-# with minamp's.
+# 16× its FP32), so its sine and classify AMP runs take fewer steps to keep the bench near 5
+# minutes: their times are informational (the CPU targets compare FP32) and their final losses
+# are not comparable with minamp's.
 declare -A pytorch_amp_steps=(
   [sine]="--size 64 --warmup 2 --steps 20 --infer-steps 5"
   [mlp]="${steps[mlp]}"

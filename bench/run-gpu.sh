@@ -9,7 +9,8 @@
 # --compare; images and metrics under the parts folder), and sine again from five more seeds.
 # The log is written to ${OUT:-/tmp} as it comes, and the parts folder (/tmp/<name>-parts: the
 # per-tool JSON and the examples' outputs) is packed into $OUT/<name>-parts.tgz after every
-# stage, so that $OUT holds four files whatever happens (the device tool returns at most 8). The
+# stage, so that $OUT holds at most four files whatever happens (the log, the parts .tgz, and the
+# report's .json and .md when there is one; the device tool returns at most 8). The
 # report (whatever results there are, the missing ones listed) goes to
 # bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log beside it, and is copied to
 # $OUT. A run with no results at all writes nothing to bench/results. A target that does not

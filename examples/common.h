@@ -105,10 +105,10 @@ struct RunResult {
 };
 
 // Trains spec.steps steps in FP32 or AMP (from --load-weights or --resume when given), writes
-// out_dir/metrics.csv, summary.json, loss.png (and for AMP loss_scale.png; with evaluation
-// epochs.csv and accuracy.png), weights and checkpoints as the options say, prints progress,
-// and returns the figures. The model is built from `options.seed`, so two runs start from the
-// same weights.
+// out_dir/metrics.csv, summary.json, loss.png (and for AMP with loss scaling loss_scale.png; with
+// evaluation epochs.csv and accuracy.png), weights and checkpoints as the options say, prints
+// progress, and returns the figures. The model is built from `options.seed`, so two runs start from
+// the same weights.
 RunResult train(const TrainSpec& spec, const Options& options, Device device, bool amp,
                 const std::string& out_dir);
 

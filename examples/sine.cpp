@@ -17,7 +17,8 @@ using namespace minamp;
 namespace {
 
 // Writes [Z, 2Z + gap] grey with Z = S * zoom: the target on the left, the model's prediction on
-// the right, each pixel repeated zoom x zoom times so that small grids stay visible (Z >= 256).
+// the right, each pixel repeated zoom x zoom times so that small grids stay visible
+// (zoom = floor(256 / S), at least 1).
 void write_side_by_side(const std::string& path, const std::vector<float>& target,
                         const std::vector<float>& prediction, int64_t size) {
   const int64_t zoom = std::max<int64_t>(1, 256 / size), side = size * zoom;

@@ -48,7 +48,7 @@ private:
   gzFile file_;
 };
 
-// The dimensions after the 4-byte magic, and the number of values they describe.
+// The dimensions after the 4-byte magic (count_values multiplies them out).
 std::vector<int64_t> read_dims(GzReader& file, const std::string& path, int count) {
   std::vector<int64_t> dims;
   for (int i = 0; i < count; ++i) {

@@ -12,7 +12,8 @@
 namespace minamp::io {
 
 // Decodes a PNG or JPEG file into f32 [H, W, channels]; grey images are repeated into RGB and
-// RGB averaged into grey as needed, alpha is dropped. Throws Error naming the file.
+// RGB turned into grey by stb's luma weights (0.30, 0.59, 0.11) as needed, alpha is dropped. Throws
+// Error naming the file.
 Tensor load_image(const std::string& path, int channels);
 
 // Resamples f32 [H, W, C] to [height, width, C] with a triangle (bilinear) filter whose width

@@ -318,7 +318,7 @@ TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
 
 TEST(Examples, MlpAndSineResumeBitForBitInFp32AndAmp) {
   // mlp: SGD, 20 steps, resumed at 12; sine: Adam + BatchNorm, 20 steps, resumed at 12, AMP with
-  // a growing scale (interval 3) so the growth tracker is mid-count at the checkpoint.
+  // a growing scale (interval 5) so the growth tracker is mid-count at the checkpoint.
   minamp::test::expect_resume_equals_uninterrupted("mlp", "--epochs 2 --batches 10", 12,
                                                    "mlp_fp32");
   minamp::test::expect_resume_equals_uninterrupted("mlp", "--epochs 2 --batches 10 --amp", 12,

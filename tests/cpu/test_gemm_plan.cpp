@@ -89,8 +89,8 @@ TEST(GemmPlan, GpuTestShapesTakeTheConfigurationTheyTestOnAnH100) {
   EXPECT_EQ(long_k.simt.split.splits, 56) << "501 k-tiles of 16 in slices of 9";
   EXPECT_EQ(long_k.simt.split.k_per_split, 9 * 16);
 
-  // GpuConv.*'s 128-channel case, x [1, 128, 132, 128], 1x1 kernel: y and dx are [16896, 128]
-  // over K = 128, 132 large tiles.
+  // GpuConv.*'s 128-channel case, x [1, 128, 132, 128], 1x1 kernel, pad 1: dx is [16896, 128]
+  // over K = 128, 132 large tiles (y, padded to 130x134, has 137).
   EXPECT_EQ(h100_plans(128 * 132, 128, 128).wmma.tiles, GemmTiles::large);
   EXPECT_EQ(h100_plans(128 * 132, 128, 128).simt.tiles, GemmTiles::large);
   // Its case x [2, 96, 97, 8], w [32, 3, 3, 8]: dw [32, 72] sums over 18624 pixels in 2 tiles.

@@ -83,9 +83,9 @@ TEST(GpuExamples, SineDefaultSizeFollowsTheDevice) {
             minamp::cuda_emulated() ? "16" : "512");
 }
 
-// Every model, precision and mode bench/run-gpu.sh asks for, at a tiny size: the JSON holds each
-// run, training runs carry their op profile, and the CUDA-graph replay of a step trains exactly
-// like the eager steps (same kernels in the same order).
+// mlp and sine in every precision and mode bench/run-gpu.sh asks for, at a tiny size: the JSON
+// holds each run, training runs carry their op profile, and the CUDA-graph replay of a step trains
+// exactly like the eager steps (same kernels in the same order).
 TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
   MINAMP_REQUIRE_GPU();
   const std::string json = fresh_dir("bench_train_cuda.json");

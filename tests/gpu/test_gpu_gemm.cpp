@@ -124,8 +124,8 @@ TEST(GpuGemm, LargeTilesWithEdges) {
         }
 }
 
-// The shape of the sine example's 1x1 convs: many rows, few channels (64x64 tiles: 128-wide ones
-// would be 3/4 padding).
+// A tall, thin C, as sine's 1x1 convs with --hidden 32: many rows, few channels (64x64 tiles:
+// 128-wide ones would be 3/4 padding).
 TEST(GpuGemm, TallThin) {
   MINAMP_REQUIRE_GPU();
   uint64_t seed = 6000;
