@@ -391,6 +391,20 @@ TEST(GradScaler, EachOptimizerSkipsOnItsOwnOverflowAndUpdateCombinesThem) {
   EXPECT_EQ(params[0]->master().to_vector(), w0);
   EXPECT_NE(params[2]->master().to_vector(), w2);
   EXPECT_EQ(scaler.get_scale(), 32768.0f);
+
+  // Both overflow: the combined flag is 2, one back-off all the same (as PyTorch's sum).
+  p.model.zero_grad();
+  scaler.scale(p.loss(true)).backward();
+  kernels::fill(params[0]->grad(), INFINITY);
+  kernels::fill(params[2]->grad(), NAN);
+  const std::vector<float> w2_now = params[2]->master().to_vector();
+  scaler.step(first);
+  scaler.step(second);
+  scaler.update();
+  EXPECT_TRUE(scaler.step_was_skipped(first));
+  EXPECT_TRUE(scaler.step_was_skipped(second));
+  EXPECT_EQ(params[2]->master().to_vector(), w2_now);
+  EXPECT_EQ(scaler.get_scale(), 16384.0f);
 }
 
 // PyTorch's update() counts every optimizer that was unscaled, stepped or not.

@@ -219,6 +219,8 @@ TEST(CpuAmpUpdateScale, FollowsPyTorchInEveryBranch) {
   using Result = std::pair<float, int>;
   // Overflow: back off and restart the count, whatever the count was.
   EXPECT_EQ(update(65536.0f, 2, 1.0f, params), Result(16384.0f, 0));
+  // Any non-zero flag is an overflow: update() sums the optimizers' flags, so two give 2.
+  EXPECT_EQ(update(65536.0f, 1, 2.0f, params), Result(16384.0f, 0));
   // Clean steps count up to the interval ...
   EXPECT_EQ(update(1024.0f, 0, 0.0f, params), Result(1024.0f, 1));
   EXPECT_EQ(update(1024.0f, 1, 0.0f, params), Result(1024.0f, 2));
