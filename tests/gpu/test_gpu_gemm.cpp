@@ -2,6 +2,7 @@
 // every transpose combination, edge shapes (M, N, K not multiples of any tile), f16 and f32
 // outputs, the fused alpha/beta/bias/ReLU epilogue, both tile configurations and split K.
 // Outputs start as NaN poison; each C must match as a whole and row by row and column by column.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,47 @@ TEST(GpuGemm, EpilogueAlphaBetaBiasRelu) {
               GemmCase g{33, 70, 45, trans, !trans, d.ab, d.c, alpha, beta, bias, relu};
               expect_matches_cpu(g, ++seed);
             }
+}
+
+// A NaN in A (row 3) and one in the bias (column 5) pass the fused ReLU, as torch.relu passes NaN:
+// C's row 3 and column 5 are NaN on both devices, and every other element matches.
+TEST(GpuGemm, FusedReluPassesNaN) {
+  MINAMP_REQUIRE_GPU();
+  const int64_t m = 33, n = 70, k = 45, nan_row = 3, nan_column = 5;
+  Rng rng(4500);
+  for (const DTypePair& d : kDTypePairs) {
+    std::vector<float> a_values = test::random_tensor(rng, {m, k}).to_vector();
+    std::vector<float> bias_values = test::random_tensor(rng, {n}).to_vector();
+    a_values[nan_row * k + 7] = bias_values[nan_column] = std::nanf("");
+    const Tensor a = Tensor::from_vector(a_values, {m, k}, d.ab);
+    const Tensor b = test::random_tensor(rng, {k, n}, d.ab);
+    const Tensor bias = Tensor::from_vector(bias_values, {n});
+    Tensor c_cpu = test::poisoned({m, n}, d.c);
+    kernels::gemm(a, false, b, false, c_cpu, GemmEpilogue{1.0f, 0.0f, &bias, true});
+    const Tensor bias_gpu = bias.to(Device::cuda);
+    Tensor c_gpu = test::poisoned({m, n}, d.c, Device::cuda);
+    kernels::gemm(a.to(Device::cuda), false, b.to(Device::cuda), false, c_gpu,
+                  GemmEpilogue{1.0f, 0.0f, &bias_gpu, true});
+
+    std::vector<float> on_gpu = c_gpu.to_vector(), on_cpu = c_cpu.to_vector();
+    const std::string what = cat("relu(A B + bias) with NaN, ", d.ab, "->", d.c);
+    int64_t wrong = 0;
+    std::string first_wrong;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const bool nan_expected = i == nan_row || j == nan_column;
+        float& g = on_gpu[i * n + j];
+        float& c = on_cpu[i * n + j];
+        if (std::isnan(g) != nan_expected || std::isnan(c) != nan_expected) {
+          if (wrong++ == 0) first_wrong = cat("C[", i, ", ", j, "] = ", g, " (CPU ", c, ")");
+        }
+        if (nan_expected) g = c = 0.0f; // the rest is compared below
+      }
+    EXPECT_EQ(wrong, 0) << what << ": NaN where none belongs or none where one does, first "
+                        << first_wrong;
+    test::expect_close(Tensor::from_vector(on_gpu, {m, n}), Tensor::from_vector(on_cpu, {m, n}),
+                       test::tolerance_for(d.ab, d.c), what);
+  }
 }
 
 // Shapes with enough 128x128 tiles to select the large configuration (>= one block per SM on
