@@ -69,6 +69,21 @@ TEST(Autocast, OutputDtypesFollowThePolicyTable) {
   EXPECT_FALSE(amp::autocast_enabled());
 }
 
+// The losses (fp32 class) take f32 inputs as they are under autocast: values that f16 cannot hold
+// (1 + 2^-13 rounds to 1, 70000 overflows) give the same loss as outside autocast.
+TEST(Autocast, Fp32OpsComputeOnTheirF32InputsUnrounded) {
+  const Tensor values = Tensor::from_vector({1.0f + 0x1p-13f, 70000.0f, -3.0f, 0.5f}, {2, 2});
+  const Tensor target = Tensor::zeros({2, 2});
+  const Tensor labels = Tensor::from_vector({0, 1}, {2}, DType::i32);
+  const float mse = ops::mse_loss(Var(values), target).value().item();
+  const float cross_entropy = ops::cross_entropy(Var(values), labels).value().item();
+  ASSERT_TRUE(std::isfinite(mse) && std::isfinite(cross_entropy));
+  amp::Autocast autocast;
+  EXPECT_EQ(amp::autocast_dtype(amp::OpClass::fp32, DType::f16), DType::f32);
+  EXPECT_EQ(ops::mse_loss(Var(values), target).value().item(), mse);
+  EXPECT_EQ(ops::cross_entropy(Var(values), labels).value().item(), cross_entropy);
+}
+
 TEST(Autocast, ScopesNestAndRestore) {
   amp::Autocast outer(true);
   {
