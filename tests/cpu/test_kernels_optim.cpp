@@ -81,34 +81,38 @@ TEST(CpuSgd, PlainStepNeedsNoStateOrHalfCopy) {
       "sgd_step", "no state0");
 }
 
+// Three steps against a double reference, with PyTorch's eps and with a large one, where an eps
+// added inside the square root instead of after it would show.
 TEST(CpuAdam, FirstStepsAreBiasCorrectedWithL2Decay) {
   Rng rng(63);
-  Param p(rng, {3, 7});
-  AdamParams adam;
-  adam.lr = 0.01f;
-  adam.weight_decay = 0.1f;
-  Tensor step = Tensor::zeros({1});
-  // The reference uses the float hyper-parameters the kernel sees (0.999f is not 0.999).
-  const double lr = adam.lr, b1 = adam.beta1, b2 = adam.beta2, eps = adam.eps,
-               wd = adam.weight_decay;
-  Doubles w = to_doubles(p.master), m(21, 0.0), v(21, 0.0);
-  for (int t = 1; t <= 3; ++t) {
-    p.grad = random_tensor(rng, {3, 7});
-    const Doubles g = to_doubles(p.grad);
-    const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
-    for (int i = 0; i < 21; ++i) {
-      const double d = g[i] + wd * w[i];
-      m[i] = b1 * m[i] + (1.0 - b1) * d;
-      v[i] = b2 * v[i] + (1.0 - b2) * d * d;
-      w[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + eps);
+  for (float eps : {1e-8f, 1e-3f}) {
+    Param p(rng, {3, 7});
+    AdamParams adam;
+    adam.lr = 0.01f;
+    adam.weight_decay = 0.1f;
+    adam.eps = eps;
+    Tensor step = Tensor::zeros({1});
+    // The reference uses the float hyper-parameters the kernel sees (0.999f is not 0.999).
+    const double lr = adam.lr, b1 = adam.beta1, b2 = adam.beta2, wd = adam.weight_decay;
+    Doubles w = to_doubles(p.master), m(21, 0.0), v(21, 0.0);
+    for (int t = 1; t <= 3; ++t) {
+      p.grad = random_tensor(rng, {3, 7});
+      const Doubles g = to_doubles(p.grad);
+      const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
+      for (int i = 0; i < 21; ++i) {
+        const double d = g[i] + wd * w[i];
+        m[i] = b1 * m[i] + (1.0 - b1) * d;
+        v[i] = b2 * v[i] + (1.0 - b2) * d * d;
+        w[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + double(eps));
+      }
+      cpu::adam_step({p.slot()}, adam, step, Tensor());
+      EXPECT_EQ(step.item(), static_cast<float>(t));
+      EXPECT_LT(relative_error_to(p.master, w), kF32Tolerance) << "eps " << eps << " step " << t;
     }
-    cpu::adam_step({p.slot()}, adam, step, Tensor());
-    EXPECT_EQ(step.item(), static_cast<float>(t));
-    EXPECT_LT(relative_error_to(p.master, w), kF32Tolerance) << "step " << t;
+    EXPECT_LT(relative_error_to(p.state0, m), kF32Tolerance) << "eps " << eps;
+    EXPECT_LT(relative_error_to(p.state1, v), kF32Tolerance) << "eps " << eps;
+    expect_half_copy(p);
   }
-  EXPECT_LT(relative_error_to(p.state0, m), kF32Tolerance);
-  EXPECT_LT(relative_error_to(p.state1, v), kF32Tolerance);
-  expect_half_copy(p);
 }
 
 // found_inf = 1: nothing changes, not the weights, the state, the f16 copy nor Adam's step.
