@@ -1,6 +1,9 @@
 // Tests of Tensor creation: shapes whose element or byte count does not fit, the matrix view of
-// empty shapes, and host values that an i32 tensor cannot hold.
+// empty shapes, host values that an i32 tensor cannot hold, item(), and the allocator's live and
+// peak byte counts.
 #include <cmath>
+
+#include "core/allocator.h"
 
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
@@ -51,6 +54,34 @@ TEST(Tensor, FromVectorRejectsValuesAnI32CannotHold) {
   const std::vector<float> extremes = {-2147483648.0f, 2147483520.0f, -7.9f};
   EXPECT_EQ(Tensor::from_vector(extremes, {3}, DType::i32).to_vector(),
             (std::vector<float>{-2147483648.0f, 2147483520.0f, -7.0f}));
+}
+
+TEST(Tensor, ItemNeedsExactlyOneElement) {
+  EXPECT_EQ(Tensor::full({1, 1}, 2.5f).item(), 2.5f);
+  expect_error([] { (void)Tensor::zeros({2}).item(); }, "Tensor::item",
+               "expected one element, got f32[2] on cpu");
+  expect_error([] { (void)Tensor::zeros({0}).item(); }, "Tensor::item", "got f32[0] on cpu");
+}
+
+// The byte counts behind every peak_bytes the examples and benchmarks report: a tensor's bytes
+// count while it lives, and the peak is the largest live total since reset_peak().
+TEST(Allocator, CountsLiveBytesAndThePeakExactly) {
+  Allocator& cpu = allocator_for(Device::cpu);
+  const size_t live = cpu.live_bytes();
+  cpu.reset_peak();
+  EXPECT_EQ(cpu.peak_bytes(), live);
+  {
+    Tensor a = Tensor::empty({1000});                  // 4000 bytes
+    const Tensor b = Tensor::empty({300}, DType::f16); // 600 bytes
+    EXPECT_EQ(cpu.live_bytes(), live + 4600);
+    EXPECT_EQ(cpu.peak_bytes(), live + 4600);
+    a = Tensor();
+    EXPECT_EQ(cpu.live_bytes(), live + 600);
+    EXPECT_EQ(cpu.peak_bytes(), live + 4600) << "freeing memory lowered the peak";
+    cpu.reset_peak();
+    EXPECT_EQ(cpu.peak_bytes(), live + 600);
+  }
+  EXPECT_EQ(cpu.live_bytes(), live);
 }
 
 } // namespace
