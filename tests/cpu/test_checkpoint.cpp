@@ -383,11 +383,15 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
   });
   expect_error(load(bad, *target.scaler), bad,
                "'scaler._growth_tracker' is 4294967296, expected >= 0 and <= 2147483647");
-  // Factors GradScaler's constructor refuses are refused in a file too.
+  // Factors GradScaler's constructor refuses are refused in a file too, the bounds included.
   for (const auto& [name, value, expected] :
        {std::tuple{"scaler.growth_factor", 0.5f, "is 0.5, expected a finite value > 1"},
+        std::tuple{"scaler.growth_factor", 1.0f, "is 1, expected a finite value > 1"},
         std::tuple{"scaler.backoff_factor", 1.5f, "is 1.5, expected a finite value > 0 and < 1"},
-        std::tuple{"scaler.scale", INFINITY, "is inf, expected a finite value > 0"}}) {
+        std::tuple{"scaler.backoff_factor", 1.0f, "is 1, expected a finite value > 0 and < 1"},
+        std::tuple{"scaler.backoff_factor", 0.0f, "is 0, expected a finite value > 0 and < 1"},
+        std::tuple{"scaler.scale", INFINITY, "is inf, expected a finite value > 0"},
+        std::tuple{"scaler.scale", 0.0f, "is 0, expected a finite value > 0"}}) {
     rewrite(path, bad, [name = std::string(name), value = value](auto& ts, auto&) {
       for (NamedTensor& t : ts)
         if (t.name == name) t.tensor = Tensor::full({}, value);

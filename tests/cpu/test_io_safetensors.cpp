@@ -189,6 +189,11 @@ TEST(Safetensors, SpecificCorruptionsNameTheFileAndTheProblem) {
 
   test::write_bytes(path, assemble({{"w", entry("F16", {4}, 0, 16)}}, data));
   expect_load_error(path, "do not hold F16");
+  // Fewer bytes than the shape needs (though the data block would hold it): reading the entry
+  // would run into the next one.
+  test::write_bytes(
+      path, assemble({{"a", entry("F32", {3}, 0, 8)}, {"b", entry("F32", {2}, 8, 16)}}, data));
+  expect_load_error(path, "entry 'a': 8 bytes do not hold F32");
 
   test::write_bytes(path, assemble({{"w", entry("BF16", {8}, 0, 16)}}, data));
   expect_load_error(path, "unsupported dtype 'BF16'");
