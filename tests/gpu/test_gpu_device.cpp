@@ -210,18 +210,25 @@ TEST(GpuGraph, CaptureRunsNothingAndReplaysOnNewInputs) {
   backend::cuda_graph_destroy(graph);
 }
 
-// A block the graph used for a temporary is not handed to a tensor made after the capture (a
-// replay would overwrite it).
+// A block the graph used is not handed to a tensor made after the capture (a replay would
+// overwrite it): neither a temporary freed during the capture nor a tensor made in the capture
+// and freed after it.
 TEST(GpuGraph, BlocksOfTheCaptureStayWithTheGraph) {
   MINAMP_REQUIRE_GPU();
   const void* temporary = nullptr;
+  Tensor kept;
   backend::CudaGraph* graph = backend::cuda_graph_capture([&] {
     Tensor t = Tensor::empty({4096}, DType::f32, Device::cuda);
     kernels::fill(t, 1.0f);
     temporary = t.raw();
+    kept = Tensor::empty({4096}, DType::f32, Device::cuda);
+    kernels::fill(kept, 2.0f);
   });
+  const void* kept_block = kept.raw();
+  kept = Tensor();
   const Tensor after = Tensor::empty({4096}, DType::f32, Device::cuda);
   EXPECT_NE(after.raw(), temporary);
+  EXPECT_NE(after.raw(), kept_block);
   backend::cuda_graph_destroy(graph);
 }
 

@@ -355,30 +355,31 @@ TEST(GpuLoss, CrossEntropyForwardAndBackward) {
     }
 }
 
-// Logits around +100, where exp overflows even in fp32 unless the kernels subtract each row's
-// maximum first, as the reference does (f32 and f16 logits; the math is fp32 for both).
-TEST(GpuLoss, CrossEntropyOfLargeLogitsIsStable) {
+// Logits around +100, where exp overflows even in fp32, and around -1000, where it underflows to
+// 0 for every class, unless the kernels subtract each row's maximum first, as the reference does
+// (f32 and f16 logits; the math is fp32 for both).
+TEST(GpuLoss, CrossEntropyIsStableFarFromZero) {
   MINAMP_REQUIRE_GPU();
   Rng rng(44);
   const Tensor dloss = Tensor::full({1}, 1.0f);
-  for (DType dtype : kFloating) {
-    const float centre = 100.0f;
-    const Tensor logits =
-        random_tensor(rng, {17, 10}, dtype, Device::cpu, centre - 8.0f, centre + 8.0f);
-    const Tensor labels = random_labels(rng, 17, 10);
-    const std::string what = cat("cross_entropy around ", centre, " ", dtype);
-    Tensor loss = poisoned({1}, DType::f32, Device::cuda);
-    kernels::cross_entropy_forward(gpu(logits), gpu(labels), loss);
-    Tensor loss_ref = Tensor::empty({1});
-    kernels::cross_entropy_forward(logits, labels, loss_ref);
-    ASSERT_TRUE(std::isfinite(loss_ref.item())) << what;
-    expect_close(loss, loss_ref, tolerance_for(DType::f32), what);
-    Tensor dlogits = poisoned({17, 10}, dtype, Device::cuda);
-    kernels::cross_entropy_backward(gpu(logits), gpu(labels), gpu(dloss), dlogits);
-    Tensor dlogits_ref = Tensor::empty({17, 10}, dtype);
-    kernels::cross_entropy_backward(logits, labels, dloss, dlogits_ref);
-    expect_close(dlogits, dlogits_ref, tolerance_for(dtype), what);
-  }
+  for (DType dtype : kFloating)
+    for (float centre : {100.0f, -1000.0f}) {
+      const Tensor logits =
+          random_tensor(rng, {17, 10}, dtype, Device::cpu, centre - 8.0f, centre + 8.0f);
+      const Tensor labels = random_labels(rng, 17, 10);
+      const std::string what = cat("cross_entropy around ", centre, " ", dtype);
+      Tensor loss = poisoned({1}, DType::f32, Device::cuda);
+      kernels::cross_entropy_forward(gpu(logits), gpu(labels), loss);
+      Tensor loss_ref = Tensor::empty({1});
+      kernels::cross_entropy_forward(logits, labels, loss_ref);
+      ASSERT_TRUE(std::isfinite(loss_ref.item())) << what;
+      expect_close(loss, loss_ref, tolerance_for(DType::f32), what);
+      Tensor dlogits = poisoned({17, 10}, dtype, Device::cuda);
+      kernels::cross_entropy_backward(gpu(logits), gpu(labels), gpu(dloss), dlogits);
+      Tensor dlogits_ref = Tensor::empty({17, 10}, dtype);
+      kernels::cross_entropy_backward(logits, labels, dloss, dlogits_ref);
+      expect_close(dlogits, dlogits_ref, tolerance_for(dtype), what);
+    }
 }
 
 TEST(GpuLoss, CrossEntropyOutOfRangeLabelGivesNaNNotACrash) {
@@ -546,6 +547,17 @@ TEST(GpuBatchNorm, LargeActivation262144x256) {
   Rng rng(52);
   check_batchnorm({262144, 256, DType::f16, true, true}, rng);
   check_batchnorm({262144, 256, DType::f32, true, false}, rng);
+}
+
+// More elements than one pass of the grid-stride loops covers (the grid is capped at 32 blocks
+// of 256 threads per SM: 1,081,344 threads on 132 SMs), with a channel count that does not divide
+// that stride (8192 x SMs, a multiple of 7 only when the SM count is), so each thread's channel
+// moves, and wraps past C, from one pass to the next.
+TEST(GpuBatchNorm, ChannelsWrapAcrossGridStridePasses) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(53);
+  check_batchnorm({524288, 7, DType::f16, true, true}, rng);
+  check_batchnorm({524288, 7, DType::f32, false, false}, rng);
 }
 
 TEST(GpuBatchNorm, FourDimensionalActivationIsRowsTimesChannels) {
