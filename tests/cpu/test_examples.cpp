@@ -232,9 +232,9 @@ TEST(Examples, SineWritesMetricsSummaryAndImage) {
   double last10 = 0;
   for (size_t i = 2; i < 12; ++i) last10 += losses[i] / 10; // steps 2-11
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
-  for (const char* key :
-       {"example", "device", "device_name", "precision", "steps", "final_loss", "loss_last10_mean",
-        "wall_s", "peak_bytes", "skipped_steps", "final_scale"})
+  for (const char* key : {"example", "device", "device_name", "precision", "steps", "final_loss",
+                          "loss_last10_mean", "wall_s", "peak_bytes", "skipped_steps",
+                          "final_scale", "inference_wall_s", "inference_peak_bytes"})
     EXPECT_TRUE(summary.contains(key)) << key;
   EXPECT_EQ(summary["device_name"], "cpu");
   EXPECT_EQ(summary["precision"], "amp");
@@ -249,6 +249,9 @@ TEST(Examples, SineWritesMetricsSummaryAndImage) {
   EXPECT_EQ(summary["skipped_steps"], 0) << "clean steps at the default scale";
   EXPECT_EQ(summary["final_scale"], 65536.0);
   EXPECT_GT(summary["peak_bytes"].get<double>(), 0);
+  // Forward passes without a graph keep no activations for a backward pass.
+  EXPECT_GT(summary["inference_peak_bytes"].get<double>(), 0);
+  EXPECT_LT(summary["inference_peak_bytes"].get<double>(), summary["peak_bytes"].get<double>());
   EXPECT_TRUE(std::filesystem::exists(out + "/sine.png"));
 }
 
@@ -364,6 +367,19 @@ TEST(Examples, RunsWritePlotsNextToTheirMetrics) {
   EXPECT_FALSE(std::filesystem::exists(out + "/fp32/loss_scale.png")) << "no scaler in FP32";
   EXPECT_TRUE(std::filesystem::exists(out + "/amp/loss.png"));
   EXPECT_TRUE(std::filesystem::exists(out + "/amp/loss_scale.png"));
+}
+
+// --compare hands the scaler's options to its AMP run; the FP32 run has no scaler.
+TEST(Examples, CompareGivesTheScalerOptionsToItsAmpRun) {
+  const std::string out = fresh_dir("compare_scaler");
+  const ProgramRun run = run_program(
+      "mlp", "--compare --epochs 1 --batches 5 --init-scale 1024 --growth-interval 3 --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  const auto amp = nlohmann::json::parse(std::ifstream(out + "/amp/summary.json"));
+  const auto fp32 = nlohmann::json::parse(std::ifstream(out + "/fp32/summary.json"));
+  EXPECT_EQ(amp["skipped_steps"], 0);
+  EXPECT_EQ(amp["final_scale"], 2048.0) << "1024, grown once after 3 clean steps";
+  EXPECT_EQ(fp32["loss_scaling"], false);
 }
 
 TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
