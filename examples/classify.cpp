@@ -147,13 +147,6 @@ examples::Batch gather_batch(const Split& split, const int64_t* rows, int64_t co
           Tensor::from_vector(labels, {count}, DType::i32, device)};
 }
 
-// order = a uniformly random permutation of 0 .. size-1 (Fisher-Yates), a function of the state
-// of `rng` alone, so that a resumed run redraws it from the saved state.
-void shuffle(std::vector<int64_t>& order, Rng& rng) {
-  std::iota(order.begin(), order.end(), 0);
-  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(uint32_t(i))]);
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
@@ -251,7 +244,9 @@ int main(int argc, char** argv) {
     spec.build_model = [&](Rng& rng) {
       return build_cnn(rng, data.train.images.shape(), width, data.classes);
     };
-    spec.start_epoch = [&](int64_t, Rng& rng) { shuffle(train_order, rng); };
+    // The epoch's order is a function of the state of `rng` alone, so that a resumed run redraws
+    // it from the saved state.
+    spec.start_epoch = [&](int64_t, Rng& rng) { rng.permutation(train_order); };
     spec.batch = [&](int64_t step, Device device) {
       const int64_t first = (step % spec.steps_per_epoch) * batch_size;
       return gather_batch(data.train, train_order.data() + first, batch_size, device);

@@ -2,6 +2,10 @@
 #include "core/rng.h"
 
 #include <cmath>
+#include <numeric>
+#include <utility>
+
+#include "core/error.h"
 
 namespace minamp {
 
@@ -35,6 +39,15 @@ uint32_t Rng::below(uint32_t n) {
     const uint32_t r = next_u32();
     if (r >= threshold) return r % n;
   }
+}
+
+void Rng::permutation(std::vector<int64_t>& order) {
+  require(order.size() <= UINT32_MAX, "Rng::permutation", "at most 2^32 - 1 elements, got ",
+          order.size());
+  std::iota(order.begin(), order.end(), 0);
+  // Element i - 1 swaps with any of 0 .. i - 1, itself included (excluding it, a common slip,
+  // draws only the permutations that are one cycle).
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[below(uint32_t(i))]);
 }
 
 } // namespace minamp

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace minamp {
 
@@ -18,6 +19,8 @@ public:
   float normal();
   // Uniform integer in [0, n).
   uint32_t below(uint32_t n);
+  // Fills `order` with a uniformly random permutation of 0 .. order.size() - 1 (Fisher-Yates).
+  void permutation(std::vector<int64_t>& order);
 
   // The whole state, for checkpoints.
   struct State {

@@ -1,11 +1,13 @@
 // Tests for minamp::Rng: the published PCG32 sequence, reproducibility from a seed, independence
-// of seeds and streams, the statistics of uniform(), normal() and below(n), and exact resumption
-// from state().
+// of seeds and streams, the statistics of uniform(), normal(), below(n) and permutation(), and
+// exact resumption from state().
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <numeric>
 #include <vector>
 
 #include "core/rng.h"
@@ -132,6 +134,33 @@ TEST(Rng, BelowIsInRangeAndRoughlyUniform) {
     upper_half_seen |= k >= large / 2;
   }
   EXPECT_TRUE(upper_half_seen);
+}
+
+// Each of the 6 orders of 3 elements comes up equally often (chi-square with 5 degrees of freedom
+// below 20.5, which chance exceeds with probability 0.001), those that leave an element in place
+// included; and a long order is a permutation.
+TEST(Rng, PermutationIsUniform) {
+  Rng rng(17);
+  std::map<std::vector<int64_t>, int> counts;
+  const int draws = 60000;
+  std::vector<int64_t> order(3);
+  for (int i = 0; i < draws; ++i) {
+    rng.permutation(order);
+    ++counts[order];
+  }
+  ASSERT_EQ(counts.size(), 6u);
+  const double expected = draws / 6.0;
+  double chi_square = 0;
+  for (const auto& [permutation, count] : counts)
+    chi_square += (count - expected) * (count - expected) / expected;
+  EXPECT_LT(chi_square, 20.5);
+
+  std::vector<int64_t> long_order(1000), sorted(1000);
+  rng.permutation(long_order);
+  std::iota(sorted.begin(), sorted.end(), 0);
+  EXPECT_NE(long_order, sorted);
+  std::sort(long_order.begin(), long_order.end());
+  EXPECT_EQ(long_order, sorted);
 }
 
 TEST(Rng, SetStateResumesTheExactSequence) {
