@@ -764,12 +764,29 @@ TEST(Diagnostics, ProbeCountsWhatFp16WouldFlushAtScaleOneButNotAtS) {
   EXPECT_EQ(last.at_scale.flushed, 0);
   EXPECT_EQ(last.at_scale.subnormal, 0);
 
+  // The same gradients stored at a scale of 2^22 (a scaled loss, as under AMP) are counted as
+  // themselves: unscaled for scale 1 and at S = 2^22 (~0.052), not at 2^44 (which would overflow).
+  {
+    const float stored = 4194304.0f;
+    amp::ActivationGradientProbe scaled_probe(stored, stored);
+    p.model.zero_grad();
+    const Var loss = ops::mse_loss(p.model(Var(p.x)), Tensor::from_vector(y, {16, 1}));
+    ops::mul_scalar(loss, Tensor::full({1}, stored)).backward();
+    const amp::RangeReport scaled = scaled_probe.reports()[1];
+    EXPECT_EQ(scaled.at_scale_one.flushed, 16);
+    EXPECT_EQ(scaled.at_scale.overflow, 0);
+    EXPECT_EQ(scaled.at_scale.flushed, 0);
+  }
+
   const auto weights = amp::weight_gradient_report(p.model.named_parameters(), 1.0f, 65536.0f);
   ASSERT_EQ(weights.size(), 4u);
   EXPECT_EQ(weights[3].name, "2.bias");
   EXPECT_EQ(amp::first_nonfinite_parameter(p.model.named_parameters()), "");
   kernels::fill(p.model.parameters()[1]->grad(), NAN);
   EXPECT_EQ(amp::first_nonfinite_parameter(p.model.named_parameters()), "0.bias");
+  kernels::fill(p.model.parameters()[2]->grad(), NAN);
+  EXPECT_EQ(amp::first_nonfinite_parameter(p.model.named_parameters()), "2.weight")
+      << "the parameter backward reaches first";
 }
 
 } // namespace

@@ -1,9 +1,12 @@
 // The op profiler: while enabled it counts every kernels:: call once per op with its time, only
-// the outermost of nested scopes records, collect() empties it, and nothing is recorded while it
-// is off. The GPU variant (events around each call) is in tests/gpu/test_gpu_device.cpp.
+// the outermost of nested scopes records, an op's time sums its calls, collect() empties it, and
+// nothing is recorded while it is off. The GPU variant (events around each call) is in
+// tests/gpu/test_gpu_device.cpp.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -60,6 +63,21 @@ TEST(Profile, RecordsNothingWhileDisabled) {
   ASSERT_FALSE(profile::enabled());
   run_some_ops(Device::cpu);
   EXPECT_TRUE(profile::collect().empty());
+}
+
+// An op's time is the sum over its calls: two calls of at least 20 ms each take at least 40.
+TEST(Profile, AnOpsTimeIsTheSumOfItsCalls) {
+  profile::collect();
+  profile::set_enabled(true);
+  for (int call = 0; call < 2; ++call) {
+    const profile::Scope scope("sleep", Device::cpu);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  profile::set_enabled(false);
+  const std::vector<profile::OpTime> times = profile::collect();
+  ASSERT_EQ(times.size(), 1u);
+  EXPECT_EQ(times[0].calls, 2);
+  EXPECT_GE(times[0].ms, 40.0);
 }
 
 TEST(Profile, OnlyTheOutermostScopeRecords) {
