@@ -81,6 +81,10 @@ TEST(Idx, SpecificCorruptionsNameTheFileAndTheProblem) {
 
   test::write_bytes(path, idx_bytes({}, {}));
   expect_idx_error(path, "rank 0");
+  test::write_bytes(path, idx_bytes({1, 1, 1, 1, 1}, {1}));
+  expect_idx_error(path, "IDX rank 5 is not in 1..4");
+  test::write_bytes(path, idx_bytes({1, 2, 1, 3}, six)); // rank 4, the largest, is read
+  EXPECT_EQ(io::read_idx(path).dims, (std::vector<int64_t>{1, 2, 1, 3}));
 
   test::write_bytes(path, idx_bytes({2, 4}, six));
   expect_idx_error(path, "holds 6 values, its dimensions describe 8");

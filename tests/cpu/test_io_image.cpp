@@ -53,6 +53,16 @@ TEST(Image, PngRoundTripsRgbAndGrey) {
   }
 }
 
+// Values outside [0, 1] (a prediction overshooting its target) are clamped, not wrapped around
+// 8 bits; values inside round to the nearest of the 256 levels.
+TEST(Image, SavePngClampsToTheUnitInterval) {
+  test::TempDir dir;
+  const std::string path = dir.path("clamped.png");
+  io::save_png(path, Tensor::from_vector({-0.5f, 0.0f, 0.5f, 1.0f, 1.5f, 40.0f}, {1, 6, 1}));
+  EXPECT_EQ(io::load_image(path, 1).to_vector(),
+            (std::vector<float>{0.0f, 0.0f, 128 / 255.0f, 1.0f, 1.0f, 1.0f}));
+}
+
 TEST(Image, ConvertsChannelsOnLoad) {
   test::TempDir dir;
   const std::string rgb_path = dir.path("rgb.png"), grey_path = dir.path("grey.png");
@@ -216,6 +226,32 @@ TEST(Plot, DrawsSeriesInDistinctColoursOnWhite) {
   EXPECT_THROW(io::save_line_plot(path, {{"bad", {1, 2}, {1}}}), Error);
   io::save_line_plot(dir.path("empty.png"), {}, {}); // no data: axes only
   EXPECT_EQ(io::load_image(dir.path("empty.png"), 3).shape(), (Shape{600, 960, 3}));
+}
+
+// Pixels land where they belong on a canvas wider than it is high: a step from 0 to 1 is drawn
+// as a vertical segment, one column holding the series' colour over much of the height.
+TEST(Plot, AStepIsDrawnAsAVerticalSegment) {
+  test::TempDir dir;
+  const io::PlotSeries step{"step", {0, 1, 1, 2}, {0, 0, 1, 1}};
+  io::PlotOptions options;
+  options.width = 400;
+  options.height = 300;
+  const std::string path = dir.path("step.png");
+  io::save_line_plot(path, {step}, options);
+  const Tensor image = io::load_image(path, 3);
+  ASSERT_EQ(image.shape(), (Shape{300, 400, 3}));
+  const float* p = image.data<float>();
+  int64_t tallest = 0; // the most pixels of the series' colour in one column
+  for (int64_t col = 0; col < 400; ++col) {
+    int64_t rows = 0;
+    for (int64_t row = 0; row < 300; ++row) {
+      const float* pixel = p + (row * 400 + col) * 3;
+      rows += std::lround(pixel[0] * 255) == 31 && std::lround(pixel[1] * 255) == 119 &&
+              std::lround(pixel[2] * 255) == 180;
+    }
+    tallest = std::max(tallest, rows);
+  }
+  EXPECT_GT(tallest, 100);
 }
 
 TEST(AtomicFile, ReplacesFilesAndLeavesNoTempFiles) {
