@@ -147,6 +147,13 @@ TEST(CpuOptimizers, RejectMismatchedState) {
   expect_error([&] { cpu::adam_step({p.slot()}, AdamParams{}, step, Tensor()); }, "adam_step",
                "state1 must be f32 with 4 elements, got f32[5]");
   EXPECT_EQ(step.item(), 0.0f);
+  // An f16 copy of another size would be written past its end.
+  Param q(rng, {4});
+  q.half = Tensor::zeros({3}, DType::f16);
+  const std::vector<float> master = q.master.to_vector();
+  expect_error([&] { cpu::sgd_step({q.slot()}, SgdParams{}, Tensor()); }, "sgd_step",
+               "the f16 copy of f32[4] on cpu must be f16 of the same size, got f16[3] on cpu");
+  EXPECT_EQ(q.master.to_vector(), master);
 }
 
 TEST(CpuAmpUnscale, MultipliesByInverseScaleAndFlagsInfAndNaN) {
