@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -132,6 +133,47 @@ TEST(Classify, LearnsAndWritesEpochFiguresPlotsAndPyTorchWeights) {
   EXPECT_NE(init.tensor("13.weight").to_vector(), final.tensor("13.weight").to_vector());
 }
 
+// The test figures are those of the model's predictions: with its last layer's weights zeroed
+// and its bias favouring the last class (10 vs 0), and lr 0, every logit row is that bias, so
+// the test accuracy is the share of test images of class 9 (30 of 100; 8 are of class 0), and
+// the test loss is log(9 + e^10) - 10 for those and log(9 + e^10) for the others, averaged over
+// every image.
+TEST(Classify, TestAccuracyAndLossAreThoseOfThePredictions) {
+  const std::string dir = fresh_dir("classify_known_predictions");
+  fs::create_directories(dir);
+  Rng rng(12);
+  write_split(dir, "train", 384, rng);
+  std::vector<uint8_t> labels;
+  for (int i = 0; i < 100; ++i) labels.push_back(uint8_t(i < 30 ? 9 : i % 9));
+  write_split(dir, "t10k", 100, rng, labels);
+  const std::string out = fresh_dir("classify_known_predictions_out");
+  ASSERT_EQ(run_program("classify", small_run(dir, 1) + " --out " + out + "/first" +
+                                        " --save-weights " + out + "/weights")
+                .status,
+            0);
+
+  io::SafetensorsFile weights = io::load_safetensors(out + "/weights/init.safetensors");
+  for (io::NamedTensor& t : weights.tensors) {
+    if (t.name == "13.weight") t.tensor = Tensor::zeros(t.tensor.shape());
+    if (t.name == "13.bias") {
+      std::vector<float> bias(10, 0.0f);
+      bias[9] = 10.0f;
+      t.tensor = Tensor::from_vector(bias, {10});
+    }
+  }
+  const std::string chosen = out + "/chosen.safetensors";
+  io::save_safetensors(chosen, weights.tensors, weights.metadata, weights.int64s);
+  const ProgramRun run = run_program("classify", small_run(dir, 1) + " --lr 0 --load-weights " +
+                                                     chosen + " --out " + out + "/second");
+  ASSERT_EQ(run.status, 0) << run.output;
+
+  const nlohmann::json summary = summary_of(out + "/second");
+  EXPECT_NEAR(summary["test_accuracy"].get<double>(), 0.3, 1e-7);
+  const double log_sum_exp = std::log(9.0 + std::exp(10.0));
+  const double expected_loss = 0.3 * (log_sum_exp - 10.0) + 0.7 * log_sum_exp;
+  EXPECT_NEAR(summary["test_loss"].get<double>(), expected_loss, 1e-5 * expected_loss);
+}
+
 TEST(Classify, ResumeEqualsUninterruptedBitForBit) {
   // 36 steps of 12 per epoch: a checkpoint in mid-epoch (step 20) and at an epoch's end (24).
   // AMP with a short growth interval, so that the scale grows, overflows and backs off.
@@ -145,11 +187,12 @@ TEST(Classify, ResumeEqualsUninterruptedBitForBit) {
   }
 }
 
+// At 18x18, not a multiple of 4: the stride-2 convs round up (18 -> 9 -> 5), as PyTorch's do.
 TEST(Classify, TrainsOnTheImageFolderFixture) {
   const std::string out = fresh_dir("classify_folder");
   const ProgramRun run = run_program(
       "classify", std::string("--images ") + MINAMP_SOURCE_DIR +
-                      "/data/tiny-images --image-size 16 --batch-size 2 --width 4 --epochs 2 "
+                      "/data/tiny-images --image-size 18 --batch-size 2 --width 4 --epochs 2 "
                       "--holdout-every 3 --out " +
                       out);
   ASSERT_EQ(run.status, 0) << run.output;

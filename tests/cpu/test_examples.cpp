@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "io/image.h"
 #include "io/safetensors.h"
+#include "sine_data.h"
 #include "test_program.h"
 
 namespace {
@@ -74,6 +76,8 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--epochs 1 --batches 1000000000 --batch-size 16000000",
        {"--batches", "more than this machine's"}},
       {"--widths 4000000000", {"--widths", "wider than 65536"}},
+      {"--widths 16,16x", {"--widths", "'16x' is not a positive integer"}},
+      {"--widths 1.5", {"--widths", "'1.5' is not a positive integer"}},
       {"--seed -5", {"--seed", "expected an integer from 0 to 18446744073709551615, got -5"}},
       {"--seed 18446744073709551616", {"--seed", "got 18446744073709551616"}}, // not clamped
       {"--lr nan", {"--lr", "expected a finite number >= 0 (at most 3.4e38), got nan"}},
@@ -252,7 +256,20 @@ TEST(Examples, SineWritesMetricsSummaryAndImage) {
   // Forward passes without a graph keep no activations for a backward pass.
   EXPECT_GT(summary["inference_peak_bytes"].get<double>(), 0);
   EXPECT_LT(summary["inference_peak_bytes"].get<double>(), summary["peak_bytes"].get<double>());
-  EXPECT_TRUE(std::filesystem::exists(out + "/sine.png"));
+
+  // sine.png: the target on the left, x along the columns and y down the rows (each of the 8x8
+  // cells 32 pixels wide), then a white gap, then the prediction.
+  const minamp::Tensor image = minamp::io::load_image(out + "/sine.png", 1);
+  ASSERT_EQ(image.shape(), (minamp::Shape{256, 2 * 256 + 8, 1}));
+  const std::vector<float> target =
+      minamp::examples::quantized_sine(minamp::examples::coordinate_grid(8));
+  const float* pixels = image.data<float>();
+  for (int64_t row = 0; row < 256; ++row)
+    for (int64_t col = 0; col < 256 + 8; ++col) {
+      const float expected =
+          col < 256 ? std::lround(target[(row / 32) * 8 + col / 32] * 255) / 255.0f : 1.0f;
+      ASSERT_EQ(pixels[row * (2 * 256 + 8) + col], expected) << "row " << row << ", col " << col;
+    }
 }
 
 // --profile: the op table is printed and written, with the ops a sine step runs and their calls
@@ -367,6 +384,21 @@ TEST(Examples, RunsWritePlotsNextToTheirMetrics) {
   EXPECT_FALSE(std::filesystem::exists(out + "/fp32/loss_scale.png")) << "no scaler in FP32";
   EXPECT_TRUE(std::filesystem::exists(out + "/amp/loss.png"));
   EXPECT_TRUE(std::filesystem::exists(out + "/amp/loss_scale.png"));
+}
+
+// A run of fewer than 10 steps reports the mean of the losses it has as its last-10 mean.
+TEST(Examples, ShortRunsAverageTheLossesTheyHave) {
+  const std::string out = fresh_dir("mlp_short");
+  ASSERT_EQ(run_program("mlp", "--epochs 1 --batches 4 --out " + out).status, 0);
+  std::ifstream csv(out + "/metrics.csv");
+  std::string line;
+  std::getline(csv, line);
+  double sum = 0;
+  int steps = 0;
+  for (; std::getline(csv, line); ++steps) sum += std::stod(line.substr(line.find(',') + 1));
+  ASSERT_EQ(steps, 4);
+  const auto summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
+  EXPECT_NEAR(summary["loss_last10_mean"].get<double>(), sum / 4, 1e-5 * sum / 4);
 }
 
 // --compare hands the scaler's options to its AMP run; the FP32 run has no scaler.
