@@ -108,6 +108,15 @@ class CpuTargets(unittest.TestCase):
             self.assertIn("| mlp FP32 step vs PyTorch CPU eager FP32 | 0.1 ms | 0.4 ms | 0.25 |",
                           f.read())
 
+    def test_a_ratio_on_its_bound_meets_it(self):
+        minamp = every_run("minamp", {"mlp": 0.4, "sine": 30.0, "classify": 60.0})
+        pytorch = every_run("pytorch", {"mlp": 0.4, "sine": 20.0, "classify": 60.0})
+        report = Report(self, "cpu", minamp_result(minamp), pytorch_result(pytorch))
+        self.assertEqual(report.process.returncode, 0, report.process.stderr)
+        mlp = report.targets()["mlp FP32 step vs PyTorch CPU eager FP32"]
+        self.assertEqual(mlp["ratio"], 1.0)
+        self.assertEqual(mlp["status"], "met")
+
     def test_a_loss_that_is_not_finite_misses(self):
         minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
         for run in minamp:
