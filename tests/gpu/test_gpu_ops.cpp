@@ -300,6 +300,7 @@ TEST(GpuReduce, Fp16RangeCountsMatchExactly) {
 
 // ---- Losses.
 
+// pred [1, n] against target [n] (as sine's [1, S, S, 1] output): the mean is over elements.
 TEST(GpuLoss, MseForwardAndBackward) {
   MINAMP_REQUIRE_GPU();
   Rng rng(41);
@@ -307,7 +308,7 @@ TEST(GpuLoss, MseForwardAndBackward) {
   for (int64_t n : kSizes)
     for (DType pred_type : kFloating)
       for (DType target_type : kFloating) {
-        const Tensor pred = random_tensor(rng, {n}, pred_type);
+        const Tensor pred = random_tensor(rng, {1, n}, pred_type);
         const Tensor target = random_tensor(rng, {n}, target_type);
         Tensor loss = poisoned({1}, DType::f32, Device::cuda);
         kernels::mse_forward(gpu(pred), gpu(target), loss);
@@ -316,9 +317,9 @@ TEST(GpuLoss, MseForwardAndBackward) {
         expect_close(loss, loss_ref, tolerance_for(DType::f32),
                      label("mse_forward", n, pred_type, target_type));
 
-        Tensor dpred = poisoned({n}, pred_type, Device::cuda);
+        Tensor dpred = poisoned({1, n}, pred_type, Device::cuda);
         kernels::mse_backward(gpu(pred), gpu(target), gpu(dloss), dpred);
-        Tensor dpred_ref = Tensor::empty({n}, pred_type);
+        Tensor dpred_ref = Tensor::empty({1, n}, pred_type);
         kernels::mse_backward(pred, target, dloss, dpred_ref);
         expect_close(dpred, dpred_ref, tolerance({pred_type, target_type}, pred_type),
                      label("mse_backward", n, pred_type, target_type));
