@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -27,6 +28,16 @@ namespace {
 using minamp::test::fresh_dir;
 using minamp::test::ProgramRun;
 using minamp::test::run_program;
+
+// The loss column of a run's metrics.csv (step,loss,...): one value per step.
+std::vector<double> losses_in(const std::string& metrics_csv) {
+  std::ifstream csv(metrics_csv);
+  std::string line;
+  std::getline(csv, line); // the header
+  std::vector<double> losses;
+  while (std::getline(csv, line)) losses.push_back(std::stod(line.substr(line.find(',') + 1)));
+  return losses;
+}
 
 // A refused run: non-zero status and one line, "error: ...", that contains every one of `parts`.
 void expect_one_line_error(const ProgramRun& run, const std::string& args,
@@ -227,11 +238,10 @@ TEST(Examples, SineWritesMetricsSummaryAndImage) {
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("(last-10 mean "), std::string::npos) << run.output;
   std::ifstream csv(out + "/metrics.csv");
-  std::string header, line;
+  std::string header;
   std::getline(csv, header);
   EXPECT_EQ(header, "step,loss,wall_s,scale,skipped");
-  std::vector<double> losses;
-  while (std::getline(csv, line)) losses.push_back(std::stod(line.substr(line.find(',') + 1)));
+  const std::vector<double> losses = losses_in(out + "/metrics.csv");
   ASSERT_EQ(losses.size(), 12u);
   double last10 = 0;
   for (size_t i = 2; i < 12; ++i) last10 += losses[i] / 10; // steps 2-11
@@ -323,11 +333,7 @@ TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("memory saved"), std::string::npos) << run.output;
   for (const char* precision : {"fp32", "amp"}) {
-    std::ifstream csv(out + "/" + precision + "/metrics.csv");
-    std::string line;
-    std::getline(csv, line);
-    std::vector<double> losses;
-    while (std::getline(csv, line)) losses.push_back(std::stod(line.substr(line.find(',') + 1)));
+    const std::vector<double> losses = losses_in(out + "/" + precision + "/metrics.csv");
     ASSERT_EQ(losses.size(), 200u);
     // Epoch means (the 50 batches differ), first vs last.
     double first = 0, last = 0;
@@ -390,13 +396,9 @@ TEST(Examples, RunsWritePlotsNextToTheirMetrics) {
 TEST(Examples, ShortRunsAverageTheLossesTheyHave) {
   const std::string out = fresh_dir("mlp_short");
   ASSERT_EQ(run_program("mlp", "--epochs 1 --batches 4 --out " + out).status, 0);
-  std::ifstream csv(out + "/metrics.csv");
-  std::string line;
-  std::getline(csv, line);
-  double sum = 0;
-  int steps = 0;
-  for (; std::getline(csv, line); ++steps) sum += std::stod(line.substr(line.find(',') + 1));
-  ASSERT_EQ(steps, 4);
+  const std::vector<double> losses = losses_in(out + "/metrics.csv");
+  ASSERT_EQ(losses.size(), 4u);
+  const double sum = std::accumulate(losses.begin(), losses.end(), 0.0);
   const auto summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
   EXPECT_NEAR(summary["loss_last10_mean"].get<double>(), sum / 4, 1e-5 * sum / 4);
 }

@@ -187,13 +187,17 @@ TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
   expect_error([&] { io::load_image(dir.path("bad.jpg"), 3); }, dir.path("bad.jpg"));
 }
 
+// True when `pixel` (3 floats in [0, 1]) is exactly the 8-bit colour (r, g, b).
+bool is_colour(const float* pixel, int r, int g, int b) {
+  return std::lround(pixel[0] * 255) == r && std::lround(pixel[1] * 255) == g &&
+         std::lround(pixel[2] * 255) == b;
+}
+
 // True when some pixel of `image` (f32 [H, W, 3]) has exactly the 8-bit colour (r, g, b).
 bool has_colour(const Tensor& image, int r, int g, int b) {
   const float* p = image.data<float>();
   for (int64_t i = 0; i < image.numel(); i += 3)
-    if (std::lround(p[i] * 255) == r && std::lround(p[i + 1] * 255) == g &&
-        std::lround(p[i + 2] * 255) == b)
-      return true;
+    if (is_colour(p + i, r, g, b)) return true;
   return false;
 }
 
@@ -244,11 +248,8 @@ TEST(Plot, AStepIsDrawnAsAVerticalSegment) {
   int64_t tallest = 0; // the most pixels of the series' colour in one column
   for (int64_t col = 0; col < 400; ++col) {
     int64_t rows = 0;
-    for (int64_t row = 0; row < 300; ++row) {
-      const float* pixel = p + (row * 400 + col) * 3;
-      rows += std::lround(pixel[0] * 255) == 31 && std::lround(pixel[1] * 255) == 119 &&
-              std::lround(pixel[2] * 255) == 180;
-    }
+    for (int64_t row = 0; row < 300; ++row)
+      rows += is_colour(p + (row * 400 + col) * 3, 31, 119, 180);
     tallest = std::max(tallest, rows);
   }
   EXPECT_GT(tallest, 100);
