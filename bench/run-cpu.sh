@@ -8,8 +8,10 @@
 #   bash bench/run-cpu.sh [BUILD_DIR]      (default: build, configured by `make build`)
 #
 # BENCH_THREADS sets the threads of both frameworks (default: nproc); COMMIT names the measured
-# commit (default: git's HEAD). The figures are only as clean as the machine is idle: the report
-# records the load average.
+# commit (default: git's HEAD); VENV (default bench/.venv) is PyTorch's virtual environment and
+# RESULTS (default bench/results) where the report goes (tests/bench/test_run_cpu.py runs the
+# whole script on stand-in tools). The figures are only as clean as the machine is idle: the
+# report records the load average.
 set -uo pipefail
 # -h/--help prints the comment above; one BUILD_DIR at most, not starting with '-'.
 # shellcheck source=scripts/args.sh
@@ -27,9 +29,10 @@ fi
 cd "$(dirname "$0")/.." || exit 1
 
 build=${1:-build}
-venv=bench/.venv
-results=bench/results
-threads=${BENCH_THREADS:-$(nproc)}
+venv=${VENV:-bench/.venv}
+results=${RESULTS:-bench/results}
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) # (nproc obeys both)
+threads=${BENCH_THREADS:-$cores}
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 name="cpu-$(date -u +%Y%m%d-%H%M)-$commit"
 log=$results/$name.log
@@ -101,7 +104,7 @@ run_pytorch() {
 # 2-core host's speed drifts between modes (bench/NOTES.md).
 main() {
   echo "minamp CPU benchmark $name: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)," \
-    "$(nproc) cores, $threads threads, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    "$cores cores, $threads threads, load average $(cut -d' ' -f1-3 /proc/loadavg)"
   build_minamp || {
     echo "bench: bench_train did not build; nothing to report"
     return 1
