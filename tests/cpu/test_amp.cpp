@@ -609,6 +609,39 @@ TEST(Optimizers, RejectHyperparametersPyTorchRefuses) {
   EXPECT_EQ(adam.lr(), 0.0f);
 }
 
+// The class hands its momentum and weight decay to the step and keeps the momentum buffers
+// between steps, under the names PyTorch's state_dict gives them (the kernel's own test feeds
+// the kernel directly): two steps with chosen gradients against torch.optim.SGD's formulas.
+TEST(Optimizers, SgdKeepsItsMomentumBuffersAcrossSteps) {
+  Rng rng(8);
+  Parameter a(test::random_tensor(rng, {2, 3})), b(test::random_tensor(rng, {4}));
+  const float lr = 0.1f, momentum = 0.9f, wd = 0.01f;
+  optim::SGD sgd({&a, &b}, lr, momentum, wd);
+  optim::SGD plain({&a, &b}, lr);
+  EXPECT_TRUE(plain.named_state().empty()) << "SGD without momentum keeps no buffers";
+  const std::vector<std::pair<std::string, Tensor*>> state = sgd.named_state();
+  ASSERT_EQ(state.size(), 2u);
+  EXPECT_EQ(state[0].first, "momentum_buffer.0");
+  EXPECT_EQ(state[1].first, "momentum_buffer.1");
+
+  std::vector<float> w = a.master().to_vector(), buf(w.size(), 0.0f);
+  for (int step = 0; step < 2; ++step) {
+    a.grad() = test::random_tensor(rng, {2, 3});
+    b.grad() = test::random_tensor(rng, {4});
+    const std::vector<float> g = a.grad().to_vector();
+    sgd.step();
+    for (size_t i = 0; i < w.size(); ++i) { // buf = momentum buf + (g + wd w); w -= lr buf
+      buf[i] = momentum * buf[i] + (g[i] + wd * w[i]);
+      w[i] -= lr * buf[i];
+    }
+    const std::vector<float> got = a.master().to_vector(), got_buf = state[0].second->to_vector();
+    for (size_t i = 0; i < w.size(); ++i) {
+      EXPECT_NEAR(got[i], w[i], 1e-6f) << "step " << step << ", element " << i;
+      EXPECT_NEAR(got_buf[i], buf[i], 1e-6f) << "step " << step << ", element " << i;
+    }
+  }
+}
+
 // --- why loss scaling ----------------------------------------------------------------------
 
 TEST(LossScaling, TinyGradientsFlushToZeroWithoutScalingAndSurviveWithIt) {
