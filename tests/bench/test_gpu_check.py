@@ -3,11 +3,13 @@
 report), and the test checks the summary's verdicts — every stage passes when the tools do; a
 skipped GPU test fails the test stage; compute-sanitizer refusing the device is UNAVAILABLE,
 not pass; memcheck runs with the allocator's exact-size mode; ONLY runs the check stages it
-names and no other — and that $OUT holds at most the six logs the header promises (the device
+names and no other; a stage that hangs times out within the budget and the stages after it are
+skipped, not passed — and that $OUT holds at most the six logs the header promises (the device
 tool returns 8 files). Standard library only; ctest runs it as bench.gpu_check.
 
 The same file is the stand-in tools: `test_gpu_check.py --tool NAME ARGS...`; the environment
-variables FAKE_SKIPPED_GPU_TEST and FAKE_SANITIZER_REFUSES choose their failures."""
+variables FAKE_SKIPPED_GPU_TEST, FAKE_TESTS_HANG and FAKE_SANITIZER_REFUSES choose their
+failures."""
 
 import json
 import os
@@ -15,6 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 from stand_ins import make_tool
@@ -24,12 +27,17 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 
 
 def fake_minamp_tests(args):
-    """Writes the --gtest_output JSON: one GPU test, skipped when FAKE_SKIPPED_GPU_TEST is set."""
+    """Writes the --gtest_output JSON: one GPU test, skipped when FAKE_SKIPPED_GPU_TEST is set,
+    and a GpuAbsent test (which skips on a GPU machine); hangs when FAKE_TESTS_HANG is set."""
+    if os.environ.get("FAKE_TESTS_HANG"):
+        time.sleep(600)
     output = next((a for a in args if a.startswith("--gtest_output=json:")), None)
     if output:
         result = "SKIPPED" if os.environ.get("FAKE_SKIPPED_GPU_TEST") else "COMPLETED"
-        report = {"testsuites": [{"name": "GpuGemm", "testsuite": [
-            {"name": "SquareShapes", "result": result}]}]}
+        report = {"testsuites": [
+            {"name": "GpuGemm", "testsuite": [{"name": "SquareShapes", "result": result}]},
+            {"name": "GpuAbsent", "testsuite": [{"name": "CudaTensorWithoutADeviceThrowsTheReason",
+                                                 "result": "SKIPPED"}]}]}
         with open(output.split(":", 1)[1], "w") as f:
             json.dump(report, f)
     print("[  PASSED  ] 1 test.")
@@ -57,7 +65,7 @@ TOOLS = {"minamp_tests": fake_minamp_tests, "compute-sanitizer": fake_compute_sa
 
 
 class GpuCheckScript(unittest.TestCase):
-    def run_script(self, **failures):
+    def run_script(self, budget_s=120, **failures):
         """Runs gpu-check.sh on the stand-ins (with `failures` added to its environment); returns
         (exit status, {stage: verdict}, $OUT's files)."""
         tmp = tempfile.TemporaryDirectory()
@@ -69,12 +77,12 @@ class GpuCheckScript(unittest.TestCase):
             make_tool(os.path.join(bin_dir, name), name, __file__)
         make_tool(os.path.join(build, "minamp_tests"), "minamp_tests", __file__)
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
-                   OUT=out, BUDGET_S="120", **failures)
+                   OUT=out, BUDGET_S=str(budget_s), **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh")],
                                  env=env, capture_output=True, text=True, timeout=110)
         summary = process.stdout[process.stdout.find("== summary"):] if "== summary" in \
             process.stdout else ""
-        verdicts = dict(re.findall(r"^  (\S.*?)\s{2,}(\S.*?), \d+ s$", summary, re.MULTILINE))
+        verdicts = dict(re.findall(r"^  (\S.*?)\s{2,}(\S.*?)(?:, \d+ s)?$", summary, re.MULTILINE))
         return process.returncode, verdicts, sorted(os.listdir(out))
 
     def test_every_stage_passes_when_its_tools_do(self):
@@ -92,6 +100,16 @@ class GpuCheckScript(unittest.TestCase):
         self.assertNotEqual(status, 0)
         self.assertEqual(verdicts["tests"], "FAIL (exit 1)")
         self.assertEqual(verdicts["memcheck (Gpu*)"], "pass")
+
+    def test_a_stage_that_hangs_times_out_within_the_budget_and_skips_the_rest(self):
+        start = time.monotonic()
+        status, verdicts, _ = self.run_script(budget_s=25, FAKE_TESTS_HANG="1")
+        self.assertLess(time.monotonic() - start, 25, "the budget was overrun")
+        self.assertNotEqual(status, 0)
+        self.assertRegex(verdicts["tests"], r"^TIMEOUT after 1[0-5] s$")
+        self.assertEqual(verdicts["memcheck (Gpu*)"], "SKIPPED (time budget spent)")
+        self.assertEqual(verdicts["racecheck (GEMM, reductions)"], "SKIPPED (time budget spent)")
+        self.assertEqual(verdicts["build"], "pass")
 
     def test_a_sanitizer_that_refuses_the_device_is_unavailable_not_passed(self):
         status, verdicts, _ = self.run_script(FAKE_SANITIZER_REFUSES="1")

@@ -1,19 +1,23 @@
 """Test of bench/run-gpu.sh's plumbing without a GPU: the whole script runs on stand-in tools
 (nvidia-smi, cmake, bench_train, bench_gemm, the examples and PyTorch's train.py, each writing
-the files the real one writes, with made-up figures), and the test checks what the GPU session
-depends on: every stage ran, the report lists nothing missing, and $OUT holds the four files the
-device tool can return (it returns at most 8). Standard library only; ctest runs it as
-bench.run_gpu.
+the files the real one writes, with made-up figures, and refusing an option or value the real one
+refuses), and the test checks what the GPU session depends on: every stage ran, the report lists
+nothing missing, and $OUT holds the four files the device tool can return (it returns at most 8);
+a stage that hangs is cut to the budget and the later ones are skipped, the report still written;
+with nothing built the script fails. Standard library only; ctest runs it as bench.run_gpu.
 
 The same file is the stand-in tools: `test_run_gpu.py --tool NAME ARGS...`."""
 
+import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import unittest
 
 from stand_ins import make_tool
@@ -25,6 +29,47 @@ GPU_NAME = "NVIDIA H100 80GB HBM3"
 
 def option(args, name, default=None):
     return args[args.index(name) + 1] if name in args else default
+
+
+def one_of(*values):
+    return lambda value: value in values
+
+
+def list_of(*values):
+    return lambda value: all(v in values for v in value.split(","))
+
+
+def count(value):
+    return value.isdigit()
+
+
+# The options of the real programs (bench/train.cpp, bench/gemm.cu, examples/common.cpp) that
+# run-gpu.sh passes, with the values they accept; None marks a flag.
+OPTIONS = {
+    "bench_train": {"--device": one_of("auto", "cpu", "cuda"),
+                    "--models": list_of("mlp", "sine", "classify"),
+                    "--precisions": list_of("fp32", "amp"), "--steps": count, "--warmup": count,
+                    "--infer-steps": count, "--profile": count, "--cuda-graph": None,
+                    "--size": count, "--seed": count, "--json": str},
+    "bench_gemm": {"--shapes": one_of("all", "square", "model", "tiny"),
+                   "--precisions": one_of("f16", "f32", "f16,f32", "f32,f16"),
+                   "--json": str, "--wmma-sweep": None},
+    "example": {"--compare": None, "--device": one_of("auto", "cpu", "cuda"), "--out": str},
+}
+
+
+def check_options(tool, args):
+    """Exits 2 (as CLI11 does) on an option or value the real tool refuses."""
+    known, i = OPTIONS[tool], 0
+    while i < len(args):
+        name = args[i]
+        if name not in known:
+            sys.exit(f"{tool}: unknown option {name}")
+        if known[name] is not None:
+            if i + 1 == len(args) or not known[name](args[i + 1]):
+                sys.exit(f"{tool}: bad value for {name}: {args[i + 1:i + 2]}")
+            i += 1
+        i += 1
 
 
 def write_json(path, content):
@@ -41,6 +86,9 @@ def step_run(model, precision, mode, median_ms, train=True):
 
 
 def fake_bench_train(args):
+    check_options("bench_train", args)
+    if os.environ.get("FAKE_HANG") == option(args, "--models"):
+        time.sleep(600)
     runs = []
     for model in option(args, "--models").split(","):
         for precision in option(args, "--precisions", "fp32,amp").split(","):
@@ -52,6 +100,7 @@ def fake_bench_train(args):
 
 
 def fake_bench_gemm(args):
+    check_options("bench_gemm", args)
     row = {"shape": "square 4096", "ab_dtype": "f16", "c_dtype": "f16", "m": 4096, "n": 4096,
            "k": 4096, "ratio": 0.6, "minamp": {"tflops": 400.0}, "cublas": {"tflops": 660.0},
            "check": {"max_rel_diff_vs_cublas": 1e-3}}
@@ -68,6 +117,7 @@ def fake_pytorch(args):
 
 
 def fake_example(args):
+    check_options("example", args)
     for precision in ("fp32", "amp"):
         folder = os.path.join(option(args, "--out"), precision)
         os.makedirs(folder, exist_ok=True)
@@ -77,7 +127,7 @@ def fake_example(args):
 
 def fake_cmake(args):
     """`cmake --build DIR ...` puts the stand-in programs into DIR; anything else succeeds."""
-    if args[:1] != ["--build"]:
+    if args[:1] != ["--build"] or os.environ.get("FAKE_NO_BUILD"):
         return
     for program in ("bench_train", "bench_gemm", "sine", "mlp"):
         make_tool(os.path.join(args[1], program), program, __file__)
@@ -101,7 +151,9 @@ TOOLS = {"bench_train": fake_bench_train, "bench_gemm": fake_bench_gemm, "sine":
 
 
 class RunGpuScript(unittest.TestCase):
-    def test_every_stage_reports_and_out_holds_four_files(self):
+    def run_script(self, budget_s=300, **failures):
+        """Runs bench/run-gpu.sh on the stand-ins (`failures` added to its environment); returns
+        the process and the OUT and RESULTS folders."""
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
         bin_dir, build, out, results = (os.path.join(tmp.name, d)
@@ -112,10 +164,16 @@ class RunGpuScript(unittest.TestCase):
         for name in ("nvidia-smi", "cmake", "python"):
             make_tool(os.path.join(bin_dir, name), name, __file__)
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
-                   OUT=out, RESULTS=results, COMMIT="abc1234", BUDGET_S="300",
-                   PYTHON=os.path.join(bin_dir, "python"))
+                   OUT=out, RESULTS=results, COMMIT="abc1234", BUDGET_S=str(budget_s),
+                   PYTHON=os.path.join(bin_dir, "python"), **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "bench", "run-gpu.sh")], env=env,
                                  capture_output=True, text=True, timeout=280)
+        for parts in glob.glob("/tmp/gpu-h100-80gb-hbm3-*-abc1234-parts"):
+            self.addCleanup(shutil.rmtree, parts, True)
+        return process, out, results
+
+    def test_every_stage_reports_and_out_holds_four_files(self):
+        process, out, results = self.run_script()
         self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
         self.assertNotIn("time budget is spent", process.stdout)
         self.assertEqual(process.stdout.count(": exit 0,"), 20, process.stdout[-3000:])
@@ -124,7 +182,6 @@ class RunGpuScript(unittest.TestCase):
                        for folder, _, names in os.walk(out) for f in names)
         self.assertEqual(len(files), 4, files)
         name = next(f for f in files if f.endswith(".json"))[:-len(".json")]
-        self.addCleanup(shutil.rmtree, os.path.join("/tmp", name + "-parts"), True)
         self.assertTrue(name.startswith("gpu-h100-80gb-hbm3-") and name.endswith("-abc1234"))
         self.assertEqual(files, sorted(name + end for end in
                                        (".json", ".log", ".md", "-parts.tgz")))
@@ -143,6 +200,32 @@ class RunGpuScript(unittest.TestCase):
                      "sine/amp/summary.json", "mlp/fp32/metrics.csv",
                      "seeds/minamp-sine-seed5.json"):
             self.assertIn(part, members)
+
+    def test_a_stage_that_hangs_is_cut_to_the_budget_and_the_rest_skipped(self):
+        start = time.monotonic()
+        process, out, results = self.run_script(budget_s=35, FAKE_HANG="mlp")
+        self.assertLess(time.monotonic() - start, 35, "the budget was overrun")
+        self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
+        limits = re.findall(r"^== bench_train mlp fp32 \(limit (\d+) s\)$", process.stdout,
+                            re.MULTILINE)
+        self.assertEqual(len(limits), 1, process.stdout[-3000:])
+        self.assertLessEqual(int(limits[0]), 15)
+        self.assertRegex(process.stdout, r"-- bench_train mlp fp32: exit 124,")
+        self.assertIn("== bench_train sine seed 5: skipped, the time budget is spent",
+                      process.stdout)
+        [path] = glob.glob(os.path.join(results, "gpu-*.json"))
+        with open(path) as f:
+            missing = json.load(f)["meta"]["missing"]
+        self.assertIn("minamp mlp: no results", missing)
+        self.assertNotIn("bench_gemm: no results", missing)  # the stage before it ran
+
+    def test_with_nothing_built_it_fails_and_writes_no_report(self):
+        process, out, results = self.run_script(FAKE_NO_BUILD="1")
+        self.assertEqual(process.returncode, 1, process.stdout[-3000:] + process.stderr)
+        self.assertIn("neither bench_train nor bench_gemm was built; nothing to run",
+                      process.stdout)
+        self.assertFalse(os.path.exists(results) and os.listdir(results))
+        self.assertEqual(sorted(f[-4:] for f in os.listdir(out)), [".log", ".tgz"])
 
 
 if __name__ == "__main__":
