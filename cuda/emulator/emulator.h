@@ -107,15 +107,22 @@ template <class T> T* dynamic_shared_memory() {
 }
 
 // Runs `thread_body` for every thread of every block of the grid, or records it in the graph
-// when `stream` is capturing. Faults are reported through cudaGetLastError.
-void launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+// when `stream` is capturing; `kernel` (its address, or nullptr) keys its dynamic shared-memory
+// limit.
+// Faults are reported through cudaGetLastError.
+void launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
             std::function<void()> thread_body);
 
+// A kernel's address: the key of its dynamic shared-memory limit (cudaFuncSetAttribute's).
+template <class Function> const void* kernel_address(Function* kernel) {
+  return reinterpret_cast<const void*>(kernel);
+}
+
 template <class Kernel, class... Args>
-void launch_kernel(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, Kernel kernel,
-                   Args&&... args) {
+void launch_kernel(const void* address, dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, Kernel kernel, Args&&... args) {
   // The arguments are evaluated once, here, and copied like kernel parameters.
-  launch(grid, block, shared_bytes, stream,
+  launch(address, grid, block, shared_bytes, stream,
          [kernel, params = std::make_tuple(std::decay_t<Args>(std::forward<Args>(args))...)] {
            std::apply(kernel, params);
          });

@@ -1,8 +1,11 @@
 // The CUDA emulator's source rewriter, a build-time tool: copies one CUDA source (.cu or .cuh)
 // and replaces the two constructs a host C++ compiler cannot parse:
 //   kernel<<<grid, block, smem, stream>>>(args...)
-//     -> ::minamp::emu::launch_kernel(grid, block, smem, stream,
-//                                     [=](const auto&... a) { kernel(a...); }, args...)
+//     -> ::minamp::emu::launch_kernel(::minamp::emu::kernel_address(kernel), grid, block, smem,
+//                                     stream, [=](const auto&... a) { kernel(a...); }, args...)
+//   (the kernel's address, its shared-memory limit's key, only where smem is given and not 0:
+//   a kernel whose template arguments are deduced from the call has no address to take, and
+//   needs none without dynamic shared memory; nullptr there)
 //   extern __shared__ __align__(16) T name[];
 //     -> T* name = ::minamp::emu::dynamic_shared_memory<T>();
 // and adds two calls for checks a GPU makes: after each static shared declaration, the call
@@ -76,16 +79,35 @@ size_t matching_paren(const std::string& s, size_t open) {
 
 // The launch configuration with CUDA's defaults filled in: <<<grid, block>>> and
 // <<<grid, block, smem>>> get shared memory 0 and the default stream.
-std::string full_config(const std::string& config) {
-  int depth = 0, parts = 1;
+// The parts of a launch configuration split at its top-level commas, each trimmed.
+std::vector<std::string> config_parts(const std::string& config) {
+  std::vector<std::string> parts(1);
+  int depth = 0;
   for (char c : config) {
     if (c == '(' || c == '[' || c == '{') ++depth;
     if (c == ')' || c == ']' || c == '}') --depth;
-    if (c == ',' && depth == 0) ++parts;
+    if (c == ',' && depth == 0)
+      parts.emplace_back();
+    else
+      parts.back() += c;
   }
-  if (parts < 2 || parts > 4)
+  for (std::string& part : parts) {
+    part.erase(0, part.find_first_not_of(" \t\r\n"));
+    part.erase(part.find_last_not_of(" \t\r\n") + 1);
+  }
+  if (parts.size() < 2 || parts.size() > 4)
     throw std::runtime_error("expected <<<grid, block[, smem[, stream]]>>>");
-  return config + (parts < 3 ? ", 0" : "") + (parts < 4 ? ", nullptr" : "");
+  return parts;
+}
+
+// The launch_kernel arguments before the kernel: its address (see the header) and the
+// configuration with smem and stream filled in.
+std::string launch_config(std::string kernel, const std::string& config) {
+  const std::vector<std::string> parts = config_parts(config);
+  std::replace(kernel.begin(), kernel.end(), '\n', ' '); // one copy keeps the line breaks
+  const bool dynamic_shared = parts.size() > 2 && parts[2] != "0";
+  return (dynamic_shared ? "::minamp::emu::kernel_address(" + kernel + ")" : "nullptr") + ", " +
+         config + (parts.size() < 3 ? ", 0" : "") + (parts.size() < 4 ? ", nullptr" : "");
 }
 
 size_t count_newlines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
@@ -131,7 +153,7 @@ std::string rewrite_launches(const std::string& s) {
       throw std::runtime_error("expected '(' after >>> at offset " + std::to_string(config_end));
     const size_t close = matching_paren(s, open);
     const std::string kernel = s.substr(start, at - start);
-    const std::string config = full_config(s.substr(at + 3, config_end - at - 3));
+    const std::string config = launch_config(kernel, s.substr(at + 3, config_end - at - 3));
     const std::string args = s.substr(open + 1, close - open - 2);
     const bool has_args = args.find_first_not_of(" \t\r\n") != std::string::npos;
     std::string call = "::minamp::emu::launch_kernel(" + config +

@@ -445,7 +445,17 @@ std::map<uintptr_t, size_t>& device_allocations() {
   return *allocations;
 }
 size_t device_bytes_in_use = 0;
-int max_dynamic_shared_bytes = kDefaultSharedBytes;
+// Each kernel's dynamic shared-memory limit, as raised by cudaFuncSetAttribute (48 KiB until
+// then): per kernel, as on a GPU, so that a kernel that never raised its own limit cannot launch
+// above 48 KiB because another kernel raised theirs.
+std::map<const void*, int>& max_dynamic_shared_bytes() {
+  static auto* limits = new std::map<const void*, int>();
+  return *limits;
+}
+int max_dynamic_shared_bytes(const void* kernel) {
+  const auto limit = max_dynamic_shared_bytes().find(kernel);
+  return limit == max_dynamic_shared_bytes().end() ? kDefaultSharedBytes : limit->second;
+}
 // Captures in a mode other than relaxed: cudaMalloc is refused while there is one.
 int strict_captures = 0;
 
@@ -567,18 +577,19 @@ void cp_async_wait(int pending_groups) {
   f.async_copies.erase(f.async_copies.begin(), copy);
 }
 
-void launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, Work thread_body) {
+void launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+            Work thread_body) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (threads == 0 || threads > kMaxBlockThreads || block.z > 64 || grid.x == 0 ||
       grid.x > 2147483647u || grid.y == 0 || grid.y > 65535 || grid.z == 0 || grid.z > 65535) {
     fail(cudaErrorInvalidConfiguration);
     return;
   }
-  if (shared_bytes > size_t(max_dynamic_shared_bytes)) {
+  if (const int limit = max_dynamic_shared_bytes(kernel); shared_bytes > size_t(limit)) {
     std::fprintf(stderr,
                  "minamp CUDA emulator: a launch asks for %zu bytes of dynamic shared memory, "
-                 "above the %d allowed (cudaFuncSetAttribute raises it)\n",
-                 shared_bytes, max_dynamic_shared_bytes);
+                 "above the %d this kernel allows (cudaFuncSetAttribute on it raises it)\n",
+                 shared_bytes, limit);
     fail(cudaErrorInvalidValue);
     return;
   }
@@ -685,7 +696,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   if (!func) return fail(cudaErrorInvalidValue);
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
   if (value < 0 || value > kOptinSharedBytes) return fail(cudaErrorInvalidValue);
-  max_dynamic_shared_bytes = std::max(max_dynamic_shared_bytes, value);
+  max_dynamic_shared_bytes()[func] = value;
   return cudaSuccess;
 }
 

@@ -187,6 +187,37 @@ TEST(Emulator, DynamicSharedMemoryIsAlignedAndStartsAsNaN) {
   EXPECT_EQ(address.download()[0] % 128, 0u);
 }
 
+// Writes the last float of its dynamic shared memory (of `floats` floats) to out; two instances
+// are two kernels, each with its own shared-memory limit.
+template <int kInstance> __global__ void last_shared_float_kernel(float* out, int floats) {
+  extern __shared__ __align__(128) unsigned char bytes[];
+  float* values = reinterpret_cast<float*>(bytes);
+  values[floats - 1] = float(kInstance);
+  *out = values[floats - 1];
+}
+
+// Above 48 KiB a launch needs cudaFuncSetAttribute on that kernel, as on a GPU: one kernel's
+// raised limit lets no other kernel launch, and a limit set lower again is lower.
+TEST(Emulator, DynamicSharedMemoryAbove48KiBNeedsTheKernelsOwnLimitRaised) {
+  DeviceBuffer<float> out(1);
+  const int bytes = 64 * 1024, floats = bytes / int(sizeof(float));
+  last_shared_float_kernel<1><<<1, 1, bytes>>>(out.data, floats);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "above 48 KiB without the attribute";
+  ASSERT_EQ(cudaFuncSetAttribute(last_shared_float_kernel<1>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+            cudaSuccess);
+  last_shared_float_kernel<1><<<1, 1, bytes>>>(out.data, floats);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(out.download()[0], 1.0f);
+  last_shared_float_kernel<2><<<1, 1, bytes>>>(out.data, floats);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "another kernel's limit was used";
+  ASSERT_EQ(cudaFuncSetAttribute(last_shared_float_kernel<1>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 32 * 1024),
+            cudaSuccess);
+  last_shared_float_kernel<1><<<1, 1, 40 * 1024>>>(out.data, 10 * 1024);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "the lowered limit was not kept";
+}
+
 // One thread copies src [16] into shared memory by cp.async in four 16-byte chunks: chunks 0-2
 // in commit groups of their own, chunk 3 issued but not committed. It records the tile after
 // cp_async_wait<kPending> in seen[0:16] and after committing and draining in seen[16:32].
