@@ -45,6 +45,17 @@ struct Split {
 struct Dataset {
   Split train, test;
   int64_t classes = 0;
+  // "2 2 2, test 1 1 1": the images of each class in the train and test splits.
+  std::string images_per_class() const {
+    std::string out;
+    for (const Split* split : {&train, &test}) {
+      std::vector<int64_t> counts(size_t(classes), 0);
+      for (int32_t label : split->labels) ++counts[size_t(label)];
+      out += split == &train ? "train" : ", test";
+      for (int64_t count : counts) out += cat(" ", count);
+    }
+    return out;
+  }
 };
 
 // The first `count` images of `split` (all when count is 0 or larger).
@@ -220,6 +231,7 @@ int main(int argc, char** argv) {
     std::printf("classify: %lld training and %lld test images, %lld classes, from %s\n",
                 static_cast<long long>(data.train.size()), static_cast<long long>(data.test.size()),
                 static_cast<long long>(data.classes), source.c_str());
+    std::printf("classify: images per class: %s\n", data.images_per_class().c_str());
 
     std::vector<int64_t> train_order(size_t(data.train.size())),
         test_rows(size_t(data.test.size()));

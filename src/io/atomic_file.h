@@ -11,7 +11,8 @@ namespace minamp::io {
 std::string read_file(const std::string& path);
 
 // Replaces the file at `path` with `bytes`: writes "<path>.tmp.XXXXXX" next to it, flushes it
-// to disk and renames it over `path`. Throws Error naming the file on any failure, after
+// to disk and renames it over `path` (mode 0644, as a plain write under the usual umask gives,
+// not the temp file's 0600). Throws Error naming the file on any failure, after
 // removing the temp file; the previous file at `path`, if any, is then untouched.
 void write_file_atomically(const std::string& path, const std::string& bytes);
 

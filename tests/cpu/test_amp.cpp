@@ -420,6 +420,18 @@ TEST(GradScaler, EachOptimizerSkipsOnItsOwnOverflowAndUpdateCombinesThem) {
   EXPECT_TRUE(scaler.step_was_skipped(second));
   EXPECT_EQ(params[2]->master().to_vector(), w2_now);
   EXPECT_EQ(scaler.get_scale(), 16384.0f);
+
+  // Only the second overflows: with the first, whichever of the two the scaler holds first is
+  // once the clean one, whose own flag update() must leave alone when it combines them.
+  p.model.zero_grad();
+  scaler.scale(p.loss(true)).backward();
+  kernels::fill(params[2]->grad(), INFINITY);
+  scaler.step(first);
+  scaler.step(second);
+  scaler.update();
+  EXPECT_FALSE(scaler.step_was_skipped(first));
+  EXPECT_TRUE(scaler.step_was_skipped(second));
+  EXPECT_EQ(scaler.get_scale(), 8192.0f);
 }
 
 // PyTorch's update() counts every optimizer that was unscaled, stepped or not.
@@ -455,6 +467,14 @@ TEST(GradScaler, StepWasSkippedIsKnownBetweenStepAndUpdate) {
   EXPECT_EQ(scaler.get_scale(), 65536.0f) << "the scale changes only in update()";
   scaler.update();
   EXPECT_TRUE(scaler.step_was_skipped(sgd));
+  // Unscaled but not stepped yet: the last step is still the skipped one.
+  p.model.zero_grad();
+  scaler.scale(p.loss(true)).backward();
+  scaler.unscale_(sgd);
+  EXPECT_TRUE(scaler.step_was_skipped(sgd)) << "a clean unscale_ is not a step";
+  scaler.step(sgd);
+  EXPECT_FALSE(scaler.step_was_skipped(sgd));
+  scaler.update();
   clean_steps(p, sgd, scaler, 1);
   EXPECT_FALSE(scaler.step_was_skipped(sgd));
 }
@@ -640,6 +660,39 @@ TEST(Optimizers, SgdKeepsItsMomentumBuffersAcrossSteps) {
       EXPECT_NEAR(got_buf[i], buf[i], 1e-6f) << "step " << step << ", element " << i;
     }
   }
+}
+
+// Every hyperparameter the Adam class is given reaches the step (none is left at its default):
+// two steps against torch.optim.Adam's formulas (L2 decay into the gradient), in double.
+TEST(Optimizers, AdamHandsEveryHyperparameterToTheStep) {
+  Rng rng(9);
+  Parameter p(test::random_tensor(rng, {5}));
+  const float lr = 0.05f, beta1 = 0.8f, beta2 = 0.95f, eps = 1e-2f, wd = 0.2f;
+  optim::Adam adam({&p}, lr, beta1, beta2, eps, wd);
+  std::vector<double> w, m(5, 0.0), v(5, 0.0);
+  for (float x : p.master().to_vector()) w.push_back(x);
+  for (int t = 1; t <= 2; ++t) {
+    p.grad() = test::random_tensor(rng, {5});
+    const std::vector<float> g = p.grad().to_vector();
+    adam.step();
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double d = g[i] + double(wd) * w[i];
+      m[i] = beta1 * m[i] + (1.0 - beta1) * d;
+      v[i] = beta2 * v[i] + (1.0 - beta2) * d * d;
+      const double m_hat = m[i] / (1.0 - std::pow(double(beta1), t)),
+                   v_hat = v[i] / (1.0 - std::pow(double(beta2), t));
+      w[i] -= lr * m_hat / (std::sqrt(v_hat) + double(eps));
+    }
+    const std::vector<float> got = p.master().to_vector();
+    for (size_t i = 0; i < w.size(); ++i)
+      EXPECT_NEAR(got[i], w[i], 1e-6) << "step " << t << ", element " << i;
+  }
+  const std::vector<std::pair<std::string, Tensor*>> state = adam.named_state();
+  ASSERT_EQ(state.size(), 3u);
+  EXPECT_EQ(state[0].first, "step");
+  EXPECT_EQ(state[0].second->item(), 2.0f);
+  EXPECT_EQ(state[1].first, "exp_avg.0");
+  EXPECT_EQ(state[2].first, "exp_avg_sq.0");
 }
 
 // --- why loss scaling ----------------------------------------------------------------------

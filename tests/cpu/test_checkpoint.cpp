@@ -352,6 +352,8 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
                "precision 'amp'");
   expect_error(load(path, *target.scaler, {{"example", "other"}, {"precision", "fp32"}}), path,
                "example 'test', this run has 'other'");
+  expect_error(load(path, *target.scaler, {{"dataset", "folder"}}), path,
+               "written by a run with dataset '(none)', this run has 'folder'");
   Training disabled(3, unusual_scaler(false));
   expect_error(load(path, *disabled.scaler), path, "unexpected entry 'scaler.");
   expect_error([&] { io::load_weights(path, *target.model); }, path,
@@ -383,6 +385,20 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
   });
   expect_error(load(bad, *target.scaler), bad,
                "'scaler._growth_tracker' is 4294967296, expected >= 0 and <= 2147483647");
+  rewrite(path, bad, [](auto&, auto& is) {
+    for (NamedInt64s& e : is)
+      if (e.name == "train.epoch") e.values[0] = -1;
+  });
+  expect_error(load(bad, *target.scaler), bad, "'train.epoch' is -1, expected >= 0");
+  // Counters are PyTorch's 0-d I64 tensors, and an I64 the checkpoint does not have is refused
+  // like an unexpected tensor.
+  rewrite(path, bad, [](auto&, auto& is) {
+    for (NamedInt64s& e : is)
+      if (e.name == "train.step") e.shape = {1};
+  });
+  expect_error(load(bad, *target.scaler), bad, "'train.step' has 1 dimensions, expected a 0-d I64");
+  rewrite(path, bad, [](auto&, auto& is) { is.push_back({"train.extra", {}, {3}}); });
+  expect_error(load(bad, *target.scaler), bad, "unexpected entry 'train.extra'");
   // Factors GradScaler's constructor refuses are refused in a file too, the bounds included.
   for (const auto& [name, value, expected] :
        {std::tuple{"scaler.growth_factor", 0.5f, "is 0.5, expected a finite value > 1"},

@@ -198,6 +198,9 @@ TEST(Classify, TrainsOnTheImageFolderFixture) {
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("6 training and 3 test images, 3 classes"), std::string::npos)
       << run.output;
+  // Each image keeps its class's label in the split (the first of each class is held out).
+  EXPECT_NE(run.output.find("images per class: train 2 2 2, test 1 1 1"), std::string::npos)
+      << run.output;
   EXPECT_EQ(summary_of(out)["epochs"], 2);
 }
 
@@ -207,8 +210,12 @@ TEST(Classify, DataProblemsAreOneLineErrorsWithNoOutput) {
                         {"/nonexistent/fm", "dataset-fashion-mnist"});
   expect_one_line_error(run_program("classify", "--images /nonexistent/img --out " + out),
                         {"/nonexistent/img", "not a directory"});
-  expect_one_line_error(run_program("classify", small_run(data(), 1, 1000) + " --out " + out),
-                        {"--batch-size", "384 training images"});
+  expect_one_line_error(run_program("classify", small_run(data(), 1, 385) + " --out " + out),
+                        {"--batch-size", "385 is more than the 384 training images"});
+  const ProgramRun whole_batch = run_program("classify", small_run(data(), 1, 384) + " --out " +
+                                                             fresh_dir("classify_whole_batch"));
+  EXPECT_EQ(whole_batch.status, 0) << "one batch of all the training images\n"
+                                   << whole_batch.output;
   // Options that would be ignored are refused.
   expect_one_line_error(
       run_program("classify", small_run(data(), 1) + " --image-size 16 --out " + out),
@@ -229,10 +236,10 @@ TEST(Classify, DataProblemsAreOneLineErrorsWithNoOutput) {
   expect_one_line_error(run_program("classify", small_run(bad, 1) + " --out " + out),
                         {"train-labels-idx1-ubyte.gz", "39 labels for the 40 images"});
   std::vector<uint8_t> labels(40, 2);
-  labels[7] = 12;
+  labels[7] = 10; // 10 classes: 0 to 9
   write_split(bad, "train", 40, rng, labels);
   expect_one_line_error(run_program("classify", small_run(bad, 1) + " --out " + out),
-                        {"train-labels-idx1-ubyte.gz", "label 12 of image 7"});
+                        {"train-labels-idx1-ubyte.gz", "label 10 of image 7"});
   EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
 }
 

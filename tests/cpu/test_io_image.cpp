@@ -146,6 +146,10 @@ TEST(Image, FolderErrorsNameTheProblemPath) {
   std::filesystem::remove(dir.path("cats/b.PNG"));
   EXPECT_EQ(io::load_image_folder(dir.root(), 4, 3).images.shape(), (Shape{1, 4, 4, 3}));
   EXPECT_THROW(io::load_image_folder(dir.root(), 0, 3), Error);
+  // .jpeg is a JPEG too, in either case.
+  std::filesystem::copy(std::string(MINAMP_SOURCE_DIR) + "/data/tiny-images/stripes/img1.jpg",
+                        dir.path("cats/c.JPEG"));
+  EXPECT_EQ(io::load_image_folder(dir.root(), 4, 3).images.shape(), (Shape{2, 4, 4, 3}));
 }
 
 TEST(Image, CorruptPngsAndJpegsLoadOrThrowError) {
@@ -261,6 +265,9 @@ TEST(AtomicFile, ReplacesFilesAndLeavesNoTempFiles) {
   io::write_file_atomically(path, "first");
   io::write_file_atomically(path, std::string("sec\0nd", 6));
   EXPECT_EQ(io::read_file(path), std::string("sec\0nd", 6));
+  EXPECT_EQ(std::filesystem::status(path).permissions(),
+            std::filesystem::perms(0644)) // not the temp file's 0600
+      << "others cannot read the results";
   io::write_file_atomically(dir.path("empty"), "");
   EXPECT_EQ(io::read_file(dir.path("empty")), "");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.root()),

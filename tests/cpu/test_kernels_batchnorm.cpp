@@ -142,6 +142,15 @@ TEST(CpuBatchNorm, MomentumAndEpsAreTheCallers) {
   EXPECT_LT(relative_error_to(layer.running_mean, expected_mean), kF32Tolerance);
   EXPECT_LT(relative_error_to(layer.running_var, expected_var), kF32Tolerance);
   EXPECT_LT(relative_error_to(invstd, expected_invstd), kF32Tolerance);
+
+  // Eval normalises with the running variance and the same eps.
+  bn.training = false;
+  invstd = poisoned({5});
+  cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                         layer.running_var, bn);
+  for (int c = 0; c < 5; ++c)
+    expected_invstd[c] = 1.0 / std::sqrt(expected_var[c] + double(bn.eps));
+  EXPECT_LT(relative_error_to(invstd, expected_invstd), kF32Tolerance) << "eval";
 }
 
 // dx, dgamma, dbeta of L = sum(r .* batchnorm(x)) by central differences, dgamma / dbeta

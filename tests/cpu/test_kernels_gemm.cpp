@@ -46,7 +46,8 @@ TEST(CpuGemm, MatchesDoubleReferenceForEveryTransposeAndAwkwardShape) {
 
 TEST(CpuGemm, EpilogueAppliesAlphaBetaBiasAndReluInFp32) {
   Rng rng(12);
-  for (const GemmCase& g : {GemmCase{13, 24, 9, false, true}, GemmCase{8, 5, 33, true, false}}) {
+  for (const GemmCase& g : {GemmCase{13, 24, 9, false, true}, GemmCase{8, 5, 33, true, false},
+                            GemmCase{6, 11, 7, false, false}, GemmCase{9, 7, 12, true, true}}) {
     const Tensor a = random_tensor(rng, g.a_shape());
     const Tensor b = random_tensor(rng, g.b_shape());
     const Tensor bias = random_tensor(rng, {g.n});
@@ -113,6 +114,16 @@ TEST(CpuGemm, F16InputsEqualFp32ProductOfRoundedInputs) {
     Tensor mixed = poisoned({g.m, g.n}); // f16 inputs, f32 C: no rounding of the output
     cpu::gemm(a16, g.trans_a, b16, g.trans_b, mixed, epilogue);
     EXPECT_EQ(mixed.to_vector(), exact) << name(g);
+
+    // beta reads the old f16 C, widened exactly, then the sum is rounded once.
+    epilogue.beta = -0.5f;
+    const Tensor old16 = random_tensor(rng, {g.m, g.n}, DType::f16);
+    Tensor with_old32 = old16.to(DType::f32), with_old16 = old16.clone();
+    cpu::gemm(a16.to(DType::f32), g.trans_a, b16.to(DType::f32), g.trans_b, with_old32, epilogue);
+    cpu::gemm(a16, g.trans_a, b16, g.trans_b, with_old16, epilogue);
+    const std::vector<float> sum = with_old32.to_vector(), sum16 = with_old16.to_vector();
+    for (size_t i = 0; i < sum.size(); ++i)
+      ASSERT_EQ(sum16[i], round_to_half(sum[i])) << name(g) << " beta -0.5 at " << i;
   }
 }
 

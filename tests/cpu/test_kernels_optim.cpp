@@ -73,6 +73,11 @@ TEST(CpuSgd, PlainStepNeedsNoStateOrHalfCopy) {
   for (int i = 0; i < 9; ++i) expected[i] = w0[i] - 0.5 * g0[i];
   EXPECT_LT(relative_error_to(master, expected), kF32Tolerance);
 
+  sgd.weight_decay = 0.25f; // without momentum too, the decay joins the gradient
+  cpu::sgd_step({ParamSlot{&master, &grad}}, sgd, Tensor());
+  for (int i = 0; i < 9; ++i) expected[i] -= 0.5 * (g0[i] + 0.25 * expected[i]);
+  EXPECT_LT(relative_error_to(master, expected), kF32Tolerance);
+
   sgd.momentum = 0.9f;
   expect_error(
       [&] {
@@ -168,13 +173,16 @@ TEST(CpuAmpUnscale, MultipliesByInverseScaleAndFlagsInfAndNaN) {
   for (size_t i = 0; i < b0.size(); ++i) ASSERT_EQ(b.to_vector()[i], b0[i] * inv);
   EXPECT_EQ(found_inf.item(), 0.0f);
 
+  // Every value is unscaled all the same, those after the non-finite one too (as PyTorch).
   for (float bad : {INFINITY, -INFINITY, std::nanf("")}) {
     Tensor grad = random_tensor(rng, {6});
     grad.data<float>()[4] = bad;
+    const std::vector<float> g0 = grad.to_vector();
     Tensor clean = random_tensor(rng, {3});
     found_inf = flag(0.0f);
     cpu::amp_unscale({&clean, &grad}, scale, found_inf);
     EXPECT_EQ(found_inf.item(), 1.0f) << bad;
+    EXPECT_EQ(grad.to_vector()[5], g0[5] * inv) << bad;
   }
 
   // As PyTorch, the scaled gradient is checked: one that overflows only once unscaled (a scale

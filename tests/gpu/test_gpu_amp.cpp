@@ -166,9 +166,10 @@ TEST(GpuAmp, UpdateScaleFollowsPyTorchStepByStep) {
 
 TEST(GpuAmp, UpdateScaleNeverGrowsToInfinity) {
   MINAMP_REQUIRE_GPU();
-  const ScalerParams scaler{2.0f, 0.5f, 1};
+  // The refused growth still ends the interval: the tracker restarts at 0, as PyTorch's.
+  const ScalerParams scaler{2.0f, 0.5f, 3};
   Tensor scale = gpu(Tensor::full({1}, FLT_MAX));
-  Tensor tracker = gpu(Tensor::zeros({1}, DType::i32));
+  Tensor tracker = gpu(Tensor::full({1}, 2.0f, DType::i32));
   kernels::amp_update_scale(scale, tracker, gpu(Tensor::zeros({1})), scaler);
   EXPECT_EQ(scale.item(), FLT_MAX);
   EXPECT_EQ(tracker.item(), 0.0f);
@@ -262,6 +263,10 @@ TEST(GpuOptim, SgdWithUndefinedFoundInfAlwaysSteps) {
   kernels::sgd_step(gpu_slots, sgd, Tensor());
   kernels::sgd_step(cpu_slots, sgd, Tensor());
   expect_params_match(params, false, "sgd without found_inf");
+  // A found_inf of another dtype or size is refused, not read as one float.
+  for (const Tensor& bad : {gpu(Tensor::zeros({2})), gpu(Tensor::zeros({1}, DType::i32))})
+    test::expect_error([&] { kernels::sgd_step(gpu_slots, sgd, bad); }, "sgd_step",
+                       "found_inf must be f32 with 1 elements");
 }
 
 TEST(GpuOptim, AdamMatchesTheReference) {

@@ -44,6 +44,7 @@ const std::vector<ConvCase> kCases = {
     {1, 11, 10, 4, 6, 2, 2, 3, 0},   // stride 3 > kernel 2: rows and columns between taps get dx 0
     {2, 9, 10, 8, 6, 3, 1, 1, 1},    // non-square 3x1 kernel: output 9x12
     {1, 7, 12, 3, 5, 2, 5, 2, 2},    // non-square 2x5 kernel, stride 2: output 5x6
+    {2, 6, 7, 4, 6, 1, 3, 1, 0},     // 1x3, stride 1, no padding: gathered, not a 1x1 GEMM
     // 128 channels over >= 132 tiles of 128 rows: both gathers (im2col in y, col2im in dx) on
     // the large WMMA / SIMT tiles.
     {1, 128, 132, 128, 128, 1, 1, 1, 1}, // (a padded 1x1 conv is gathered, not a plain GEMM)

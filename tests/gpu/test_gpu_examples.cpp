@@ -136,8 +136,21 @@ TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
     configs.insert(row["config"].get<std::string>());
     EXPECT_TRUE(row["check"]["ok"].get<bool>()) << what << ": " << row["check"].dump();
     ASSERT_TRUE(row.contains("ratio")) << what;
-    EXPECT_GT(row["minamp"]["median_ms"].get<double>(), 0.0) << what;
-    EXPECT_GT(row["cublas"]["median_ms"].get<double>(), 0.0) << what;
+    // TFLOP/s is 2 M N K over the median time; the ratio is minamp's over cuBLAS's.
+    const double flops =
+        2.0 * row["m"].get<double>() * row["n"].get<double>() * row["k"].get<double>();
+    for (const char* library : {"minamp", "cublas"}) {
+      const nlohmann::json& t = row[library];
+      const double median_ms = t["median_ms"].get<double>();
+      EXPECT_GT(median_ms, 0.0) << what << " " << library;
+      EXPECT_LE(t["p10_ms"].get<double>(), median_ms) << what << " " << library;
+      EXPECT_GE(t["p90_ms"].get<double>(), median_ms) << what << " " << library;
+      const double tflops = flops / (median_ms * 1e9);
+      EXPECT_NEAR(t["tflops"].get<double>(), tflops, 1e-9 * tflops) << what << " " << library;
+    }
+    const double ratio =
+        row["minamp"]["tflops"].get<double>() / row["cublas"]["tflops"].get<double>();
+    EXPECT_NEAR(row["ratio"].get<double>(), ratio, 1e-12 * ratio) << what;
   }
   if (report["wmma_sweep_skipped"].empty()) {
     EXPECT_EQ(configs.size(), 5u) << "library + 4 swept configurations";
