@@ -220,6 +220,35 @@ TEST(Examples, BenchTrainRefusesBadListsAndNumbers) {
   EXPECT_FALSE(std::filesystem::exists(json)) << "a refused run wrote its JSON";
 }
 
+// bench_train's figures from its own runs: from one init, runs of 1 and 2 timed steps share the
+// first step's loss, so the 2-step run's final loss (the last step's) and last-10 mean give it
+// back; and the percentiles interpolate between order statistics, numpy's way (of 2 times, the
+// median is their mean).
+TEST(Examples, BenchTrainReportsTheLastLossAndInterpolatedPercentiles) {
+  std::map<int, nlohmann::json> train_run;
+  for (int steps : {1, 2}) {
+    const std::string json = fresh_dir("bench_steps" + std::to_string(steps) + ".json");
+    const ProgramRun run = run_program(
+        "bench_train", "--device cpu --models mlp --precisions fp32 --warmup 1 --infer-steps 1 "
+                       "--steps " +
+                           std::to_string(steps) + " --json " + json);
+    ASSERT_EQ(run.status, 0) << run.output;
+    const nlohmann::json report = nlohmann::json::parse(minamp::io::read_file(json));
+    for (const nlohmann::json& r : report["runs"])
+      if (r["mode"] == "train") train_run[steps] = r;
+    ASSERT_EQ(train_run.count(steps), 1u) << run.output;
+  }
+  const double first = train_run[1]["final_loss"], last = train_run[2]["final_loss"];
+  EXPECT_NE(last, first) << "the second step's loss should differ from the first's";
+  EXPECT_EQ(2.0 * train_run[2]["loss_last10_mean"].get<double>() - last, first);
+  const nlohmann::json ms = train_run[2]["step_ms"];
+  const double low = ms["min"], high = ms["max"];
+  EXPECT_EQ(ms["n"], 2);
+  EXPECT_DOUBLE_EQ(ms["median"].get<double>(), low + 0.5 * (high - low));
+  EXPECT_DOUBLE_EQ(ms["p10"].get<double>(), low + 0.1 * (high - low));
+  EXPECT_DOUBLE_EQ(ms["p90"].get<double>(), low + 0.9 * (high - low));
+}
+
 // With --compare, the AMP run's outputs are checked before the FP32 run trains, sine's image
 // among them.
 TEST(Examples, CompareChecksBothRunsOutputsFirst) {
