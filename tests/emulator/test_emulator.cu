@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "gemm.cuh" // the cp.async helpers
@@ -132,6 +134,29 @@ TEST(Emulator, WarpsRunInBothOrdersBetweenBarriers) {
                                "the other";
 }
 
+// Two races in one block, one per barrier phase: warp 0 reads a flag warp 1 sets (to 1, then 2).
+__global__ void racy_two_phases_kernel(int* out) {
+  __shared__ int flag;
+  if (threadIdx.x == 0) flag = 0;
+  __syncthreads();
+  if (threadIdx.x == 32) flag = 1;
+  if (threadIdx.x == 0) out[0] = flag;
+  __syncthreads();
+  if (threadIdx.x == 32) flag = 2;
+  if (threadIdx.x == 0) out[1] = flag;
+}
+
+// Within one block too the order alternates from one barrier phase to the next, so a race
+// between warps shows in a single-block launch.
+TEST(Emulator, WarpOrderAlternatesBetweenBarrierPhasesOfOneBlock) {
+  DeviceBuffer<int> out(2);
+  racy_two_phases_kernel<<<1, 64>>>(out.data);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<int> got = out.download();
+  const bool warp0_first_then = got[0] == 0, warp0_first_now = got[1] == 1;
+  EXPECT_NE(warp0_first_then, warp0_first_now) << got[0] << ", " << got[1];
+}
+
 // Each block marks its slot, then reads the slot of its neighbour at `offset` (a dependency
 // between blocks, which a GPU does not order).
 __global__ void neighbour_kernel(int* marks, int* seen, int offset) {
@@ -153,6 +178,18 @@ TEST(Emulator, BlocksRunInAnOrderThatExposesDependenciesOnEitherNeighbour) {
   }
 }
 
+// Block b records its place in the order the blocks ran (the emulator runs them one at a time,
+// so the unsynchronised counter is exact there; on a GPU this would be a race).
+__global__ void block_order_kernel(int* count, int* order) { order[count[0]++] = int(blockIdx.x); }
+
+TEST(Emulator, BlocksRunEvenOnesUpThenOddOnesDown) {
+  DeviceBuffer<int> count(1), order(8);
+  count.upload({0});
+  block_order_kernel<<<8, 1>>>(count.data, order.data);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(order.download(), (std::vector<int>{0, 2, 4, 6, 7, 5, 3, 1}));
+}
+
 // Only block 0 writes the static shared variable; every block reads it.
 __global__ void static_shared_kernel(float* out) {
   __shared__ float value;
@@ -170,18 +207,20 @@ TEST(Emulator, StaticSharedMemoryStartsAsNaNInEveryBlock) {
   EXPECT_TRUE(std::isnan(got[2]));
 }
 
-// Every thread reads the dynamic shared memory before writing it: it must be garbage (NaN).
+// Every thread of every block reads the dynamic shared memory before writing it: it must be
+// garbage (NaN), also where a block before it wrote.
 __global__ void dynamic_shared_kernel(float* out, uintptr_t* address) {
   extern __shared__ __align__(128) unsigned char bytes[];
-  const float* values = reinterpret_cast<const float*>(bytes);
-  out[threadIdx.x] = values[threadIdx.x];
+  float* values = reinterpret_cast<float*>(bytes);
+  out[blockIdx.x * blockDim.x + threadIdx.x] = values[threadIdx.x];
+  if (threadIdx.x == 0) values[0] = 1.0f; // the next block must not see it
   if (threadIdx.x == 0) *address = reinterpret_cast<uintptr_t>(bytes);
 }
 
 TEST(Emulator, DynamicSharedMemoryIsAlignedAndStartsAsNaN) {
-  DeviceBuffer<float> out(32);
+  DeviceBuffer<float> out(3 * 32);
   DeviceBuffer<uintptr_t> address(1);
-  dynamic_shared_kernel<<<1, 32, 32 * sizeof(float)>>>(out.data, address.data);
+  dynamic_shared_kernel<<<3, 32, 32 * sizeof(float)>>>(out.data, address.data); // every block
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   for (float v : out.download()) EXPECT_TRUE(std::isnan(v));
   EXPECT_EQ(address.download()[0] % 128, 0u);
@@ -216,6 +255,29 @@ TEST(Emulator, DynamicSharedMemoryAbove48KiBNeedsTheKernelsOwnLimitRaised) {
             cudaSuccess);
   last_shared_float_kernel<1><<<1, 1, 40 * 1024>>>(out.data, 10 * 1024);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "the lowered limit was not kept";
+}
+
+// Fresh device memory reads as NaN bytes, as memory a kernel never wrote is garbage on a GPU.
+TEST(Emulator, FreshDeviceMemoryIsNaN) {
+  DeviceBuffer<float> fresh(64);
+  for (float v : fresh.download()) EXPECT_TRUE(std::isnan(v));
+}
+
+// cudaEventElapsedTime gives milliseconds: 20 ms of host sleep between two records.
+TEST(Emulator, EventsMeasureMilliseconds) {
+  cudaEvent_t start = nullptr, end = nullptr;
+  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&end), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(start, nullptr), cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(cudaEventRecord(end, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(end), cudaSuccess);
+  float ms = 0;
+  ASSERT_EQ(cudaEventElapsedTime(&ms, start, end), cudaSuccess);
+  EXPECT_GE(ms, 19.0f);
+  EXPECT_LT(ms, 5000.0f);
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
 }
 
 // One thread copies src [16] into shared memory by cp.async in four 16-byte chunks: chunks 0-2
@@ -351,6 +413,9 @@ TEST(Emulator, WmmaSumsTruncateLikeTensorCores) {
   EXPECT_EQ(tensor_core_sum(0.0f, just_below, 1), std::ldexp(1.0f, 24) - 1.0f); // not 2^24
   const double overflow[2] = {3e38, 3e38};
   EXPECT_EQ(tensor_core_sum(0.0f, overflow, 2), INFINITY);
+  // Kept bits whose sum needs one more: 2^25 - 1 is rounded toward zero, not to nearest (2^25).
+  const double carry[3] = {std::ldexp(1.0, 24) - 1, std::ldexp(1.0, 24) - 1, 1.0};
+  EXPECT_EQ(tensor_core_sum(0.0f, carry, 3), std::ldexp(1.0f, 25) - 2.0f);
 }
 
 TEST(Emulator, WmmaOnAMisalignedPointerIsAFault) {
@@ -374,6 +439,8 @@ TEST(Emulator, LaunchBoundsAreChecked) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   bounded_write_kernel<<<1, 128>>>(out.data);
   EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  bounded_write_kernel<<<1, dim3(32, 4)>>>(out.data); // 128 threads in two dimensions
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
 }
 
 TEST(Emulator, LaunchLimitsAreChecked) {
@@ -381,6 +448,8 @@ TEST(Emulator, LaunchLimitsAreChecked) {
   write_kernel<<<1, 1025>>>(out.data, 1);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   write_kernel<<<dim3(1, 65536), 32>>>(out.data, 1);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  write_kernel<<<dim3(1, 1, 65536), 32>>>(out.data, 1);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   write_kernel<<<1, 32, 300 * 1024>>>(out.data, 1);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
@@ -392,6 +461,14 @@ TEST(Emulator, CopiesMustStayInsideADeviceAllocation) {
   EXPECT_EQ(
       cudaMemcpyAsync(device.data, host.data(), 32 * sizeof(int), cudaMemcpyHostToDevice, nullptr),
       cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpyAsync(device.data, host.data(), 16 * sizeof(int) + 1, cudaMemcpyHostToDevice,
+                            nullptr),
+            cudaErrorInvalidValue)
+      << "one byte past the end";
+  EXPECT_EQ(
+      cudaMemcpyAsync(device.data, host.data(), 16 * sizeof(int), cudaMemcpyHostToDevice, nullptr),
+      cudaSuccess)
+      << "exactly the allocation";
   EXPECT_EQ(cudaMemcpyAsync(host.data(), host.data() + 16, 16 * sizeof(int), cudaMemcpyDeviceToHost,
                             nullptr),
             cudaErrorInvalidValue)
