@@ -142,7 +142,9 @@ TEST(Classify, TestAccuracyAndLossAreThoseOfThePredictions) {
   const std::string dir = fresh_dir("classify_known_predictions");
   fs::create_directories(dir);
   Rng rng(12);
-  write_split(dir, "train", 384, rng);
+  std::vector<uint8_t> train_labels; // 38 of the 384 are class 9
+  for (int i = 0; i < 384; ++i) train_labels.push_back(uint8_t(i % 10));
+  write_split(dir, "train", 384, rng, train_labels);
   std::vector<uint8_t> labels;
   for (int i = 0; i < 100; ++i) labels.push_back(uint8_t(i < 30 ? 9 : i % 9));
   write_split(dir, "t10k", 100, rng, labels);
@@ -169,6 +171,17 @@ TEST(Classify, TestAccuracyAndLossAreThoseOfThePredictions) {
 
   const nlohmann::json summary = summary_of(out + "/second");
   EXPECT_NEAR(summary["test_accuracy"].get<double>(), 0.3, 1e-7);
+  // The training batches' accuracy too (every image is predicted 9), in epoch 1's row.
+  std::istringstream epochs(io::read_file(out + "/second/epochs.csv"));
+  std::string header, row;
+  std::getline(epochs, header);
+  std::getline(epochs, row);
+  EXPECT_EQ(row.rfind("1,", 0), 0u) << "epochs are numbered from 1: " << row;
+  std::vector<double> fields;
+  std::istringstream cells(row);
+  for (std::string cell; std::getline(cells, cell, ',');) fields.push_back(std::stod(cell));
+  ASSERT_EQ(fields.size(), 6u) << header << "\n" << row;
+  EXPECT_NEAR(fields[2], 38.0 / 384.0, 1e-6) << header << "\n" << row; // train_accuracy
   const double log_sum_exp = std::log(9.0 + std::exp(10.0));
   const double expected_loss = 0.3 * (log_sum_exp - 10.0) + 0.7 * log_sum_exp;
   EXPECT_NEAR(summary["test_loss"].get<double>(), expected_loss, 1e-5 * expected_loss);

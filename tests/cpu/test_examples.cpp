@@ -360,7 +360,40 @@ TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
   const std::string out = fresh_dir("mlp");
   const ProgramRun run = run_program("mlp", "--compare --epochs 4 --out " + out);
   ASSERT_EQ(run.status, 0) << run.output;
-  EXPECT_NE(run.output.find("memory saved"), std::string::npos) << run.output;
+  // The training table's rows and savings are those of the two runs' summaries.
+  const size_t table = run.output.find("\nTraining\n");
+  ASSERT_NE(table, std::string::npos) << run.output;
+  const std::string training = run.output.substr(table);
+  std::map<std::string, nlohmann::json> summary;
+  for (const char* precision : {"fp32", "amp"}) {
+    summary[precision] =
+        nlohmann::json::parse(minamp::io::read_file(out + "/" + precision + "/summary.json"));
+    const std::string label = std::string(precision) == "fp32" ? "FP32" : "AMP";
+    const size_t at = training.find("\n  " + label + " ");
+    ASSERT_NE(at, std::string::npos) << training;
+    std::istringstream row(training.substr(at));
+    std::string name, unit;
+    double seconds = 0, mib = 0, final_loss = 0, tail_mean = 0;
+    row >> name >> seconds >> mib >> unit >> final_loss >> tail_mean;
+    const nlohmann::json& s = summary[precision];
+    // Printed to 6 significant digits.
+    const double final_expected = s["final_loss"], tail_expected = s["loss_last10_mean"];
+    EXPECT_NEAR(final_loss, final_expected, 1e-5 * std::max(1.0, std::abs(final_expected)));
+    EXPECT_NEAR(tail_mean, tail_expected, 1e-5 * std::max(1.0, std::abs(tail_expected)));
+    EXPECT_NEAR(mib, s["peak_bytes"].get<double>() / 1048576.0, 0.006) << label;
+  }
+  double time_saved = 0, memory_saved = 0;
+  const size_t savings = training.find("time saved:");
+  ASSERT_NE(savings, std::string::npos) << training;
+  ASSERT_EQ(std::sscanf(training.c_str() + savings, "time saved: %lf%% memory saved: %lf%%",
+                        &time_saved, &memory_saved),
+            2)
+      << training;
+  const auto ratio = [&](const char* key) {
+    return summary["amp"][key].get<double>() / summary["fp32"][key].get<double>();
+  };
+  EXPECT_NEAR(memory_saved, 100.0 * (1.0 - ratio("peak_bytes")), 0.051);
+  EXPECT_NEAR(time_saved, 100.0 * (1.0 - ratio("wall_s")), 0.051);
   for (const char* precision : {"fp32", "amp"}) {
     const std::vector<double> losses = losses_in(out + "/" + precision + "/metrics.csv");
     ASSERT_EQ(losses.size(), 200u);

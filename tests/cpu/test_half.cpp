@@ -108,7 +108,8 @@ TEST(Half, EveryBitPatternRoundTripsThroughFloat) {
     const uint16_t back = float_to_half_bits(value);
     if (is_half_nan(bits)) {
       ASSERT_TRUE(std::isnan(value)) << std::hex << pattern;
-      ASSERT_TRUE(is_half_nan(back)) << std::hex << pattern;
+      // Sign and payload survive, the NaN made quiet (as x86's F16C converts).
+      ASSERT_EQ(back, bits | 0x0200) << std::hex << pattern;
     } else {
       ASSERT_EQ(back, bits) << std::hex << pattern;
       if ((bits & 0x7c00) == 0x7c00) continue; // infinities: checked below by value

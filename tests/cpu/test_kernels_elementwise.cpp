@@ -44,6 +44,13 @@ TEST(CpuElementwise, CastRoundsToNearestEvenAndWidensExactly) {
         cpu::cast(Tensor::from_vector({1.0f, 3e9f}, {2}), ints);
       },
       "cast", "does not fit i32[2]");
+  // i32 to f16 and f32: the integers as floats, rounded to f16's nearest (2049 is a tie: 2048).
+  const Tensor labels = Tensor::from_vector({3.0f, -7.0f, 2049.0f}, {3}, DType::i32);
+  Tensor labels16 = poisoned({3}, DType::f16), labels32 = poisoned({3});
+  cpu::cast(labels, labels16);
+  cpu::cast(labels, labels32);
+  EXPECT_EQ(labels16.to_vector(), (std::vector<float>{3.0f, -7.0f, 2048.0f}));
+  EXPECT_EQ(labels32.to_vector(), (std::vector<float>{3.0f, -7.0f, 2049.0f}));
 }
 
 TEST(CpuElementwise, AddInplaceMixesDtypesInFp32) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
@@ -86,7 +87,8 @@ inline std::vector<std::string> csv_without_column(const std::string& path, size
 // Runs `program args` uninterrupted with --checkpoint-every `at` (the run must be shorter than
 // 2 * at, so that the checkpoint left behind is the one at step `at`), then resumes a second run
 // from that checkpoint. Both must end with the same bytes in final.safetensors, the same losses,
-// scales and skips in metrics.csv and (when written) the same epochs.csv, wall times aside.
+// scales and skips in metrics.csv and (when written) the same epochs.csv, wall times aside; the
+// resumed run's summary counts the training time before the checkpoint too, as its metrics do.
 // Returns the uninterrupted run's output directory.
 inline std::string expect_resume_equals_uninterrupted(const std::string& program,
                                                       const std::string& args, int at,
@@ -112,6 +114,16 @@ inline std::string expect_resume_equals_uninterrupted(const std::string& program
     EXPECT_EQ(csv_without_column(whole + "/epochs.csv", 5),
               csv_without_column(resumed + "/epochs.csv", 5));
   }
+  const std::string metrics = io::read_file(resumed + "/metrics.csv");
+  const std::string last_row = metrics.substr(metrics.rfind('\n', metrics.size() - 2) + 1);
+  std::istringstream fields(last_row);
+  std::string step, loss, wall_s;
+  std::getline(fields, step, ',');
+  std::getline(fields, loss, ',');
+  std::getline(fields, wall_s, ',');
+  const double summary_wall_s =
+      nlohmann::json::parse(io::read_file(resumed + "/summary.json"))["wall_s"];
+  EXPECT_GE(summary_wall_s, std::stod(wall_s) * (1 - 1e-5)) << name << ": " << last_row;
   return whole;
 }
 

@@ -49,6 +49,9 @@ TEST(Tensor, FromVectorRejectsValuesAnI32CannotHold) {
   const std::vector<float> too_large = {1.0f, 3e9f}, not_a_number = {std::nanf("")};
   expect_error([&] { Tensor::from_vector(too_large, {2}, DType::i32); }, "Tensor::from_vector",
                "value 3e+09 at 1 does not fit i32");
+  const std::vector<float> two_to_31 = {2147483648.0f}; // INT32_MAX + 1, the first float past it
+  expect_error([&] { Tensor::from_vector(two_to_31, {1}, DType::i32); }, "Tensor::from_vector",
+               "does not fit i32");
   expect_error([&] { Tensor::from_vector(not_a_number, {1}, DType::i32); }, "Tensor::from_vector",
                "value nan at 0");
   const std::vector<float> extremes = {-2147483648.0f, 2147483520.0f, -7.9f};

@@ -114,6 +114,14 @@ TEST(GpuElementwise, CastRoundsLikeTheReference) {
         kernels::cast(src, ref);
         expect_equal(out, ref, label("cast", n, from, to));
       }
+  // i32 to i32 is a copy: integers a float cannot hold (past 2^24) stay exact.
+  const std::vector<int32_t> exact = {16777217, -2147483647, 123456789};
+  Tensor ints = Tensor::empty({3}, DType::i32);
+  std::copy(exact.begin(), exact.end(), ints.data<int32_t>());
+  Tensor copied = Tensor::full({3}, 5.0f, DType::i32, Device::cuda);
+  kernels::cast(gpu(ints), copied);
+  const Tensor back = copied.to(Device::cpu);
+  EXPECT_EQ(std::vector<int32_t>(back.data<int32_t>(), back.data<int32_t>() + 3), exact);
 }
 
 TEST(GpuElementwise, AddInplaceMixedDtypes) {
@@ -262,6 +270,13 @@ TEST(GpuReduce, SumSquaresAndClipCoefficient) {
         expect_close(coef, coef_ref, tolerance_for(DType::f32), cat("clip_coefficient ", max_norm));
       }
     }
+  // A NaN norm gives a NaN coefficient, not 1 (PyTorch's clamp(max=1) keeps the NaN too).
+  const Tensor nan_sum = Tensor::full({1}, std::nanf(""));
+  Tensor coef = Tensor::zeros({1}, DType::f32, Device::cuda), coef_ref = Tensor::zeros({1});
+  kernels::clip_coefficient(gpu(nan_sum), 1.0f, coef);
+  kernels::clip_coefficient(nan_sum, 1.0f, coef_ref);
+  EXPECT_TRUE(std::isnan(coef.item()));
+  EXPECT_TRUE(std::isnan(coef_ref.item()));
 }
 
 // Values spread over 2^-40 .. 2^20 with both signs, plus zeros, infinities and NaN.
