@@ -230,6 +230,21 @@ TEST(GpuGraph, BlocksOfTheCaptureStayWithTheGraph) {
   EXPECT_NE(after.raw(), temporary);
   EXPECT_NE(after.raw(), kept_block);
   backend::cuda_graph_destroy(graph);
+
+  // A block from before the capture, freed inside it, joins the graph's pool as well: taken
+  // again in the capture and freed after it, it stays with the graph.
+  Tensor before = Tensor::empty({4096}, DType::f32, Device::cuda);
+  Tensor reused;
+  graph = backend::cuda_graph_capture([&] {
+    before = Tensor();
+    reused = Tensor::empty({4096}, DType::f32, Device::cuda);
+    kernels::fill(reused, 3.0f);
+  });
+  const void* reused_block = reused.raw();
+  reused = Tensor();
+  const Tensor outside = Tensor::empty({4096}, DType::f32, Device::cuda);
+  EXPECT_NE(outside.raw(), reused_block);
+  backend::cuda_graph_destroy(graph);
 }
 
 // Copying to or from the host while capturing is refused (a replay would read a staging buffer
