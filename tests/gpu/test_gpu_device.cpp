@@ -215,34 +215,35 @@ TEST(GpuGraph, CaptureRunsNothingAndReplaysOnNewInputs) {
 // and freed after it.
 TEST(GpuGraph, BlocksOfTheCaptureStayWithTheGraph) {
   MINAMP_REQUIRE_GPU();
+  const auto block = [] { return Tensor::empty({4096}, DType::f32, Device::cuda); };
   const void* temporary = nullptr;
   Tensor kept;
   backend::CudaGraph* graph = backend::cuda_graph_capture([&] {
-    Tensor t = Tensor::empty({4096}, DType::f32, Device::cuda);
+    Tensor t = block();
     kernels::fill(t, 1.0f);
     temporary = t.raw();
-    kept = Tensor::empty({4096}, DType::f32, Device::cuda);
+    kept = block();
     kernels::fill(kept, 2.0f);
   });
   const void* kept_block = kept.raw();
   kept = Tensor();
-  const Tensor after = Tensor::empty({4096}, DType::f32, Device::cuda);
+  const Tensor after = block();
   EXPECT_NE(after.raw(), temporary);
   EXPECT_NE(after.raw(), kept_block);
   backend::cuda_graph_destroy(graph);
 
   // A block from before the capture, freed inside it, joins the graph's pool as well: taken
   // again in the capture and freed after it, it stays with the graph.
-  Tensor before = Tensor::empty({4096}, DType::f32, Device::cuda);
+  Tensor before = block();
   Tensor reused;
   graph = backend::cuda_graph_capture([&] {
     before = Tensor();
-    reused = Tensor::empty({4096}, DType::f32, Device::cuda);
+    reused = block();
     kernels::fill(reused, 3.0f);
   });
   const void* reused_block = reused.raw();
   reused = Tensor();
-  const Tensor outside = Tensor::empty({4096}, DType::f32, Device::cuda);
+  const Tensor outside = block();
   EXPECT_NE(outside.raw(), reused_block);
   backend::cuda_graph_destroy(graph);
 }
