@@ -59,6 +59,19 @@ TEST(Tensor, FromVectorRejectsValuesAnI32CannotHold) {
             (std::vector<float>{-2147483648.0f, 2147483520.0f, -7.0f}));
 }
 
+// to() and clone() copy the values, even to the dtype and device the tensor already has:
+// writing the result leaves the source alone (a plain copy of a Tensor shares storage).
+TEST(Tensor, ConversionsToTheSameDtypeOrDeviceAreCopies) {
+  const Tensor source = Tensor::from_vector({1.0f, 2.0f}, {2});
+  for (Tensor copy : {source.to(DType::f32), source.to(Device::cpu), source.clone()}) {
+    copy.data<float>()[0] = 7.0f;
+    EXPECT_EQ(source.to_vector(), (std::vector<float>{1.0f, 2.0f}));
+  }
+  Tensor shared = source;
+  shared.data<float>()[1] = 5.0f;
+  EXPECT_EQ(source.to_vector(), (std::vector<float>{1.0f, 5.0f}));
+}
+
 TEST(Tensor, ItemNeedsExactlyOneElement) {
   EXPECT_EQ(Tensor::full({1, 1}, 2.5f).item(), 2.5f);
   expect_error([] { (void)Tensor::zeros({2}).item(); }, "Tensor::item",
