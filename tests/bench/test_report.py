@@ -87,6 +87,8 @@ class CpuTargets(unittest.TestCase):
             if run["precision"] == "amp" and run["mode"] == "train":
                 run["peak_bytes"] = 50
                 run["loss_last10_mean"] = 1.1
+            if run["mode"] == "infer":  # inference peaks, which no training target reads
+                run["peak_bytes"] = 25
         pytorch = every_run("pytorch", {"mlp": 0.4, "sine": 20.0, "classify": 60.0})
         report = Report(self, "cpu", minamp_result(minamp), pytorch_result(pytorch))
         self.assertEqual(report.process.returncode, 0, report.process.stderr)
@@ -206,6 +208,11 @@ class GpuTargets(unittest.TestCase):
                             modes=("train", "train-fused", "infer"))
         for run in pytorch:
             run["cublas_workspace_bytes"] = 32 << 20
+        # Each mode a time of its own, so a row that reads the wrong mode shows in its ratio.
+        for runs, mode, factor in ((minamp, "train-graph", 0.4), (pytorch, "train-fused", 0.5)):
+            for run in runs:
+                if run["mode"] == mode:
+                    run["step_ms"] = {k: v * factor for k, v in run["step_ms"].items()}
         gemm = {"rows": [
             {"shape": "square 4096", "ab_dtype": "f16", "c_dtype": "f16", "m": 4096, "n": 4096,
              "k": 4096, "ratio": 0.6, "minamp": {"tflops": 420.0}, "cublas": {"tflops": 700.0},
@@ -236,9 +243,9 @@ class GpuTargets(unittest.TestCase):
         self.assertEqual(report.process.returncode, 0, report.process.stderr)
         targets = report.targets()
         self.assertEqual(targets["mlp AMP step vs PyTorch eager AMP"]["status"], "met")
-        for name in ("mlp AMP step replayed from a CUDA graph vs PyTorch eager AMP",
-                     "mlp AMP step vs PyTorch eager AMP with fused optimizers"):
-            self.assertAlmostEqual(targets[name]["ratio"], 0.05)
+        for name, ratio in (("mlp AMP step replayed from a CUDA graph vs PyTorch eager AMP", 0.02),
+                            ("mlp AMP step vs PyTorch eager AMP with fused optimizers", 0.1)):
+            self.assertAlmostEqual(targets[name]["ratio"], ratio)
             self.assertEqual(targets[name]["status"], "info (not the target's pair)")
         sine = targets["sine 512^2 AMP step vs PyTorch eager AMP"]
         self.assertEqual((sine["ratio"], sine["status"]), (1.0, "missed"))
