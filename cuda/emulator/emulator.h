@@ -108,8 +108,7 @@ template <class T> T* dynamic_shared_memory() {
 
 // Runs `thread_body` for every thread of every block of the grid, or records it in the graph
 // when `stream` is capturing; `kernel` (its address, or nullptr) keys its dynamic shared-memory
-// limit.
-// Faults are reported through cudaGetLastError.
+// limit. Faults are reported through cudaGetLastError.
 void launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
             std::function<void()> thread_body);
 

@@ -77,8 +77,6 @@ size_t matching_paren(const std::string& s, size_t open) {
   throw std::runtime_error("unbalanced parentheses in a kernel launch's arguments");
 }
 
-// The launch configuration with CUDA's defaults filled in: <<<grid, block>>> and
-// <<<grid, block, smem>>> get shared memory 0 and the default stream.
 // The parts of a launch configuration split at its top-level commas, each trimmed.
 std::vector<std::string> config_parts(const std::string& config) {
   std::vector<std::string> parts(1);
@@ -101,7 +99,8 @@ std::vector<std::string> config_parts(const std::string& config) {
 }
 
 // The launch_kernel arguments before the kernel: its address (see the header) and the
-// configuration with smem and stream filled in.
+// configuration with CUDA's defaults filled in (<<<grid, block>>> and <<<grid, block, smem>>> get
+// shared memory 0 and the default stream).
 std::string launch_config(std::string kernel, const std::string& config) {
   const std::vector<std::string> parts = config_parts(config);
   std::replace(kernel.begin(), kernel.end(), '\n', ' '); // one copy keeps the line breaks
