@@ -16,14 +16,10 @@ import sys
 import tempfile
 import unittest
 
-from stand_ins import make_tool
+from stand_ins import make_tool, option, step_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
-
-
-def option(args, name, default=None):
-    return args[args.index(name) + 1] if name in args else default
 
 
 def log_call(name, args):
@@ -33,17 +29,9 @@ def log_call(name, args):
                             "args": args}) + "\n")
 
 
-def step_run(model, precision, mode, median_ms):
-    run = {"model": model, "precision": precision, "mode": mode, "peak_bytes": 1 << 20,
-           "step_ms": {"median": median_ms, "p10": median_ms, "p90": median_ms}}
-    if mode == "train":
-        run.update(final_loss=0.5, loss_last10_mean=0.5)
-    return run
-
-
 def write_result(args, framework, median_ms, **extra):
     precisions = option(args, "--precisions", "fp32,amp").split(",")
-    runs = [step_run(option(args, "--models"), p, mode, median_ms)
+    runs = [step_run(option(args, "--models"), p, mode, median_ms, mode == "train")
             for p in precisions for mode in ("train", "infer")]
     with open(option(args, "--json"), "w") as f:
         json.dump(dict(framework=framework, threads=int(os.environ["OMP_NUM_THREADS"]),

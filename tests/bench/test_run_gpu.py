@@ -20,15 +20,11 @@ import tempfile
 import time
 import unittest
 
-from stand_ins import make_tool
+from stand_ins import make_tool, option, step_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 GPU_NAME = "NVIDIA H100 80GB HBM3"
-
-
-def option(args, name, default=None):
-    return args[args.index(name) + 1] if name in args else default
 
 
 def one_of(*values):
@@ -75,14 +71,6 @@ def check_options(tool, args):
 def write_json(path, content):
     with open(path, "w") as f:
         json.dump(content, f)
-
-
-def step_run(model, precision, mode, median_ms, train=True):
-    run = {"model": model, "precision": precision, "mode": mode, "peak_bytes": 1 << 20,
-           "step_ms": {"median": median_ms, "p10": median_ms, "p90": median_ms}}
-    if train:
-        run.update(final_loss=0.5, loss_last10_mean=0.5)
-    return run
 
 
 def fake_bench_train(args):

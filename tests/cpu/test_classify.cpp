@@ -172,16 +172,11 @@ TEST(Classify, TestAccuracyAndLossAreThoseOfThePredictions) {
   const nlohmann::json summary = summary_of(out + "/second");
   EXPECT_NEAR(summary["test_accuracy"].get<double>(), 0.3, 1e-7);
   // The training batches' accuracy too (every image is predicted 9), in epoch 1's row.
-  std::istringstream epochs(io::read_file(out + "/second/epochs.csv"));
-  std::string header, row;
-  std::getline(epochs, header);
-  std::getline(epochs, row);
-  EXPECT_EQ(row.rfind("1,", 0), 0u) << "epochs are numbered from 1: " << row;
-  std::vector<double> fields;
-  std::istringstream cells(row);
-  for (std::string cell; std::getline(cells, cell, ',');) fields.push_back(std::stod(cell));
-  ASSERT_EQ(fields.size(), 6u) << header << "\n" << row;
-  EXPECT_NEAR(fields[2], 38.0 / 384.0, 1e-6) << header << "\n" << row; // train_accuracy
+  // epoch,train_loss,train_accuracy,test_loss,test_accuracy,wall_s
+  const std::vector<double> epoch = test::csv_rows(out + "/second/epochs.csv").at(0);
+  ASSERT_EQ(epoch.size(), 6u);
+  EXPECT_EQ(epoch[0], 1.0) << "epochs are numbered from 1";
+  EXPECT_NEAR(epoch[2], 38.0 / 384.0, 1e-6); // train_accuracy
   const double log_sum_exp = std::log(9.0 + std::exp(10.0));
   const double expected_loss = 0.3 * (log_sum_exp - 10.0) + 0.7 * log_sum_exp;
   EXPECT_NEAR(summary["test_loss"].get<double>(), expected_loss, 1e-5 * expected_loss);

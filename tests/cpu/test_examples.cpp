@@ -365,6 +365,11 @@ TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
   ASSERT_NE(table, std::string::npos) << run.output;
   const std::string training = run.output.substr(table);
   std::map<std::string, nlohmann::json> summary;
+  const auto printed = [](double value) {
+    std::ostringstream text;
+    text << value;
+    return text.str();
+  };
   for (const char* precision : {"fp32", "amp"}) {
     summary[precision] =
         nlohmann::json::parse(minamp::io::read_file(out + "/" + precision + "/summary.json"));
@@ -377,11 +382,6 @@ TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
     row >> name >> seconds >> mib >> unit >> final_loss >> tail_mean;
     const nlohmann::json& s = summary[precision];
     // The losses as the table prints them (6 significant digits), from this run's summary.
-    const auto printed = [](double value) {
-      std::ostringstream text;
-      text << value;
-      return text.str();
-    };
     EXPECT_EQ(final_loss, printed(s["final_loss"])) << label;
     EXPECT_EQ(tail_mean, printed(s["loss_last10_mean"])) << label;
     EXPECT_NEAR(mib, s["peak_bytes"].get<double>() / 1048576.0, 0.006) << label;
@@ -520,20 +520,7 @@ TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
 // The loop reads each step's loss, scale and skip flag on the host in batches (not after every
 // step, which would wait for the GPU each time); every row must still show its own step's values.
 TEST(Examples, MetricsShowEachStepsScaleAndSkipThoughReadInBatches) {
-  // Rows: step, loss, wall_s, scale, skipped.
-  auto read_rows = [](const std::string& path) {
-    std::vector<std::vector<double>> rows;
-    std::istringstream in(minamp::io::read_file(path));
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) {
-      std::istringstream fields(line);
-      std::vector<double> row;
-      for (std::string field; std::getline(fields, field, ',');) row.push_back(std::stod(field));
-      rows.push_back(row);
-    }
-    return rows;
-  };
+  // metrics.csv rows: step, loss, wall_s, scale, skipped.
   // From S = 1, growth every 3 clean steps: S after step i is 2^((i + 1) / 3) (at most 2^13, far
   // from overflow). 40 steps with no log line before the last: the 32 pending steps are read when
   // the buffer is full, then the last 8.
@@ -543,7 +530,7 @@ TEST(Examples, MetricsShowEachStepsScaleAndSkipThoughReadInBatches) {
       "--amp --epochs 1 --batches 40 --init-scale 1 --growth-interval 3 --log-every 100 --out " +
           out);
   ASSERT_EQ(run.status, 0) << run.output;
-  auto rows = read_rows(out + "/metrics.csv");
+  auto rows = minamp::test::csv_rows(out + "/metrics.csv");
   ASSERT_EQ(rows.size(), 40u);
   for (size_t i = 0; i < rows.size(); ++i) {
     const double expected = double(1 << ((i + 1) / 3));
@@ -555,7 +542,7 @@ TEST(Examples, MetricsShowEachStepsScaleAndSkipThoughReadInBatches) {
   run = run_program("mlp",
                     "--amp --epochs 1 --batches 10 --init-scale 1e30 --log-every 4 --out " + out);
   ASSERT_EQ(run.status, 0) << run.output;
-  rows = read_rows(out + "/metrics.csv");
+  rows = minamp::test::csv_rows(out + "/metrics.csv");
   ASSERT_EQ(rows.size(), 10u);
   for (size_t i = 0; i < rows.size(); ++i) {
     const double expected = double(1e30f) / double(1 << (i + 1));
