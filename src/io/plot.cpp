@@ -346,4 +346,11 @@ void save_line_plot(const std::string& path, const std::vector<PlotSeries>& seri
   write_file_atomically(path, encode_png(canvas.rgb().data(), canvas.width(), canvas.height(), 3));
 }
 
+std::vector<std::string> axis_tick_labels(double lo, double hi, bool log) {
+  std::vector<std::string> labels;
+  for (const Tick& t : (log ? log_axis(lo, hi) : linear_axis(lo, hi)).ticks)
+    labels.push_back(t.label);
+  return labels;
+}
+
 } // namespace minamp::io

@@ -30,4 +30,9 @@ struct PlotOptions {
 void save_line_plot(const std::string& path, const std::vector<PlotSeries>& series,
                     const PlotOptions& options = {});
 
+// The tick labels save_line_plot writes along an axis holding data from `lo` to `hi`: steps of
+// 1, 2 or 5 times a power of ten on a linear axis; powers of ten on a log axis, with 2x and 5x
+// between them when it spans two decades or fewer.
+std::vector<std::string> axis_tick_labels(double lo, double hi, bool log);
+
 } // namespace minamp::io

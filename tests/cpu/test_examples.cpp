@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "io/atomic_file.h"
 #include "io/image.h"
 #include "io/safetensors.h"
 #include "sine_data.h"
@@ -499,9 +500,22 @@ TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_GT(std::filesystem::file_size(out + "/colon.png"), 0u);
 
-  const std::string header_only = out + "/header_only.csv";
+  // --y-label is drawn (and not, say, the title in its place).
+  for (const char* label : {"A", "B"}) {
+    run = run_program("plot_metrics", "--title T --y-label " + std::string(label) + " --out " +
+                                          out + "/" + label + ".png " + fp32);
+    ASSERT_EQ(run.status, 0) << run.output;
+  }
+  EXPECT_NE(minamp::io::read_file(out + "/A.png"), minamp::io::read_file(out + "/B.png"));
+
+  const std::string header_only = out + "/header_only.csv", not_a_number = out + "/nan.csv",
+                    short_row = out + "/short.csv";
   std::ofstream(header_only) << "step,loss\n";
+  std::ofstream(not_a_number) << "step,loss\n0,1.5\n1,abc\n";
+  std::ofstream(short_row) << "step,loss\n0\n";
   const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {not_a_number, {not_a_number + ":3: 'abc' is not a number"}},
+      {short_row, {short_row + ":2 has no field 2"}},
       {"--column nope " + fp32, {"no column 'nope'", "step,loss"}},
       {"--column skipped --log-y " + fp32, {"nothing to draw", "positive"}},
       {header_only, {"nothing to draw", "'loss'"}},

@@ -259,6 +259,64 @@ TEST(Plot, AStepIsDrawnAsAVerticalSegment) {
   EXPECT_GT(tallest, 100);
 }
 
+// Pixels of the first series' colour in the PNG at `path`.
+int64_t first_series_pixels(const std::string& path) {
+  const Tensor image = io::load_image(path, 3);
+  const float* p = image.data<float>();
+  int64_t count = 0;
+  for (int64_t i = 0; i < image.numel(); i += 3) count += is_colour(p + i, 31, 119, 180);
+  return count;
+}
+
+// Data a plot must still show: a lone point between gaps (drawn as a dot), the finite values
+// beside an infinite one (a diverged loss breaks the line, it does not blank the plot), and log
+// data that all sit on one power of ten. Each draws more of its colour than its legend swatch.
+TEST(Plot, DrawsWhatIsPlottableOfDegenerateData) {
+  test::TempDir dir;
+  io::PlotOptions options;
+  options.width = 400;
+  options.height = 300;
+  const std::string legend_only = dir.path("legend_only.png");
+  io::save_line_plot(legend_only, {{"s", {}, {NAN, NAN}}}, options);
+  const int64_t swatch = first_series_pixels(legend_only);
+  EXPECT_GT(swatch, 0);
+
+  const std::pair<const char*, std::vector<double>> linear_cases[] = {
+      {"lone point between gaps", {NAN, 2, NAN}},
+      {"values beside an infinite one", {1, 2, INFINITY, 3, 4}},
+  };
+  for (const auto& [name, y] : linear_cases) {
+    io::save_line_plot(dir.path("case.png"), {{"s", {}, y}}, options);
+    EXPECT_GT(first_series_pixels(dir.path("case.png")), swatch + 20) << name;
+  }
+  options.log_y = true;
+  io::save_line_plot(dir.path("log.png"), {{"s", {}, {100, 100, 100}}}, options);
+  EXPECT_GT(first_series_pixels(dir.path("log.png")), swatch + 20) << "constant 100, log axis";
+
+  test::expect_error(
+      [&] {
+        io::save_line_plot(dir.path("bad.png"), {{"s", {1}, {1, 2}}});
+      },
+      dir.path("bad.png"), "series 's' has 1 x values and 2 y values");
+  EXPECT_FALSE(std::filesystem::exists(dir.path("bad.png")));
+}
+
+TEST(Plot, TickLabelsStepBy125OrByDecades) {
+  using Labels = std::vector<std::string>;
+  EXPECT_EQ(io::axis_tick_labels(0, 1, false), (Labels{"0.0", "0.2", "0.4", "0.6", "0.8", "1.0"}));
+  EXPECT_EQ(io::axis_tick_labels(0, 0.05, false),
+            (Labels{"0.00", "0.01", "0.02", "0.03", "0.04", "0.05"}));
+  EXPECT_EQ(io::axis_tick_labels(0, 500, false), (Labels{"0", "100", "200", "300", "400", "500"}));
+  // One value: a span around it.
+  EXPECT_EQ(io::axis_tick_labels(3, 3, false), (Labels{"2.0", "2.5", "3.0", "3.5", "4.0"}));
+  // Log axes: 2x and 5x up to two decades, whole decades beyond, every other one past eight.
+  EXPECT_EQ(io::axis_tick_labels(1, 100, true), (Labels{"1", "2", "5", "10", "20", "50", "100"}));
+  EXPECT_EQ(io::axis_tick_labels(1, 1000, true), (Labels{"1", "10", "100", "1000"}));
+  EXPECT_EQ(io::axis_tick_labels(100, 100, true), (Labels{"100", "200", "500", "1000"}));
+  EXPECT_EQ(io::axis_tick_labels(1e-8, 1e8, true),
+            (Labels{"1e-8", "1e-6", "1e-4", "0.01", "1", "100", "10000", "1e6", "1e8"}));
+}
+
 TEST(AtomicFile, ReplacesFilesAndLeavesNoTempFiles) {
   test::TempDir dir;
   const std::string path = dir.path("file.bin");
