@@ -91,6 +91,13 @@ TEST(Idx, SpecificCorruptionsNameTheFileAndTheProblem) {
 
   test::write_bytes(path, idx_bytes({2, 2}, six));
   expect_idx_error(path, "more data than the 4 values");
+  // One byte more than a whole 64 KiB read: the extra byte comes in a later read.
+  test::write_bytes(path, idx_bytes({256, 256}, std::vector<uint8_t>(65537, 1)));
+  expect_idx_error(path, "more data than the 65536 values");
+  // A dimension of 0 is an empty array, not a division by zero.
+  test::write_bytes(path, idx_bytes({0, 28, 28}, {}));
+  EXPECT_EQ(io::read_idx(path).dims, (std::vector<int64_t>{0, 28, 28}));
+  EXPECT_TRUE(io::read_idx(path).values.empty());
 
   test::write_bytes(path, idx_bytes({0xffffffffu, 0xffffffffu, 0xffffffffu}, six));
   expect_idx_error(path, "dimensions are too large");

@@ -37,7 +37,8 @@ std::vector<NamedTensor> sample_tensors(Rng& rng) {
 
 std::vector<NamedInt64s> sample_int64s() {
   return {{"bn.num_batches_tracked", {}, {12345678901234}},
-          {"counts", {3}, {-1, 0, int64_t(1) << 40}}};
+          {"counts", {3}, {-1, 0, int64_t(1) << 40}},
+          {"no_counts", {0, 4}, {}}};
 }
 
 // The JSON header of a safetensors file, parsed here independently of the reader.
@@ -163,6 +164,7 @@ TEST(Safetensors, SaveRejectsBadNamesAndKeepsThePreviousFile) {
   EXPECT_THROW(io::save_safetensors(path, {{"__metadata__", t}}), Error);
   EXPECT_THROW(io::save_safetensors(path, {{"w", t}}, {}, {{"w", {1}, {5}}}), Error);
   EXPECT_THROW(io::save_safetensors(path, {}, {}, {{"n", {2, 2}, {1, 2, 3}}}), Error);
+  EXPECT_THROW(io::save_safetensors(path, {}, {}, {{"n", {-1, -2}, {1, 2}}}), Error);
   EXPECT_THROW(io::save_safetensors(path, {{"u", Tensor()}}), Error);
   EXPECT_EQ(io::read_file(path), before);
   // Nothing but the file itself is left in the directory (no temp files).
@@ -220,6 +222,14 @@ TEST(Safetensors, SpecificCorruptionsNameTheFileAndTheProblem) {
 
   test::write_bytes(path, assemble({{"w", entry("F32", {uint64_t(1) << 62, 4}, 0, 16)}}, data));
   expect_load_error(path, "do not hold F32");
+  // 2^63 does not fit a dimension, even beside a 0 that makes the entry empty.
+  test::write_bytes(path, assemble({{"w", entry("F32", {uint64_t(1) << 63, 0}, 0, 0)}}, ""));
+  expect_load_error(path, "not a dimension: 9223372036854775808");
+
+  json three_offsets = entry("F32", {4}, 0, 16);
+  three_offsets["data_offsets"] = {0, 16, 16};
+  test::write_bytes(path, assemble({{"w", three_offsets}}, data));
+  expect_load_error(path, "needs 'data_offsets' [begin, end]");
 
   test::write_bytes(path, assemble({{"__metadata__", {{"k", 3}}}}, ""));
   expect_load_error(path, "metadata 'k' is not a string");
