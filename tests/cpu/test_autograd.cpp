@@ -230,6 +230,25 @@ TEST(Autograd, CastPassesTheGradientThroughInTheInputsDtype) {
   EXPECT_EQ(x.grad().to_vector(), seed.to_vector());
 }
 
+TEST(Autograd, CastAndMseRefuseWhatTheyCannotDifferentiate) {
+  const Var labels(Tensor::from_vector({0, 1, 2}, {3}, DType::i32));
+  expect_error([&] { ops::cast(labels, DType::f16); }, "cast", "cannot cast i32[3] on cpu to f16");
+  const Var column(Tensor::zeros({4, 1}), true);
+  expect_error([&] { ops::mse_loss(column, Tensor::zeros({4})); }, "mse_loss",
+               "prediction f32[4, 1] on cpu and target f32[4] on cpu differ in shape");
+}
+
+// backward() copies its seed: gradients gathered later (here a leaf's own, twice) never write
+// into the caller's tensor.
+TEST(Autograd, BackwardLeavesTheSeedUntouched) {
+  Var x(Tensor::full({2}, 1.0f), true);
+  const Tensor seed = Tensor::full({2}, 2.0f);
+  x.backward(seed);
+  x.backward(seed);
+  EXPECT_EQ(x.grad().to_vector(), std::vector<float>(2, 4.0f));
+  EXPECT_EQ(seed.to_vector(), std::vector<float>(2, 2.0f));
+}
+
 TEST(Autograd, BackwardWithoutGradIsAnError) {
   Var x(Tensor::full({1}, 2.0f));
   expect_error([&] { ops::mul_scalar(x, Tensor::full({1}, 2.0f)).backward(); },

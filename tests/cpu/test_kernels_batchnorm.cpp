@@ -327,6 +327,21 @@ TEST(CpuBatchNorm, RejectsMismatchedShapes) {
                                layer.running_mean, layer.running_var, params(true, false));
       },
       "batchnorm_forward", "expects y shaped and typed like x");
+  Tensor y_flat = poisoned({18, 4}); // x's size, not its shape
+  expect_error(
+      [&] {
+        cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y_flat, mean, invstd,
+                               layer.running_mean, layer.running_var, params(true, false));
+      },
+      "batchnorm_forward",
+      "expects y shaped and typed like x f32[2, 3, 3, 4] on cpu, got f32[18, 4]");
+  Tensor running_var_wrong = Tensor::full({5}, 1.0f);
+  expect_error(
+      [&] {
+        cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd,
+                               layer.running_mean, running_var_wrong, params(true, false));
+      },
+      "batchnorm_forward", "running_var must be f32 with 4 elements, got f32[5]");
   const Tensor one_row = random_tensor(rng, {1, 4});
   Tensor y_row = poisoned({1, 4});
   expect_error(

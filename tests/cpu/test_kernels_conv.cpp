@@ -30,6 +30,8 @@ const ConvCase kCases[] = {
     {2, 6, 5, 2, 3, 1, 1, 2, 0},  // 1x1 with stride: not the shortcut
     {2, 5, 4, 3, 2, 2, 3, 2, 2},  // non-square kernel, pad larger than needed
     {1, 1, 1, 5, 7, 1, 1, 1, 0},  // a single pixel
+    {2, 3, 4, 3, 2, 1, 1, 1, 1},  // 1x1 with padding: not the shortcut either
+    {1, 3, 4, 2, 3, 3, 4, 1, 0},  // the kernel covers the whole input: one output pixel
 };
 
 TEST(CpuConv, ForwardMatchesDefinition) {
@@ -223,6 +225,16 @@ TEST(CpuConv, RejectsWrongRanksAndShapes) {
   Tensor dw_f16 = poisoned({2, 3, 3, 3}, DType::f16);
   expect_error([&] { cpu::conv2d_backward(x, w, y, dx, dw_f16, same); }, "conv2d_backward",
                "dw f32");
+  Tensor dx_wrong = poisoned({1, 5, 5, 2});
+  Tensor dw = poisoned({2, 3, 3, 3});
+  expect_error([&] { cpu::conv2d_backward(x, w, y, dx_wrong, dw, same); }, "conv2d_backward",
+               "expects dx shaped like x f32[1, 5, 5, 3] on cpu, got f32[1, 5, 5, 2]");
+  // A kernel wider than the padded input, though no taller.
+  const Tensor narrow = random_tensor(rng, {1, 5, 2, 3});
+  const Tensor wide_w = random_tensor(rng, {2, 1, 3, 3});
+  Tensor y_any = poisoned({1, 5, 1, 2});
+  expect_error([&] { cpu::conv2d_forward(narrow, wide_w, y_any, {}, {}); }, "conv2d_forward",
+               "does not fit the padded input f32[1, 5, 2, 3] on cpu (pad 0)");
 }
 
 } // namespace

@@ -194,6 +194,9 @@ TEST(CpuGemm, RejectsShapesThatDoNotChain) {
   expect_error([&] { cpu::gemm(a, false, b_ok, false, c, epilogue); }, "gemm", "bias");
   Tensor db = poisoned({4});
   expect_error([&] { cpu::bias_backward(c, db); }, "bias_backward", "db");
+  const Tensor b_f16 = random_tensor(rng, {6, 3}, DType::f16);
+  expect_error([&] { kernels::gemm(a, false, b_f16, false, c, {}); }, "gemm",
+               "A and B must share a floating dtype, got f32 and f16");
 }
 
 TEST(Gemm, RefusesAnOutputThatSharesMemoryWithAnInput) {
@@ -204,6 +207,13 @@ TEST(Gemm, RefusesAnOutputThatSharesMemoryWithAnInput) {
                "C f32[4, 4] on cpu shares memory with A or B");
   expect_error([&] { kernels::gemm(other, true, square, false, square, {}); }, "gemm",
                "shares memory");
+  // B is C's memory seen as [2, 4] (transposed): the message names C as C.
+  Tensor thin = random_tensor(rng, {4, 2});
+  expect_error(
+      [&] {
+        kernels::gemm(other, false, thin.reshape({2, 4}), true, thin, {});
+      },
+      "gemm", "C f32[4, 2] on cpu shares memory");
   Tensor c = poisoned({4, 4}), c_ref = poisoned({4, 4});
   kernels::gemm(square, false, other, false, c, {}); // distinct buffers are fine
   cpu::gemm(square, false, other, false, c_ref, {});

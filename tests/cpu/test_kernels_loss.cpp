@@ -108,6 +108,10 @@ TEST(CpuCrossEntropy, RejectsLabelsOutOfRangeNamingRowLabelAndK) {
   expect_error(
       [&] { cpu::cross_entropy_backward(logits, negative, Tensor::full({1}, 1.0f), dlogits); },
       "cross_entropy_backward", "label -1 of row 0");
+  const Tensor four_labels = Tensor::from_vector({0, 1, 2, 3}, {4}, DType::i32);
+  expect_error([&] { cpu::cross_entropy_forward(logits, four_labels, loss); },
+               "cross_entropy_forward",
+               "expects labels i32 [3] for logits f32[3, 4] on cpu, got i32[4]");
   const Tensor float_labels = Tensor::zeros({3});
   expect_error([&] { cpu::cross_entropy_forward(logits, float_labels, loss); },
                "cross_entropy_forward", "labels i32 [3]");

@@ -70,10 +70,37 @@ TEST(Layers, BatchNormTrainUpdatesRunningStatsEvalUsesThem) {
     EXPECT_NEAR(y[i], (values[i] - rm[i % 2]) / std::sqrt(rv[i % 2] + 1e-5f), 1e-5);
 }
 
+// The layer's momentum reaches the kernel: with 0.3, one batch moves the running mean 30% of the
+// way to the batch mean.
+TEST(Layers, BatchNormUsesItsOwnMomentum) {
+  nn::BatchNorm bn(2, 1e-5f, 0.3f);
+  Rng rng(5);
+  const Tensor x = test::random_tensor(rng, {8, 2});
+  bn(Var(x));
+  const std::vector<float> values = x.to_vector();
+  for (int c = 0; c < 2; ++c) {
+    double mean = 0;
+    for (int r = 0; r < 8; ++r) mean += values[r * 2 + c] / 8.0;
+    EXPECT_NEAR(bn.running_mean.to_vector()[c], 0.3 * mean, 1e-6);
+  }
+}
+
 TEST(Layers, LinearShapeMismatchNamesTheExpectation) {
   Rng rng(4);
   nn::Linear layer(8, 16, rng);
-  expect_error([&] { layer(Var(Tensor::zeros({4, 7}))); }, "Linear", "[rows, 8]", "[4, 7]");
+  expect_error(
+      [&] {
+        layer(Var(Tensor::zeros({4, 7})));
+      },
+      "Linear", "expected input [rows, 8] for weight [16, 8], got f32[4, 7]");
+}
+
+TEST(Layers, AParameterHasOnlyF32AndF16WorkingCopies) {
+  Parameter p(Tensor::full({3}, 1.5f));
+  EXPECT_EQ(p.working_copy(DType::f16).dtype(), DType::f16);
+  EXPECT_EQ(p.working_copy(DType::f16).to_vector(), std::vector<float>(3, 1.5f));
+  expect_error([&] { p.working_copy(DType::i32); }, "Parameter::working_copy",
+               "expected f32 or f16, got i32");
 }
 
 TEST(Layers, Conv2dWrongRankNamesTheExpectation) {

@@ -23,16 +23,18 @@ const profile::OpTime* find_op(const std::vector<profile::OpTime>& times, const 
   return nullptr;
 }
 
-// Two GEMMs and one ReLU through the dispatcher.
+// Two GEMMs and one ReLU forward and backward through the dispatcher.
 void run_some_ops(Device device) {
   Rng rng(7);
   const Tensor a = test::random_tensor(rng, {64, 48}, DType::f32, device);
   const Tensor b = test::random_tensor(rng, {48, 32}, DType::f32, device);
   Tensor c = Tensor::empty({64, 32}, DType::f32, device);
   Tensor y = Tensor::empty({64, 32}, DType::f32, device);
+  Tensor dx = Tensor::empty({64, 32}, DType::f32, device);
   kernels::gemm(a, false, b, false, c, {});
   kernels::gemm(a, false, b, false, c, {});
   kernels::relu_forward(c, y);
+  kernels::relu_backward(y, c, dx);
 }
 
 // Profiles run_some_ops on `device` and checks the counts and times.
@@ -45,10 +47,13 @@ void expect_profiled(Device device) {
 
   const profile::OpTime* gemm = find_op(times, "gemm");
   const profile::OpTime* relu = find_op(times, "relu_forward");
+  const profile::OpTime* relu_backward = find_op(times, "relu_backward");
   ASSERT_NE(gemm, nullptr);
   ASSERT_NE(relu, nullptr);
+  ASSERT_NE(relu_backward, nullptr);
   EXPECT_EQ(gemm->calls, 2);
   EXPECT_EQ(relu->calls, 1);
+  EXPECT_EQ(relu_backward->calls, 1);
   EXPECT_EQ(gemm->device, device);
   EXPECT_GT(gemm->ms, 0.0);
   EXPECT_GE(relu->ms, 0.0);
@@ -91,6 +96,21 @@ TEST(Profile, OnlyTheOutermostScopeRecords) {
   const std::vector<profile::OpTime> times = profile::collect();
   ASSERT_EQ(times.size(), 1u);
   EXPECT_EQ(times[0].op, "outer");
+}
+
+// The table divides by the step count: 8 ms of GEMM over 2 steps is 4 ms per step, 80% of the
+// 5 ms per step inside ops.
+TEST(Profile, TheTableShowsFiguresPerStep) {
+  const std::vector<profile::OpTime> times = {{"gemm", Device::cpu, 4, 8.0},
+                                              {"relu_forward", Device::cpu, 2, 2.0}};
+  const std::string table = profile::format_table(times, 2, "  ");
+  EXPECT_EQ(table.substr(0, table.find('\n')),
+            "  op profile over 2 steps: 5.000 ms per step inside ops");
+  const std::string gemm_row = table.substr(table.find("  gemm"));
+  const std::string gemm_line = gemm_row.substr(0, gemm_row.find('\n'));
+  EXPECT_NE(gemm_line.find(" 2.0 "), std::string::npos) << gemm_line;
+  EXPECT_NE(gemm_line.find(" 4.0000 "), std::string::npos) << gemm_line;
+  EXPECT_NE(gemm_line.find(" 80.0%"), std::string::npos) << gemm_line;
 }
 
 } // namespace
