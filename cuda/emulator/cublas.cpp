@@ -2,7 +2,8 @@
 // column-major convention (f16 or f32 operands and output, fp32 products summed in k order),
 // run at once like every emulated launch. It exists so that bench_gemm_emulated can run the
 // benchmark's checks and its whole timing path without a GPU; its times mean nothing, and only
-// what bench_gemm uses is here (host-pointer alpha and beta, no math modes, no batching).
+// what bench_gemm uses is here: C = op(A) op(B) (host-pointer alpha 1 and beta 0; C is only
+// written), no math modes, no batching.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
@@ -29,7 +30,8 @@ void store(void* p, cudaDataType type, int64_t i, float v) {
     static_cast<float*>(p)[i] = v;
 }
 
-// C = alpha op(A) op(B) + beta C, all column-major: op(A) is [m, k], op(B) [k, n], C [m, n].
+// C = op(A) op(B), all column-major: op(A) is [m, k], op(B) [k, n], C [m, n]. Other alpha and
+// beta than 1 and 0 are not supported.
 cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                     int m, int n, int k, float alpha, const void* a, cudaDataType a_type, int lda,
                     const void* b, cudaDataType b_type, int ldb, float beta, void* c,
@@ -39,7 +41,8 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
   if (m < 0 || n < 0 || k < 0 || lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) ||
       ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (!supported(a_type) || !supported(b_type) || !supported(c_type))
+  if (!supported(a_type) || !supported(b_type) || !supported(c_type) || alpha != 1.0f ||
+      beta != 0.0f)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = 0; i < m; ++i) {
@@ -47,8 +50,7 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
       for (int64_t p = 0; p < k; ++p)
         sum += load(a, a_type, ta ? p + i * lda : i + p * lda) *
                load(b, b_type, tb ? j + p * ldb : p + j * ldb);
-      const float prior = beta != 0.0f ? beta * load(c, c_type, i + j * ldc) : 0.0f;
-      store(c, c_type, i + j * ldc, alpha * sum + prior);
+      store(c, c_type, i + j * ldc, sum);
     }
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -45,6 +45,7 @@ const std::vector<ConvCase> kCases = {
     {2, 9, 10, 8, 6, 3, 1, 1, 1},    // non-square 3x1 kernel: output 9x12
     {1, 7, 12, 3, 5, 2, 5, 2, 2},    // non-square 2x5 kernel, stride 2: output 5x6
     {2, 6, 7, 4, 6, 1, 3, 1, 0},     // 1x3, stride 1, no padding: gathered, not a 1x1 GEMM
+    {2, 3, 4, 5, 6, 3, 4, 1, 0},     // the kernel covers the whole input: one output pixel
     // 128 channels over >= 132 tiles of 128 rows: both gathers (im2col in y, col2im in dx) on
     // the large WMMA / SIMT tiles.
     {1, 128, 132, 128, 128, 1, 1, 1, 1}, // (a padded 1x1 conv is gathered, not a plain GEMM)
@@ -129,6 +130,25 @@ TEST(GpuConv, BackwardOnlyOneGradient) {
   }
 }
 
+// x and w f16 with an f32 dy: the backward is f32 math (dy is not rounded to f16), as on the CPU.
+TEST(GpuConv, AnF32GradientOfF16InputsIsNotRounded) {
+  MINAMP_REQUIRE_GPU();
+  const ConvCase c{2, 7, 6, 3, 5, 3, 3, 1, 1};
+  Rng rng(460);
+  const Tensor x = test::random_tensor(rng, c.x_shape(), DType::f16);
+  const Tensor w = test::random_tensor(rng, c.w_shape(), DType::f16);
+  const Tensor dy = test::random_tensor(rng, c.y_shape(), DType::f32);
+  const Tensor dw_start = test::random_tensor(rng, c.w_shape());
+  Tensor dx_cpu = test::poisoned(c.x_shape(), DType::f32), dw_cpu = dw_start.clone();
+  kernels::conv2d_backward(x, w, dy, dx_cpu, dw_cpu, c.params());
+  Tensor dx_gpu = test::poisoned(c.x_shape(), DType::f32, Device::cuda);
+  Tensor dw_gpu = dw_start.to(Device::cuda);
+  kernels::conv2d_backward(x.to(Device::cuda), w.to(Device::cuda), dy.to(Device::cuda), dx_gpu,
+                           dw_gpu, c.params());
+  test::expect_close(dx_gpu, dx_cpu, test::tolerance_for(DType::f32), "dx, f32 dy");
+  test::expect_close(dw_gpu, dw_cpu, test::tolerance_for(DType::f32), "dw, f32 dy");
+}
+
 // x, w and dy of different dtypes are allowed (as on the CPU); the GPU computes them in f32.
 TEST(GpuConv, MixedDtypes) {
   MINAMP_REQUIRE_GPU();
@@ -181,6 +201,11 @@ TEST(GpuConv, RejectsBadArguments) {
         kernels::conv2d_forward(x, w, y, ConvParams{0, 1}, {});
       },
       "conv2d_forward", "expects stride >= 1 and pad >= 0, got stride 0");
+  test::expect_error(
+      [&] {
+        kernels::conv2d_forward(x, w, y, ConvParams{1, -1}, {});
+      },
+      "conv2d_forward", "expects stride >= 1 and pad >= 0, got stride 1, pad -1");
 
   Tensor dx;
   Tensor dw_f16 = test::poisoned(c.w_shape(), DType::f16, Device::cuda);

@@ -363,12 +363,45 @@ TEST(GpuLoss, CrossEntropyForwardAndBackward) {
       kernels::cross_entropy_forward(logits, labels, loss_ref);
       expect_close(loss, loss_ref, tolerance_for(DType::f32), what);
 
-      Tensor dlogits = poisoned({rows, classes}, dtype, Device::cuda);
-      kernels::cross_entropy_backward(gpu(logits), gpu(labels), gpu(dloss), dlogits);
-      Tensor dlogits_ref = Tensor::empty({rows, classes}, dtype);
-      kernels::cross_entropy_backward(logits, labels, dloss, dlogits_ref);
-      expect_close(dlogits, dlogits_ref, tolerance_for(dtype), what);
+      for (DType grad_type : kFloating) { // dlogits may have another dtype than the logits
+        Tensor dlogits = poisoned({rows, classes}, grad_type, Device::cuda);
+        kernels::cross_entropy_backward(gpu(logits), gpu(labels), gpu(dloss), dlogits);
+        Tensor dlogits_ref = Tensor::empty({rows, classes}, grad_type);
+        kernels::cross_entropy_backward(logits, labels, dloss, dlogits_ref);
+        expect_close(dlogits, dlogits_ref, tolerance({dtype}, grad_type),
+                     cat(what, ", dlogits ", grad_type));
+      }
     }
+}
+
+// More rows and elements than one pass of the capped grids covers (32 blocks of 256 threads per
+// SM: 33,792 warps, one row each, and 1,081,344 threads on 132 SMs; 37,888 and 1,212,416 on 148):
+// the grid-stride loops must reach the rest.
+TEST(GpuLoss, InputsLargerThanOnePassOfTheGrid) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(45);
+  const Tensor dloss = Tensor::from_vector({rng.uniform(0.5f, 2.0f)}, {1});
+  const int64_t rows = 50000, n = 1500000;
+  const Tensor logits = random_tensor(rng, {rows, 3}, DType::f32, Device::cpu, -4.0f, 4.0f);
+  const Tensor labels = random_labels(rng, rows, 3);
+  Tensor loss = poisoned({1}, DType::f32, Device::cuda), loss_ref = Tensor::empty({1});
+  kernels::cross_entropy_forward(gpu(logits), gpu(labels), loss);
+  kernels::cross_entropy_forward(logits, labels, loss_ref);
+  expect_close(loss, loss_ref, tolerance_for(DType::f32), "cross_entropy_forward, 50000 rows");
+  Tensor dlogits = poisoned({rows, 3}, DType::f32, Device::cuda);
+  Tensor dlogits_ref = Tensor::empty({rows, 3});
+  kernels::cross_entropy_backward(gpu(logits), gpu(labels), gpu(dloss), dlogits);
+  kernels::cross_entropy_backward(logits, labels, dloss, dlogits_ref);
+  expect_close(dlogits, dlogits_ref, tolerance_for(DType::f32), "cross_entropy_backward");
+
+  const Tensor pred = random_tensor(rng, {n}), target = random_tensor(rng, {n});
+  kernels::mse_forward(gpu(pred), gpu(target), loss);
+  kernels::mse_forward(pred, target, loss_ref);
+  expect_close(loss, loss_ref, tolerance_for(DType::f32), "mse_forward, 1500000 elements");
+  Tensor dpred = poisoned({n}, DType::f32, Device::cuda), dpred_ref = Tensor::empty({n});
+  kernels::mse_backward(gpu(pred), gpu(target), gpu(dloss), dpred);
+  kernels::mse_backward(pred, target, dloss, dpred_ref);
+  expect_close(dpred, dpred_ref, tolerance_for(DType::f32), "mse_backward, 1500000 elements");
 }
 
 // Logits around +100, where exp overflows even in fp32, and around -1000, where it underflows to
@@ -428,6 +461,10 @@ TEST(GpuLoss, CrossEntropyOutOfRangeLabelGivesNaNNotACrash) {
     EXPECT_TRUE(std::isnan(grad[5 + k])) << "row 1 has label -1";
     EXPECT_TRUE(std::isnan(grad[10 + k])) << "row 2 has label 5 with K = 5";
   }
+  // Label K the only bad one (it must not read the next row's first logit).
+  kernels::cross_entropy_forward(logits, gpu(Tensor::from_vector({0, 5, 4, 1}, {4}, DType::i32)),
+                                 loss);
+  EXPECT_TRUE(std::isnan(loss.item())) << "row 1 has label 5 with K = 5";
 }
 
 // ---- Batch norm.
@@ -437,12 +474,23 @@ struct BatchNormCase {
   DType dtype;
   bool training, relu;
   float momentum = 0.1f, eps = 1e-5f;
+  DType grad_dtype = dtype; // of dy and dx
+  float eighths_centre = 0; // x uniform in [-1, 3) when 0, else eighths_around this centre
 };
 
 std::string describe_case(const BatchNormCase& c) {
   return cat("batchnorm [", c.rows, ", ", c.channels, "] ", c.dtype,
              c.training ? " training" : " eval", c.relu ? " relu" : "", " momentum ", c.momentum,
-             " eps ", c.eps);
+             " eps ", c.eps, " gradients ", c.grad_dtype, " eighths around ", c.eighths_centre);
+}
+
+// Values centre + k / 8 for whole k in [-16, 16): near 1000, all exact in f32, and so are sums
+// of up to 2048 of them (multiples of 1/8 below 2^21), and their mean when the count is a power
+// of two.
+Tensor eighths_around(Rng& rng, const Shape& shape, float centre) {
+  std::vector<float> values(static_cast<size_t>(shape.numel()));
+  for (float& v : values) v = centre + (float(rng.below(32)) - 16.0f) / 8.0f;
+  return Tensor::from_vector(values, shape);
 }
 
 // Runs forward and backward on both devices and compares every output.
@@ -450,7 +498,9 @@ void check_batchnorm(const BatchNormCase& c, Rng& rng) {
   SCOPED_TRACE(describe_case(c));
   const BatchNormParams bn{c.training, c.momentum, c.eps, c.relu};
   const Shape x_shape{c.rows, c.channels}, channel_shape{c.channels};
-  const Tensor x = random_tensor(rng, x_shape, c.dtype, Device::cpu, -1.0f, 3.0f);
+  const Tensor x = c.eighths_centre == 0
+                       ? random_tensor(rng, x_shape, c.dtype, Device::cpu, -1.0f, 3.0f)
+                       : eighths_around(rng, x_shape, c.eighths_centre).to(c.dtype);
   const Tensor gamma = random_tensor(rng, channel_shape, DType::f32, Device::cpu, 0.5f, 1.5f);
   const Tensor beta = random_tensor(rng, channel_shape);
   const Tensor running_mean0 = random_tensor(rng, channel_shape);
@@ -475,10 +525,10 @@ void check_batchnorm(const BatchNormCase& c, Rng& rng) {
   expect_close(running_mean, running_mean_ref, f32_tol, "running_mean");
   expect_close(running_var, running_var_ref, f32_tol, "running_var");
 
-  const Tensor dy = random_tensor(rng, x_shape, c.dtype);
+  const Tensor dy = random_tensor(rng, x_shape, c.grad_dtype);
   const Tensor dgamma0 = random_tensor(rng, channel_shape),
                dbeta0 = random_tensor(rng, channel_shape);
-  Tensor dx = poisoned(x_shape, c.dtype, Device::cuda);
+  Tensor dx = poisoned(x_shape, c.grad_dtype, Device::cuda);
   Tensor dgamma = gpu(dgamma0), dbeta = gpu(dbeta0);
   kernels::batchnorm_backward(gpu(x), gpu(gamma), gpu(beta), mean, invstd, gpu(dy), dx, dgamma,
                               dbeta, bn);
@@ -487,11 +537,11 @@ void check_batchnorm(const BatchNormCase& c, Rng& rng) {
   // elements that close to zero (f16 x repeats each value ~60 times per channel at 262144 rows),
   // each flip moving dgamma / dbeta by ~|dy|, far past the f32 tolerance.
   const Tensor mean_used = mean.to(Device::cpu), invstd_used = invstd.to(Device::cpu);
-  Tensor dx_ref = Tensor::empty(x_shape, c.dtype);
+  Tensor dx_ref = Tensor::empty(x_shape, c.grad_dtype);
   Tensor dgamma_ref = dgamma0.clone(), dbeta_ref = dbeta0.clone();
   kernels::batchnorm_backward(x, gamma, beta, mean_used, invstd_used, dy, dx_ref, dgamma_ref,
                               dbeta_ref, bn);
-  expect_close(dx, dx_ref, tolerance_for(c.dtype), "dx");
+  expect_close(dx, dx_ref, tolerance({c.dtype, c.grad_dtype}, c.grad_dtype), "dx");
   expect_close(dgamma, dgamma_ref, f32_tol, "dgamma");
   expect_close(dbeta, dbeta_ref, f32_tol, "dbeta");
 }
@@ -511,6 +561,21 @@ TEST(GpuBatchNorm, SmallShapesEveryMode) {
   // Another momentum and eps than PyTorch's defaults, so that neither can be hard-wired.
   for (bool training : {true, false})
     check_batchnorm({17, 33, DType::f32, training, true, 0.3f, 1e-3f}, rng);
+  // dy and dx of the other dtype than x (allowed, as on the CPU).
+  for (DType dtype : kFloating)
+    check_batchnorm(
+        {17, 33, dtype, true, true, 0.1f, 1e-5f, dtype == DType::f16 ? DType::f32 : DType::f16},
+        rng);
+}
+
+// x around 1000 with a spread of 4: the variance must be the mean of squared deviations from the
+// mean; E[x^2] - mean^2 in fp32 loses it to cancellation (x^2 near 1e6, its f32 sums off by tens).
+// The values, their sums and (1024 rows) their mean are exact in fp32, so the GPU's statistics
+// agree with the CPU's double ones to fp32 rounding.
+TEST(GpuBatchNorm, StatisticsOfValuesFarFromZero) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(54);
+  check_batchnorm({1024, 7, DType::f32, true, false, 0.1f, 1e-5f, DType::f32, 1000.0f}, rng);
 }
 
 // Eval mode with the fused ReLU and a NaN in x: y, dx, dgamma and dbeta as on the CPU (which
