@@ -66,6 +66,8 @@ TEST(Autocast, OutputDtypesFollowThePolicyTable) {
   }
   EXPECT_EQ(linear(x).dtype(), DType::f32);
   EXPECT_EQ(linear(ops::cast(x, DType::f16)).dtype(), DType::f32); // outside autocast: fp32
+  const Var rows_f16 = ops::cast(Var(test::random_tensor(data, {6, 3})), DType::f16);
+  EXPECT_EQ(bn(rows_f16).dtype(), DType::f16); // batch norm keeps its input's dtype
   EXPECT_FALSE(amp::autocast_enabled());
 }
 
@@ -339,6 +341,8 @@ TEST(GradScaler, ExplicitNewScale) {
   scaler.update(100.0f);
   EXPECT_EQ(scaler.get_scale(), 100.0f);
   EXPECT_EQ(scaler.state_dict()->growth_tracker, 1) << "update(new_scale) keeps the tracker";
+  clean_steps(p, sgd, scaler, 1); // update(new_scale) ends the iteration too: step() may follow
+  EXPECT_EQ(scaler.state_dict()->growth_tracker, 2);
 }
 
 TEST(GradScaler, StageErrorsMatchPyTorch) {
@@ -564,6 +568,9 @@ TEST(GradScaler, RejectsInvalidOptions) {
   bad.backoff_factor = 0.0f;
   expect_error([&] { amp::GradScaler s(bad); }, "backoff_factor must be in (0, 1), got 0");
   bad = {};
+  bad.backoff_factor = 1.0f; // would never back off
+  expect_error([&] { amp::GradScaler s(bad); }, "backoff_factor must be in (0, 1), got 1");
+  bad = {};
   bad.growth_factor = NAN;
   expect_error([&] { amp::GradScaler s(bad); }, "growth_factor must be > 1, got nan");
   bad = {};
@@ -611,6 +618,7 @@ TEST(Optimizers, RejectHyperparametersPyTorchRefuses) {
   expect_error([&] { optim::SGD s(params, NAN); }, "got nan");
   expect_error([&] { optim::SGD s(params, INFINITY); }, "SGD: lr");
   expect_error([&] { optim::SGD s(params, 0.1f, -0.5f); }, "SGD: momentum");
+  optim::SGD heavy_ball(params, 0.1f, 1.5f); // momentum >= 1 is allowed, as in PyTorch
   expect_error([&] { optim::Adam a(params, 0.1f, 1.0f); }, "Adam: beta1 must be");
   expect_error([&] { optim::Adam a(params, 0.1f, 0.9f, -0.1f); }, "Adam: beta2");
   expect_error([&] { optim::Adam a(params, 0.1f, 0.9f, 0.999f, -1e-8f); }, "Adam: eps");
@@ -693,6 +701,12 @@ TEST(Optimizers, AdamHandsEveryHyperparameterToTheStep) {
   EXPECT_EQ(state[0].second->item(), 2.0f);
   EXPECT_EQ(state[1].first, "exp_avg.0");
   EXPECT_EQ(state[2].first, "exp_avg_sq.0");
+  const std::vector<float> exp_avg = state[1].second->to_vector(),
+                           exp_avg_sq = state[2].second->to_vector();
+  for (size_t i = 0; i < w.size(); ++i) { // the moments under their PyTorch names
+    EXPECT_NEAR(exp_avg[i], m[i], 1e-6 * (1 + std::abs(m[i]))) << "element " << i;
+    EXPECT_NEAR(exp_avg_sq[i], v[i], 1e-6 * (1 + v[i])) << "element " << i;
+  }
 }
 
 // --- why loss scaling ----------------------------------------------------------------------
@@ -864,9 +878,31 @@ TEST(Diagnostics, ProbeCountsWhatFp16WouldFlushAtScaleOneButNotAtS) {
     EXPECT_EQ(scaled.at_scale.flushed, 0);
   }
 
+  // Under autocast the casts it adds are not layers: still the two Linear layers' reports.
+  {
+    amp::ActivationGradientProbe amp_probe(1.0f, 65536.0f);
+    p.model.zero_grad();
+    p.loss(true).backward();
+    const std::vector<amp::RangeReport> amp_reports = amp_probe.reports();
+    ASSERT_EQ(amp_reports.size(), 2u);
+    EXPECT_EQ(amp_reports[0].name, "linear#0");
+    EXPECT_EQ(amp_reports[1].name, "linear#1");
+  }
+
   const auto weights = amp::weight_gradient_report(p.model.named_parameters(), 1.0f, 65536.0f);
   ASSERT_EQ(weights.size(), 4u);
   EXPECT_EQ(weights[3].name, "2.bias");
+  // Weight gradients of 1e-8 stored at 2^22 (~0.042): flushed at scale 1, not at 2^22.
+  {
+    const float stored = 4194304.0f;
+    Tensor& grad = p.model.parameters()[0]->grad(); // 0.weight [3, 4]
+    kernels::fill(grad, 1e-8f * stored);
+    const amp::RangeReport report =
+        amp::weight_gradient_report(p.model.named_parameters(), stored, stored)[0];
+    EXPECT_EQ(report.at_scale_one.flushed, 12);
+    EXPECT_EQ(report.at_scale.flushed, 0);
+    EXPECT_EQ(report.at_scale.nonzero, 12);
+  }
   EXPECT_EQ(amp::first_nonfinite_parameter(p.model.named_parameters()), "");
   kernels::fill(p.model.parameters()[1]->grad(), NAN);
   EXPECT_EQ(amp::first_nonfinite_parameter(p.model.named_parameters()), "0.bias");

@@ -17,10 +17,14 @@
 #include <utility>
 #include <vector>
 
+#include "amp/autocast.h"
+#include "autograd/var.h"
 #include "core/allocator.h"
 #include "io/atomic_file.h"
+#include "io/checkpoint.h"
 #include "io/image.h"
 #include "io/safetensors.h"
+#include "nn/module.h"
 #include "sine_data.h"
 #include "test_program.h"
 
@@ -60,6 +64,9 @@ TEST(Examples, HelpListsTheCommonOptions) {
           "--growth-interval", "--no-loss-scaling", "--save-weights", "--load-weights",
           "--checkpoint-every", "--resume"})
       EXPECT_NE(run.output.find(option), std::string::npos) << name << " --help lacks " << option;
+    // The README's learning rate: 1e-3 for all three (Adam for sine and classify, SGD for mlp).
+    EXPECT_NE(run.output.find("--lr FLOAT=0.001 "), std::string::npos)
+        << name << ": " << run.output;
   }
 }
 
@@ -88,6 +95,7 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--epochs 1 --batches 1000000000 --batch-size 16000000",
        {"--batches", "more than this machine's"}},
       {"--widths 4000000000", {"--widths", "wider than 65536"}},
+      {"--widths 65537", {"--widths", "65537 is wider than 65536"}},
       {"--widths 16,16x", {"--widths", "'16x' is not a positive integer"}},
       {"--widths 1.5", {"--widths", "'1.5' is not a positive integer"}},
       {"--seed -5", {"--seed", "expected an integer from 0 to 18446744073709551615, got -5"}},
@@ -117,6 +125,10 @@ TEST(Examples, BadValuesAreOneLineErrors) {
   for (const auto& [args, parts] : cases) {
     expect_one_line_error(run_program("mlp", std::string(args) + " --out " + out), args, parts);
   }
+  // The limit itself is allowed.
+  run = run_program("mlp", "--widths 65536 --batch-size 1 --batches 1 --epochs 1 --out " +
+                               fresh_dir("widest"));
+  EXPECT_EQ(run.status, 0) << run.output;
   // A folder where the run would write a file at the end is refused before it starts.
   const std::string weights = fresh_dir("bad_values_weights");
   std::filesystem::create_directories(weights + "/final.safetensors");
@@ -157,6 +169,8 @@ TEST(Examples, ResumeRefusesACheckpointOfOtherDataSeedLearningRateOrScaler) {
   EXPECT_NE(finished.output.find("at step 6, the end of this run's 6 steps: nothing is left"),
             std::string::npos)
       << finished.output;
+  EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3 --widths '16, 16'" + resume).status, 0)
+      << "the same widths, written another way, are the same model";
   EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3" + resume).status, 0)
       << "more epochs of the same data resume";
   // The resumed run's summary counts the whole run's training time, as metrics.csv does.
@@ -310,6 +324,53 @@ TEST(Examples, SineWritesMetricsSummaryAndImage) {
           col < 256 ? std::lround(target[(row / 32) * 8 + col / 32] * 255) / 255.0f : 1.0f;
       ASSERT_EQ(pixels[row * (2 * 256 + 8) + col], expected) << "row " << row << ", col " << col;
     }
+}
+
+// The right half of sine.png is the model's eval-mode prediction (running statistics, not the
+// grid's batch statistics), as computed here from the weights the run saved: sine's model for
+// --hidden 8 and its 2 hidden blocks, under autocast as in the --amp run.
+TEST(Examples, SineImageShowsTheEvalModePrediction) {
+  const std::string out = fresh_dir("sine_eval_image");
+  const ProgramRun run =
+      run_program("sine", "--size 8 --hidden 8 --steps 12 --amp --save-weights " + out +
+                              "/weights --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  minamp::Rng rng(0);
+  minamp::nn::Sequential model;
+  for (int64_t in : {2, 8, 8})
+    model.emplace<minamp::nn::Conv2d>(in, 8, 1, rng)
+        .emplace<minamp::nn::BatchNorm>(8)
+        .emplace<minamp::nn::ReLU>();
+  model.emplace<minamp::nn::Conv2d>(8, 1, 1, rng);
+  minamp::io::load_weights(out + "/weights/final.safetensors", model);
+  model.eval();
+  std::vector<float> prediction;
+  {
+    const minamp::NoGrad no_grad;
+    const minamp::amp::Autocast autocast;
+    const minamp::Tensor grid =
+        minamp::Tensor::from_vector(minamp::examples::coordinate_grid(8), {1, 8, 8, 2});
+    prediction = model(minamp::Var(grid)).value().to_vector();
+  }
+  const minamp::Tensor image = minamp::io::load_image(out + "/sine.png", 1);
+  ASSERT_EQ(image.shape(), (minamp::Shape{256, 2 * 256 + 8, 1}));
+  const float* pixels = image.data<float>();
+  for (int64_t row = 0; row < 256; ++row)
+    for (int64_t col = 0; col < 256; ++col) {
+      const float value = std::clamp(prediction[(row / 32) * 8 + col / 32], 0.0f, 1.0f);
+      ASSERT_EQ(pixels[row * (2 * 256 + 8) + 256 + 8 + col], std::lround(value * 255) / 255.0f)
+          << "row " << row << ", col " << col;
+    }
+}
+
+// Grids past 256 cells a side (the GPU's 512) get one pixel per cell.
+TEST(Examples, SineImageOfALargeGridHasAPixelPerCell) {
+  const std::string out = fresh_dir("sine_large_image");
+  const ProgramRun run =
+      run_program("sine", "--size 264 --hidden 2 --layers 0 --steps 1 --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_EQ(minamp::io::load_image(out + "/sine.png", 1).shape(),
+            (minamp::Shape{264, 2 * 264 + 8, 1}));
 }
 
 // --profile: the op table is printed and written, with the ops a sine step runs and their calls

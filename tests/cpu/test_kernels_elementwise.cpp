@@ -121,6 +121,9 @@ TEST(CpuRelu, ForwardClampsAndBackwardMatchesFiniteDifferences) {
   for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], std::max(in[i], 0.0f));
   Tensor y_wrong = poisoned({33});
   expect_error([&] { cpu::relu_forward(x16, y_wrong); }, "relu_forward", "y must match x");
+  Tensor y_short = poisoned({32}, DType::f16);
+  expect_error([&] { cpu::relu_forward(x16, y_short); }, "relu_forward",
+               "y must match x f16[33] on cpu, got f16[32]");
 }
 
 TEST(CpuRelu, ForwardPropagatesNaN) {

@@ -251,6 +251,10 @@ TEST(CpuAmpUpdateScale, FollowsPyTorchInEveryBranch) {
   EXPECT_EQ(update(65536.0f, 1998, 0.0f, ScalerParams{}), Result(65536.0f, 1999));
   EXPECT_EQ(update(65536.0f, 1999, 0.0f, ScalerParams{}), Result(131072.0f, 0));
   EXPECT_EQ(update(65536.0f, 1999, 1.0f, ScalerParams{}), Result(32768.0f, 0));
+  // Backoff is its own factor, not the inverse of growth.
+  ScalerParams uneven;
+  uneven.backoff_factor = 0.125f;
+  EXPECT_EQ(update(65536.0f, 0, 1.0f, uneven), Result(8192.0f, 0));
 
   Tensor s = flag(1.0f), wrong_tracker = flag(0.0f); // f32, not i32
   expect_error([&] { cpu::amp_update_scale(s, wrong_tracker, flag(0.0f), params); },
