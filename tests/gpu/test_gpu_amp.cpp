@@ -98,6 +98,33 @@ TEST(GpuAmp, UnscaleFlagsNaNAtTheEndOfAGradientSpanningLaunches) {
   expect_equal(gpu_grad, cpu_grad, "gradient with a NaN");
 }
 
+// An inf or NaN early in a gradient does not stop the unscaling of the values after it (the
+// CPU reference and PyTorch unscale every element).
+TEST(GpuAmp, UnscaleGoesOnPastANonFiniteValue) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(64);
+  std::vector<Tensor> cpu_grads, gpu_grads;
+  for (int64_t n : kParamSizes) {
+    std::vector<float> values = random_tensor(rng, {n}).to_vector();
+    values[0] = n % 2 == 0 ? INFINITY : NAN;
+    cpu_grads.push_back(Tensor::from_vector(values, {n}));
+    gpu_grads.push_back(gpu(cpu_grads.back()));
+  }
+  std::vector<Tensor*> cpu_list, gpu_list;
+  for (size_t i = 0; i < cpu_grads.size(); ++i) {
+    cpu_list.push_back(&cpu_grads[i]);
+    gpu_list.push_back(&gpu_grads[i]);
+  }
+  const Tensor scale = Tensor::full({1}, 1024.0f);
+  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
+  Tensor found_inf_ref = Tensor::zeros({1});
+  kernels::amp_unscale(gpu_list, gpu(scale), found_inf);
+  kernels::amp_unscale(cpu_list, scale, found_inf_ref);
+  EXPECT_EQ(found_inf.item(), 1.0f);
+  for (size_t i = 0; i < cpu_grads.size(); ++i)
+    expect_equal(gpu_grads[i], cpu_grads[i], cat("gradient ", describe(cpu_grads[i])));
+}
+
 TEST(GpuAmp, UnscaleWithNoGradientsOrEmptyGradients) {
   MINAMP_REQUIRE_GPU();
   Tensor empty = Tensor::empty({0}, DType::f32, Device::cuda);
@@ -175,6 +202,17 @@ TEST(GpuAmp, UpdateScaleNeverGrowsToInfinity) {
   EXPECT_EQ(tracker.item(), 0.0f);
 }
 
+// Nor is there a floor: backing off goes below 1, as PyTorch's does.
+TEST(GpuAmp, UpdateScaleBacksOffBelowOne) {
+  MINAMP_REQUIRE_GPU();
+  Tensor scale = gpu(Tensor::full({1}, 1.0f));
+  Tensor tracker = gpu(Tensor::zeros({1}, DType::i32));
+  for (float expected : {0.5f, 0.25f}) {
+    kernels::amp_update_scale(scale, tracker, gpu(Tensor::full({1}, 1.0f)), ScalerParams{});
+    EXPECT_EQ(scale.item(), expected);
+  }
+}
+
 // ---- Optimizers.
 
 // One parameter on both devices: master, gradient, optional f16 copy, two state tensors.
@@ -248,6 +286,25 @@ TEST(GpuOptim, SgdMatchesTheReference) {
       for (ParamPair& p : params) p.regrad(rng);
     }
   }
+}
+
+// The f16 copy of a master past f16's range is inf (65520 and up round away), and of a NaN
+// master NaN, as the CPU reference rounds them: nothing saturates to 65504.
+TEST(GpuOptim, TheF16CopyOfAMasterOutOfRangeIsInfOrNaN) {
+  MINAMP_REQUIRE_GPU();
+  const std::vector<float> values = {70000.0f, -70000.0f, 65519.0f, 65520.0f, NAN, 1.0f};
+  const Shape shape{int64_t(values.size())};
+  Tensor master = Tensor::from_vector(values, shape), grad = Tensor::zeros(shape);
+  Tensor half = Tensor::empty(shape, DType::f16);
+  Tensor g_master = gpu(master), g_grad = gpu(grad);
+  Tensor g_half = test::poisoned(shape, DType::f16, Device::cuda);
+  const SgdParams sgd{0.1f, 0.0f, 0.0f};
+  kernels::sgd_step({{&g_master, &g_grad, &g_half, nullptr, nullptr}}, sgd, Tensor());
+  kernels::sgd_step({{&master, &grad, &half, nullptr, nullptr}}, sgd, Tensor());
+  expect_equal(g_half, half, "f16 copies");
+  EXPECT_EQ(half.to_vector()[0], INFINITY);
+  EXPECT_EQ(half.to_vector()[2], 65504.0f);
+  EXPECT_TRUE(std::isnan(half.to_vector()[4]));
 }
 
 TEST(GpuOptim, SgdWithUndefinedFoundInfAlwaysSteps) {

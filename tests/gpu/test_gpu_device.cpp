@@ -108,6 +108,19 @@ TEST(GpuAllocator, SteadyStateMakesNoCudaMallocCall) {
   EXPECT_GE(allocator.peak_bytes(), live_before + (size_t(4) << 20) * 4);
 }
 
+// Requests below 1 MiB are rounded up to a multiple of 512 bytes (not to a whole MiB): a freed
+// block goes to the next request of its own class only. (Sizes no other test uses.)
+TEST(GpuAllocator, SmallRequestsShareBlocksOnlyWithinTheirClassOf512Bytes) {
+  MINAMP_REQUIRE_GPU();
+  MINAMP_REQUIRE_CACHING();
+  const auto block_of = [](int64_t floats) {
+    return Tensor::empty({floats}, DType::f32, Device::cuda).raw(); // freed at once
+  };
+  const void* freed = block_of(15744); // 62976 bytes: 123 x 512
+  EXPECT_NE(block_of(15872), freed);   // 63488 bytes: the next class
+  EXPECT_EQ(block_of(15700), freed);   // 62800 bytes: the same class as the first
+}
+
 // An impossible request fails with an Error naming the bytes asked for; the device stays usable.
 TEST(GpuAllocator, OutOfMemoryIsAnErrorNamingTheBytes) {
   MINAMP_REQUIRE_GPU();
@@ -248,12 +261,29 @@ TEST(GpuGraph, BlocksOfTheCaptureStayWithTheGraph) {
   backend::cuda_graph_destroy(graph);
 }
 
+// Destroying a graph hands its pool to the shared cache: the next request of a block's size
+// outside any capture gets it.
+TEST(GpuGraph, DestroyingAGraphFreesItsBlocksForEveryone) {
+  MINAMP_REQUIRE_GPU();
+  const auto block = [] { return Tensor::empty({15616}, DType::f32, Device::cuda); };
+  const void* temporary = nullptr;
+  backend::CudaGraph* graph = backend::cuda_graph_capture([&] {
+    Tensor t = block();
+    kernels::fill(t, 1.0f);
+    temporary = t.raw();
+  });
+  EXPECT_NE(block().raw(), temporary) << "the graph still holds it";
+  backend::cuda_graph_destroy(graph);
+  EXPECT_EQ(block().raw(), temporary);
+}
+
 // Copying to or from the host while capturing is refused (a replay would read a staging buffer
 // long since reused, or could not hand a value back): the capture fails with an Error naming it,
 // and the stream and the allocator work as before (another capture included).
 TEST(GpuGraph, FailedCaptureLeavesTheStreamUsable) {
   MINAMP_REQUIRE_GPU();
   Tensor t = Tensor::empty({16}, DType::f32, Device::cuda);
+  const void* cached = Tensor::empty({15488}, DType::f32, Device::cuda).raw(); // freed at once
   for (bool to_host : {true, false}) {
     try {
       backend::cuda_graph_capture([&] {
@@ -270,6 +300,10 @@ TEST(GpuGraph, FailedCaptureLeavesTheStreamUsable) {
   }
   kernels::fill(t, 3.0f);
   EXPECT_EQ(t.to_vector(), std::vector<float>(16, 3.0f));
+  // The allocator left capture mode: a block cached before is handed out again, not a new one
+  // for a graph's pool.
+  if (!gpu::cuda_exact_allocation())
+    EXPECT_EQ(Tensor::empty({15488}, DType::f32, Device::cuda).raw(), cached);
   backend::CudaGraph* graph = backend::cuda_graph_capture([&] { kernels::fill(t, 4.0f); });
   backend::cuda_graph_launch(graph);
   EXPECT_EQ(t.to_vector(), std::vector<float>(16, 4.0f));

@@ -92,6 +92,16 @@ TEST(GpuElementwise, FillEveryDtype) {
     }
 }
 
+// An i32 holds [-2^31, 2^31): 2^31 itself is refused, as on the CPU, not saturated.
+TEST(GpuElementwise, FillRefusesAValueAnI32CannotHold) {
+  MINAMP_REQUIRE_GPU();
+  Tensor ints = Tensor::zeros({3}, DType::i32, Device::cuda);
+  kernels::fill(ints, -2147483648.0f);
+  EXPECT_EQ(ints.to_vector(), std::vector<float>(3, -2147483648.0f));
+  test::expect_error([&] { kernels::fill(ints, 2147483648.0f); }, "fill",
+                     "an i32 tensor cannot hold 2.14748e+09");
+}
+
 TEST(GpuElementwise, FillEmptyTensorIsANoOp) {
   MINAMP_REQUIRE_GPU();
   Tensor out = Tensor::empty({0, 7}, DType::f16, Device::cuda);
@@ -193,6 +203,20 @@ TEST(GpuElementwise, ReluForwardAndBackward) {
     }
 }
 
+// More packs of four than one pass of the capped grid covers (32 blocks of 256 threads per SM:
+// 1,081,344 threads, 4,325,376 elements on 132 SMs), and a scalar tail.
+TEST(GpuElementwise, MapsPastOnePassOfTheGrid) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(14);
+  const int64_t n = 4500003;
+  const Tensor x = random_tensor(rng, {n});
+  Tensor y = poisoned({n}, DType::f32, Device::cuda);
+  kernels::relu_forward(gpu(x), y);
+  Tensor y_ref = Tensor::empty({n});
+  kernels::relu_forward(x, y_ref);
+  expect_equal(y, y_ref, "relu_forward of 4500003 elements");
+}
+
 TEST(GpuElementwise, SizesNotAMultipleOfFourUseTheScalarTail) {
   MINAMP_REQUIRE_GPU();
   Rng rng(15);
@@ -219,12 +243,15 @@ TEST(GpuPool, AvgpoolForwardAndBackward) {
       kernels::avgpool_forward(x, y_ref);
       expect_close(y, y_ref, tolerance_for(dtype), cat("avgpool_forward ", shape, " ", dtype));
 
-      const Tensor dy = random_tensor(rng, {shape[0], shape[3]}, dtype);
-      Tensor dx = poisoned(shape, dtype, Device::cuda);
-      kernels::avgpool_backward(gpu(dy), dx);
-      Tensor dx_ref = Tensor::empty(shape, dtype);
-      kernels::avgpool_backward(dy, dx_ref);
-      expect_close(dx, dx_ref, tolerance_for(dtype), cat("avgpool_backward ", shape, " ", dtype));
+      for (DType grad_type : kFloating) { // dx may have another dtype than dy
+        const Tensor dy = random_tensor(rng, {shape[0], shape[3]}, dtype);
+        Tensor dx = poisoned(shape, grad_type, Device::cuda);
+        kernels::avgpool_backward(gpu(dy), dx);
+        Tensor dx_ref = Tensor::empty(shape, grad_type);
+        kernels::avgpool_backward(dy, dx_ref);
+        expect_close(dx, dx_ref, tolerance({dtype}, grad_type),
+                     cat("avgpool_backward ", shape, " dy ", dtype, " dx ", grad_type));
+      }
     }
 }
 
@@ -233,8 +260,10 @@ TEST(GpuPool, AvgpoolForwardAndBackward) {
 TEST(GpuReduce, BiasBackwardAccumulatesColumnSums) {
   MINAMP_REQUIRE_GPU();
   Rng rng(31);
-  const std::vector<std::pair<int64_t, int64_t>> dims = {{1, 1},    {17, 3},     {1000, 33},
-                                                         {3, 1000}, {65536, 64}, {0, 5}};
+  // [2, 40000]: more column tiles than 8 per SM (33,792 columns on 132 SMs), each still needs a
+  // block of rows.
+  const std::vector<std::pair<int64_t, int64_t>> dims = {
+      {1, 1}, {17, 3}, {1000, 33}, {3, 1000}, {65536, 64}, {0, 5}, {2, 40000}};
   for (const auto& [rows, cols] : dims)
     for (DType dtype : kFloating) {
       const Tensor dy = random_tensor(rng, {rows, cols}, dtype);
