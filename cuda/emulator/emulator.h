@@ -26,10 +26,14 @@
 // What the emulator checks beyond the results: barriers every live thread of the block
 // reaches, and at the same __syncthreads (a deadlock is reported, not hung), full-warp shuffles
 // after lanes exited, WMMA pointer alignment and leading dimensions, launch sizes, launch bounds
-// and shared-memory limits, copies that leave a device allocation, cp.async copies that are
-// misaligned, leave their buffers or are never waited for, and host-synchronising calls during a
-// graph capture. It does not see timing, the memory model, or a race whose two orders give the same
-// result in the test's data; that is what the GPU run and compute-sanitizer's racecheck are for.
+// and shared-memory limits, copies that leave a device allocation, pinned host memory written or
+// freed before the host waited for the cudaMemcpyAsync reading it (runtime.cpp), cp.async copies
+// that are misaligned, leave their buffers or are never waited for, and host-synchronising calls
+// during a graph capture. A kernel's plain loads and stores are not range-checked: one past a
+// tensor's end but inside its allocator block goes unseen (`make test-sanitize` gives every
+// tensor an exact-size block under AddressSanitizer, which sees it). It does not see timing, the
+// memory model, or a race whose two orders give the same result in the test's data; that is
+// what the GPU run and compute-sanitizer's racecheck are for.
 #pragma once
 
 #include <cuda_fp16.h>

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,6 +61,7 @@ struct CUevent_st {
   bool timing = true;
   bool recorded = false;
   std::chrono::steady_clock::time_point when;
+  uint64_t reads_before = 0; // pinned reads issued before the record (see PendingRead)
 };
 struct CUgraph_st {
   std::vector<Work> nodes;
@@ -459,14 +461,79 @@ int max_dynamic_shared_bytes(const void* kernel) {
 // Captures in a mode other than relaxed: cudaMalloc is refused while there is one.
 int strict_captures = 0;
 
-// True when [p, p + bytes) lies inside one device allocation.
-bool is_device_range(const void* p, size_t bytes) {
-  const auto& allocations = device_allocations();
+// True when [p, p + bytes) lies inside one of `blocks` (start -> size).
+bool is_inside(const std::map<uintptr_t, size_t>& blocks, const void* p, size_t bytes) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-  auto it = allocations.upper_bound(at);
-  if (it == allocations.begin()) return false;
+  auto it = blocks.upper_bound(at);
+  if (it == blocks.begin()) return false;
   --it;
   return at + bytes <= it->first + it->second;
+}
+
+// True when [p, p + bytes) lies inside one device allocation.
+bool is_device_range(const void* p, size_t bytes) {
+  return is_inside(device_allocations(), p, bytes);
+}
+
+// ---- Pinned host memory under copies in flight. On a GPU a cudaMemcpyAsync from pinned memory
+// reads it later, so the host must not write or free the buffer until it has waited for the
+// copy: an event recorded after it, or the stream. Copying at once would hide a buffer reused too
+// early, so each copy from pinned memory keeps a snapshot of its source until the host has
+// waited for it, and a change (or cudaFreeHost) before then is an error.
+
+std::map<uintptr_t, size_t>& pinned_blocks() {
+  static auto* blocks = new std::map<uintptr_t, size_t>();
+  return *blocks;
+}
+
+struct PendingRead {
+  const unsigned char* source;
+  std::vector<unsigned char> snapshot;
+  uint64_t number; // 1, 2, ... in issue order
+};
+std::vector<PendingRead>& pending_reads() {
+  static auto* reads = new std::vector<PendingRead>();
+  return *reads;
+}
+uint64_t reads_issued = 0;
+
+// The host has waited for every pinned read numbered up to `number`.
+void complete_reads(uint64_t number) {
+  auto& reads = pending_reads();
+  reads.erase(std::remove_if(reads.begin(), reads.end(),
+                             [&](const PendingRead& r) { return r.number <= number; }),
+              reads.end());
+}
+
+// The error for pinned memory that the host `did` (wrote, frees) under a copy in flight.
+cudaError_t pinned_misuse(const char* call, const char* did) {
+  std::fprintf(stderr,
+               "minamp CUDA emulator: %s: the host %s pinned memory that a cudaMemcpyAsync may "
+               "still be reading (wait for an event recorded after the copy, or for the stream, "
+               "first)\n",
+               call, did);
+  return fail(cudaErrorIllegalState);
+}
+
+// cudaSuccess, or the error (reported once) when the host has written pinned memory that a copy
+// in flight may still read.
+cudaError_t check_pending_reads(const char* call) {
+  for (const PendingRead& r : pending_reads())
+    if (std::memcmp(r.source, r.snapshot.data(), r.snapshot.size()) != 0) {
+      pending_reads().clear();
+      return pinned_misuse(call, "wrote");
+    }
+  return cudaSuccess;
+}
+
+// True when a copy in flight may still read the pinned block that starts at `block`.
+bool is_being_read(const void* block) {
+  const auto it = pinned_blocks().find(reinterpret_cast<uintptr_t>(block));
+  if (it == pinned_blocks().end()) return false;
+  const auto* begin = static_cast<const unsigned char*>(block);
+  for (const PendingRead& r : pending_reads())
+    if (r.source >= begin && r.source < begin + it->second) return true;
+  return false;
 }
 
 CUstream_st& stream_of(cudaStream_t stream) {
@@ -701,7 +768,10 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 }
 
 cudaError_t cudaDeviceSynchronize() {
-  return refuse_while_capturing(nullptr) ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+  if (refuse_while_capturing(nullptr)) return cudaErrorStreamCaptureUnsupported;
+  const cudaError_t status = check_pending_reads("cudaDeviceSynchronize");
+  complete_reads(reads_issued);
+  return status;
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
@@ -730,10 +800,14 @@ cudaError_t cudaFree(void* p) {
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   *p = aligned_block(bytes, 256);
-  return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+  if (!*p) return fail(cudaErrorMemoryAllocation);
+  pinned_blocks()[reinterpret_cast<uintptr_t>(*p)] = bytes;
+  return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void* p) {
+  if (is_being_read(p)) return pinned_misuse("cudaFreeHost", "frees");
+  pinned_blocks().erase(reinterpret_cast<uintptr_t>(p));
   std::free(p);
   return cudaSuccess;
 }
@@ -751,7 +825,13 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
                  bytes);
     return fail(cudaErrorInvalidValue);
   }
+  const cudaError_t status = check_pending_reads("cudaMemcpyAsync");
+  if (status != cudaSuccess) return status;
   issue(stream, [=] { std::memcpy(dst, src, bytes); });
+  if (!src_device && is_inside(pinned_blocks(), src, bytes)) {
+    const auto* source = static_cast<const unsigned char*>(src);
+    pending_reads().push_back({source, {source, source + bytes}, ++reads_issued});
+  }
   return cudaSuccess;
 }
 
@@ -766,7 +846,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return refuse_while_capturing(stream) ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+  if (refuse_while_capturing(stream)) return cudaErrorStreamCaptureUnsupported;
+  const cudaError_t status = check_pending_reads("cudaStreamSynchronize");
+  complete_reads(reads_issued); // one stream: every copy so far
+  return status;
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
@@ -841,6 +924,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
+  event->reads_before = reads_issued;
   issue(stream, [event] {
     event->recorded = true;
     event->when = std::chrono::steady_clock::now();
@@ -849,7 +933,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return event ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  const cudaError_t status = check_pending_reads("cudaEventSynchronize");
+  complete_reads(event->reads_before);
+  return status;
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {

@@ -349,6 +349,40 @@ TEST(Emulator, CpAsyncMisuseIsAFault) {
   EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure) << "a destination past the shared memory";
 }
 
+// On a GPU a cudaMemcpyAsync from pinned memory reads it later: writing or freeing the buffer
+// before waiting for the copy (an event recorded after it, or the stream) races with it. The
+// emulator copies at once, so it reports such a write or free instead.
+TEST(Emulator, PinnedMemoryACopyMayStillReadIsNotToBeWrittenOrFreed) {
+  DeviceBuffer<float> dst(4);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), 4 * sizeof(float)), cudaSuccess);
+  cudaEvent_t copied = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), cudaSuccess);
+  const auto copy = [&] {
+    return cudaMemcpyAsync(dst.data, pinned, 4 * sizeof(float), cudaMemcpyHostToDevice, nullptr);
+  };
+  std::fill(pinned, pinned + 4, 1.0f);
+  ASSERT_EQ(copy(), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(copied, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(copied), cudaSuccess);
+  pinned[0] = 2.0f; // after the wait
+  ASSERT_EQ(copy(), cudaSuccess);
+  pinned[0] = 3.0f; // before any wait: the copy may read 2 or 3
+  EXPECT_EQ(copy(), cudaErrorIllegalState);
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+
+  ASSERT_EQ(copy(), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(copied, nullptr), cudaSuccess);
+  ASSERT_EQ(copy(), cudaSuccess); // after the event: waiting for it does not cover this copy
+  ASSERT_EQ(cudaEventSynchronize(copied), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaErrorIllegalState);
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(dst.download(), std::vector<float>({3.0f, 1.0f, 1.0f, 1.0f}));
+  EXPECT_EQ(cudaEventDestroy(copied), cudaSuccess);
+  (void)cudaGetLastError(); // the errors above are this test's
+}
+
 // C = A @ B for one 16x16x16 tile, A stored as `a_layout`, B as `b_layout`, C row-major.
 template <class ALayout, class BLayout>
 __global__ void wmma_tile_kernel(const __half* a, const __half* b, float* c) {
