@@ -524,7 +524,9 @@ void Run::resume(const std::string& path) {
           ", ", state.step == spec_.steps ? "the end" : "past the end", " of this run's ",
           spec_.steps, " steps: nothing is left to train (ask for more steps or epochs)");
   require(state.epoch == epochs_done(state.step), "--resume", path, ": epoch ", state.epoch,
-          " does not match step ", state.step, " at ", spec_.steps_per_epoch, " steps per epoch");
+          " does not match step ", state.step,
+          spec_.steps_per_epoch > 0 ? cat(" at ", spec_.steps_per_epoch, " steps per epoch")
+                                    : std::string(" (this example counts no epochs: expected 0)"));
   log_.steps = records_from_tensor<StepRecord, kStepColumns>(path, state, "steps", state.step);
   log_.epochs = records_from_tensor<EpochRecord, kEpochColumns>(path, state, "epochs",
                                                                 evaluates() ? state.epoch : 0);

@@ -214,6 +214,8 @@ TEST(Checkpoint, StrictLoadingNamesTheFileAndTheProblemAndChangesNothing) {
   expect_error(load, bad, "missing entry");
   rewrite(good, bad, [](auto& ts, auto&) { ts.push_back({"5.weight", Tensor::zeros({2})}); });
   expect_error(load, bad, "unexpected entry '5.weight'");
+  rewrite(good, bad, [](auto& ts, auto&) { ts.push_back({"log.loss", Tensor::zeros({2})}); });
+  expect_error(load, bad, "unexpected entry 'log.loss'"); // a training log is not weights
   rewrite(good, bad, [&](auto& ts, auto&) { find(ts, "4.weight") = Tensor::zeros({4, 5}); });
   expect_error(load, bad, "'4.weight' has shape [4, 5], expected [5, 4]");
   rewrite(good, bad, [&](auto& ts, auto&) {

@@ -119,6 +119,12 @@ TEST(Classify, LearnsAndWritesEpochFiguresPlotsAndPyTorchWeights) {
   EXPECT_GT(summary["test_accuracy"].get<double>(), 0.6) << "chance is 0.1";
   EXPECT_EQ(test::csv_without_column(out + "/epochs.csv", 99).size(), 4u);
   EXPECT_EQ(test::csv_without_column(out + "/metrics.csv", 99).size(), 37u);
+  // An epoch's train loss is the mean of its 12 steps' losses (metrics.csv: step,loss,...).
+  const std::vector<std::vector<double>> steps = test::csv_rows(out + "/metrics.csv");
+  double first_epoch = 0;
+  for (int i = 0; i < 12; ++i) first_epoch += steps.at(i).at(1) / 12;
+  const double train_loss = test::csv_rows(out + "/epochs.csv").at(0).at(1);
+  EXPECT_NEAR(train_loss, first_epoch, 1e-5 * first_epoch); // both printed to 6 digits
   for (const char* plot : {"loss.png", "accuracy.png", "loss_scale.png"})
     EXPECT_TRUE(is_png(out + "/" + plot)) << plot;
 
@@ -210,6 +216,27 @@ TEST(Classify, TrainsOnTheImageFolderFixture) {
   EXPECT_NE(run.output.find("images per class: train 2 2 2, test 1 1 1"), std::string::npos)
       << run.output;
   EXPECT_EQ(summary_of(out)["epochs"], 2);
+
+  // --subset takes the first N of both splits; progress lines name the epoch of their step.
+  const ProgramRun subset = run_program(
+      "classify", std::string("--images ") + MINAMP_SOURCE_DIR +
+                      "/data/tiny-images --image-size 18 --batch-size 1 --width 4 --epochs 2 "
+                      "--holdout-every 3 --subset 2 --log-every 1 --out " +
+                      fresh_dir("classify_folder_subset"));
+  ASSERT_EQ(subset.status, 0) << subset.output;
+  EXPECT_NE(subset.output.find("2 training and 2 test images"), std::string::npos) << subset.output;
+  for (const char* line : {"epoch 1/2  step 1/4", "epoch 1/2  step 2/4", "epoch 2/2  step 3/4"})
+    EXPECT_NE(subset.output.find(line), std::string::npos) << line << "\n" << subset.output;
+}
+
+// The last partial batch of an epoch is dropped: 384 images in batches of 100 make 3 steps an
+// epoch, each epoch over its own order of the images.
+TEST(Classify, EpochsDropTheLastPartialBatch) {
+  const std::string out = fresh_dir("classify_partial_batch");
+  const ProgramRun run = run_program("classify", small_run(data(), 2, 100) + " --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_EQ(summary_of(out)["steps"], 6);
+  EXPECT_EQ(test::csv_rows(out + "/metrics.csv").size(), 6u);
 }
 
 TEST(Classify, DataProblemsAreOneLineErrorsWithNoOutput) {
@@ -297,6 +324,22 @@ TEST(Classify, BadCheckpointsAreOneLineErrorsWithNoOutput) {
   expect_one_line_error(run_program("classify", small_run(data(), 2) + " --load-weights " +
                                                     checkpoint + " --out " + out),
                         {checkpoint, "a training checkpoint, not a weights file", "--resume"});
+
+  // An image folder split another way (--holdout-every) is other data, though as large.
+  const std::string folder =
+      std::string("--images ") + MINAMP_SOURCE_DIR +
+      "/data/tiny-images --image-size 18 --batch-size 1 --width 4 --subset 3";
+  const std::string folder_source = fresh_dir("classify_ckpt_folder");
+  ASSERT_EQ(run_program("classify", folder +
+                                        " --epochs 2 --holdout-every 3 --checkpoint-every 3 "
+                                        "--out " +
+                                        folder_source)
+                .status,
+            0);
+  const std::string folder_checkpoint = folder_source + "/checkpoint.safetensors";
+  expect_one_line_error(run_program("classify", folder + " --epochs 3 --holdout-every 2 --resume " +
+                                                    folder_checkpoint + " --out " + out),
+                        {folder_checkpoint, "holdout_every '3', this run has '2'"});
 
   const std::string truncated = fresh_dir("classify_truncated.safetensors");
   io::write_file_atomically(truncated, io::read_file(checkpoint).substr(0, 1000));

@@ -136,6 +136,11 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       run_program("mlp", "--save-weights " + weights + " --out " + out), "final.safetensors",
       {"--save-weights", "final.safetensors is a directory, where the run would write a file"});
   EXPECT_FALSE(std::filesystem::exists(out)) << "a refused run wrote output";
+  const std::string blocked = fresh_dir("bad_values_checkpoint");
+  std::filesystem::create_directories(blocked + "/checkpoint.safetensors");
+  expect_one_line_error(
+      run_program("mlp", "--checkpoint-every 10 --out " + blocked), "checkpoint.safetensors",
+      {"checkpoint.safetensors is a directory, where the run would write a file"});
 }
 
 TEST(Examples, ResumeRefusesACheckpointOfOtherDataSeedLearningRateOrScaler) {
@@ -169,6 +174,19 @@ TEST(Examples, ResumeRefusesACheckpointOfOtherDataSeedLearningRateOrScaler) {
   EXPECT_NE(finished.output.find("at step 6, the end of this run's 6 steps: nothing is left"),
             std::string::npos)
       << finished.output;
+  // A checkpoint whose epoch count disagrees with its step count is corrupt.
+  minamp::io::SafetensorsFile state =
+      minamp::io::load_safetensors(first + "/checkpoint.safetensors");
+  for (minamp::io::NamedInt64s& entry : state.int64s)
+    if (entry.name == "train.epoch") entry.values = {1};
+  const std::string odd = first + "/odd.safetensors";
+  minamp::io::save_safetensors(odd, state.tensors, state.metadata, state.int64s);
+  const ProgramRun odd_run =
+      run_program("mlp", "--epochs 3 --batches 3 --resume " + odd + " --out " + out);
+  EXPECT_NE(odd_run.status, 0);
+  EXPECT_NE(odd_run.output.find("epoch 1 does not match step 6 (this example counts no epochs"),
+            std::string::npos)
+      << odd_run.output;
   EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3 --widths '16, 16'" + resume).status, 0)
       << "the same widths, written another way, are the same model";
   EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3" + resume).status, 0)
@@ -232,6 +250,15 @@ TEST(Examples, BenchTrainRefusesBadListsAndNumbers) {
     for (const std::string& part : parts)
       EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
   }
+  // A --json it could not write is refused before any benchmark runs.
+  const std::string unwritable = json + "/no/such/dir/out.json";
+  const ProgramRun run =
+      run_program("bench_train", "--device cpu --models mlp --json " + unwritable);
+  EXPECT_NE(run.status, 0);
+  EXPECT_NE(run.output.find("--json: " + unwritable + ": its folder does not exist"),
+            std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find("timed steps"), std::string::npos) << "a benchmark ran: " << run.output;
   EXPECT_FALSE(std::filesystem::exists(json)) << "a refused run wrote its JSON";
 }
 
@@ -416,6 +443,11 @@ TEST(Examples, ADivergedRunSaysSo) {
   EXPECT_TRUE(std::filesystem::exists(out + "/metrics.csv"));
   const ProgramRun fine = run_program("mlp", "--epochs 1 --out " + out);
   EXPECT_EQ(fine.output.find("warning"), std::string::npos) << fine.output;
+  const ProgramRun both = run_program("mlp", "--compare --lr 1e10 --epochs 1 --out " + out);
+  for (const char* run_name : {"fp32", "amp"})
+    EXPECT_NE(both.output.find(std::string("warning: ") + run_name + ": the final loss is"),
+              std::string::npos)
+        << both.output;
 }
 
 TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
@@ -523,12 +555,25 @@ TEST(Examples, RunsWritePlotsNextToTheirMetrics) {
 // A run of fewer than 10 steps reports the mean of the losses it has as its last-10 mean.
 TEST(Examples, ShortRunsAverageTheLossesTheyHave) {
   const std::string out = fresh_dir("mlp_short");
-  ASSERT_EQ(run_program("mlp", "--epochs 1 --batches 4 --out " + out).status, 0);
+  const ProgramRun run = run_program("mlp", "--epochs 1 --batches 4 --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("(last-4 mean "), std::string::npos) << run.output;
   const std::vector<double> losses = losses_in(out + "/metrics.csv");
   ASSERT_EQ(losses.size(), 4u);
   const double sum = std::accumulate(losses.begin(), losses.end(), 0.0);
   const auto summary = nlohmann::json::parse(std::ifstream(out + "/summary.json"));
   EXPECT_NEAR(summary["loss_last10_mean"].get<double>(), sum / 4, 1e-5 * sum / 4);
+}
+
+// An AMP run without loss scaling says so in its summary.
+TEST(Examples, SummarySaysWhetherTheLossWasScaled) {
+  const std::string out = fresh_dir("mlp_unscaled");
+  const ProgramRun run =
+      run_program("mlp", "--amp --no-loss-scaling --epochs 1 --batches 2 --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  const auto summary = nlohmann::json::parse(minamp::io::read_file(out + "/summary.json"));
+  EXPECT_EQ(summary["precision"], "amp");
+  EXPECT_EQ(summary["loss_scaling"], false);
 }
 
 // --compare hands the scaler's options to its AMP run; the FP32 run has no scaler.

@@ -103,6 +103,11 @@ TEST(Image, ResizeUpIsBilinearAndDownAverages) {
   for (int y = 0; y < 8; ++y)
     for (int x = 0; x < 8; ++x) board.data<float>()[y * 8 + x] = float((x + y) % 2);
   for (float v : io::resize_image(board, 2, 2).to_vector()) EXPECT_NEAR(v, 0.5f, 0.05f);
+  // Every third row white, shrunk 3x: each output row centres on a black row, which a filter one
+  // source pixel wide would sample alone; 3 wide it sees the white rows too.
+  Tensor stripes = Tensor::empty({9, 1, 1});
+  for (int y = 0; y < 9; ++y) stripes.data<float>()[y] = float(y % 3 == 2);
+  for (float v : io::resize_image(stripes, 3, 1).to_vector()) EXPECT_NEAR(v, 1.0f / 3, 0.1f);
 
   Rng rng(3);
   const Tensor noise = random_8bit_image(rng, 30, 40, 1);

@@ -129,7 +129,16 @@ inline std::string expect_resume_equals_uninterrupted(const std::string& program
     EXPECT_EQ(csv_without_column(whole + "/epochs.csv", 5),
               csv_without_column(resumed + "/epochs.csv", 5));
   }
-  const double last_wall_s = csv_rows(resumed + "/metrics.csv").back().at(2); // step,loss,wall_s
+  // The resumed run's clock goes on from the checkpoint's: wall_s never falls.
+  const std::vector<std::vector<double>> steps = csv_rows(resumed + "/metrics.csv");
+  for (size_t i = 1; i < steps.size(); ++i)
+    EXPECT_GE(steps[i].at(2), steps[i - 1].at(2)) << name << ": metrics.csv row " << i;
+  if (std::filesystem::exists(whole + "/epochs.csv")) {
+    const std::vector<std::vector<double>> epochs = csv_rows(resumed + "/epochs.csv");
+    for (size_t i = 1; i < epochs.size(); ++i)
+      EXPECT_GE(epochs[i].at(5), epochs[i - 1].at(5)) << name << ": epochs.csv row " << i;
+  }
+  const double last_wall_s = steps.back().at(2); // step,loss,wall_s
   const double summary_wall_s =
       nlohmann::json::parse(io::read_file(resumed + "/summary.json"))["wall_s"];
   EXPECT_GE(summary_wall_s, last_wall_s * (1 - 1e-5)) << name;
