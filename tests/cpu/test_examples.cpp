@@ -262,13 +262,14 @@ TEST(Examples, BenchTrainRefusesBadListsAndNumbers) {
   EXPECT_FALSE(std::filesystem::exists(json)) << "a refused run wrote its JSON";
 }
 
-// bench_train's figures from its own runs: from one init, runs of 1 and 2 timed steps share the
-// first step's loss, so the 2-step run's final loss (the last step's) and last-10 mean give it
-// back; and the percentiles interpolate between order statistics, numpy's way (of 2 times, the
-// median is their mean).
+// bench_train's figures from its own runs: from one init, runs of 1, 2, 10 and 11 timed steps
+// share their first steps' losses, so the 2-step run's final loss (the last step's) and last-10
+// mean give the first back, and the 10- and 11-step means differ by the 11th loss less the
+// first over 10; and the percentiles interpolate between order statistics, numpy's way (of 2
+// times, the median is their mean).
 TEST(Examples, BenchTrainReportsTheLastLossAndInterpolatedPercentiles) {
   std::map<int, nlohmann::json> train_run;
-  for (int steps : {1, 2}) {
+  for (int steps : {1, 2, 10, 11}) {
     const std::string json = fresh_dir("bench_steps" + std::to_string(steps) + ".json");
     const ProgramRun run = run_program(
         "bench_train", "--device cpu --models mlp --precisions fp32 --warmup 1 --infer-steps 1 "
@@ -283,6 +284,10 @@ TEST(Examples, BenchTrainReportsTheLastLossAndInterpolatedPercentiles) {
   const double first = train_run[1]["final_loss"], last = train_run[2]["final_loss"];
   EXPECT_NE(last, first) << "the second step's loss should differ from the first's";
   EXPECT_EQ(2.0 * train_run[2]["loss_last10_mean"].get<double>() - last, first);
+  // From 10 to 11 steps the last 10 losses lose the first step's and gain the eleventh's.
+  const double mean10 = train_run[10]["loss_last10_mean"],
+               mean11 = train_run[11]["loss_last10_mean"];
+  EXPECT_NEAR(10.0 * (mean11 - mean10), train_run[11]["final_loss"].get<double>() - first, 1e-5);
   const nlohmann::json ms = train_run[2]["step_ms"];
   const double low = ms["min"], high = ms["max"];
   EXPECT_EQ(ms["n"], 2);
