@@ -45,6 +45,7 @@ const std::vector<ConvCase> kCases = {
     {2, 9, 10, 8, 6, 3, 1, 1, 1},    // non-square 3x1 kernel: output 9x12
     {1, 7, 12, 3, 5, 2, 5, 2, 2},    // non-square 2x5 kernel, stride 2: output 5x6
     {2, 6, 7, 4, 6, 1, 3, 1, 0},     // 1x3, stride 1, no padding: gathered, not a 1x1 GEMM
+    {2, 6, 5, 4, 6, 3, 1, 1, 0},     // 3x1, likewise
     {2, 3, 4, 5, 6, 3, 4, 1, 0},     // the kernel covers the whole input: one output pixel
     // 128 channels over >= 132 tiles of 128 rows: both gathers (im2col in y, col2im in dx) on
     // the large WMMA / SIMT tiles.
@@ -130,46 +131,50 @@ TEST(GpuConv, BackwardOnlyOneGradient) {
   }
 }
 
-// x, w and dy of different dtypes are allowed (as on the CPU): the forward (y f16) and the
-// backward (dx and dw f32) of x [2, 7, 6, 3] on both devices, the backward within `tolerance`.
-void check_mixed_dtypes(DType x_type, DType w_type, DType dy_type, double tolerance,
+// x, w and dy of different dtypes are allowed (as on the CPU): the forward (y of `y_type`) and
+// the backward (dx and dw f32) of f16 x [2, 7, 6, 3] on both devices, the backward within
+// `tolerance`.
+void check_mixed_dtypes(DType w_type, DType dy_type, DType y_type, double tolerance,
                         uint64_t seed) {
+  const DType x_type = DType::f16;
   const ConvCase c{2, 7, 6, 3, 5, 3, 3, 1, 1};
-  const std::string what = cat(describe_case(c, x_type), ", w ", w_type, ", dy ", dy_type);
+  const std::string what =
+      cat(describe_case(c, x_type), ", w ", w_type, ", dy ", dy_type, ", y ", y_type);
   Rng rng(seed);
   const Tensor x = test::random_tensor(rng, c.x_shape(), x_type);
   const Tensor w = test::random_tensor(rng, c.w_shape(), w_type);
   const Tensor dy = test::random_tensor(rng, c.y_shape(), dy_type);
   const Tensor dw_start = test::random_tensor(rng, c.w_shape());
 
-  Tensor y_cpu = test::poisoned(c.y_shape(), DType::f16);
+  Tensor y_cpu = test::poisoned(c.y_shape(), y_type);
   Tensor dx_cpu = test::poisoned(c.x_shape(), DType::f32), dw_cpu = dw_start.clone();
   kernels::conv2d_forward(x, w, y_cpu, c.params(), {});
   kernels::conv2d_backward(x, w, dy, dx_cpu, dw_cpu, c.params());
 
-  Tensor y_gpu = test::poisoned(c.y_shape(), DType::f16, Device::cuda);
+  Tensor y_gpu = test::poisoned(c.y_shape(), y_type, Device::cuda);
   Tensor dx_gpu = test::poisoned(c.x_shape(), DType::f32, Device::cuda);
   Tensor dw_gpu = dw_start.to(Device::cuda);
   const Tensor x_gpu = x.to(Device::cuda), w_gpu = w.to(Device::cuda);
   kernels::conv2d_forward(x_gpu, w_gpu, y_gpu, c.params(), {});
   kernels::conv2d_backward(x_gpu, w_gpu, dy.to(Device::cuda), dx_gpu, dw_gpu, c.params());
 
-  test::expect_close(y_gpu, y_cpu, test::tolerance_for(DType::f16, DType::f16), "y of " + what);
+  test::expect_close(y_gpu, y_cpu, test::tolerance_for(DType::f16, y_type), "y of " + what);
   test::expect_close(dx_gpu, dx_cpu, tolerance, "dx of " + what);
   test::expect_close(dw_gpu, dw_cpu, tolerance, "dw of " + what);
 }
 
-// The GPU computes mixed dtypes in f32.
+// The GPU computes mixed dtypes in f32 (an f32 y shows that w was not rounded to f16).
 TEST(GpuConv, MixedDtypes) {
   MINAMP_REQUIRE_GPU();
-  check_mixed_dtypes(DType::f16, DType::f32, DType::f16,
-                     test::tolerance_for(DType::f16, DType::f32), 450);
+  for (DType y_type : {DType::f16, DType::f32})
+    check_mixed_dtypes(DType::f32, DType::f16, y_type, test::tolerance_for(DType::f16, DType::f32),
+                       450);
 }
 
 // x and w f16 with an f32 dy: the backward is f32 math (dy is not rounded to f16), as on the CPU.
 TEST(GpuConv, AnF32GradientOfF16InputsIsNotRounded) {
   MINAMP_REQUIRE_GPU();
-  check_mixed_dtypes(DType::f16, DType::f16, DType::f32, test::tolerance_for(DType::f32), 460);
+  check_mixed_dtypes(DType::f16, DType::f32, DType::f16, test::tolerance_for(DType::f32), 460);
 }
 
 TEST(GpuConv, RejectsBadArguments) {
@@ -200,10 +205,25 @@ TEST(GpuConv, RejectsBadArguments) {
       },
       "conv2d_forward", "expects stride >= 1 and pad >= 0, got stride 1, pad -1");
 
+  const Tensor wide_w = test::random_tensor(rng, {4, 1, 8, 3}, DType::f16, Device::cuda);
+  test::expect_error(
+      [&] {
+        kernels::conv2d_forward(x, wide_w, y, ConvParams{1, 1}, {});
+      },
+      "conv2d_forward", "the kernel of f16[4, 1, 8, 3] on cuda does not fit", "(pad 1)");
+  const Tensor bias_wrong = test::random_tensor(rng, {5}, DType::f32, Device::cuda);
+  GemmEpilogue with_bias;
+  with_bias.bias = &bias_wrong;
+  test::expect_error([&] { kernels::conv2d_forward(x, w, y, c.params(), with_bias); },
+                     "conv2d_forward", "bias must be f32 [4], got f32[5]");
+
   Tensor dx;
   Tensor dw_f16 = test::poisoned(c.w_shape(), DType::f16, Device::cuda);
   test::expect_error([&] { kernels::conv2d_backward(x, w, y, dx, dw_f16, c.params()); },
                      "conv2d_backward", "expects dw f32 shaped like w");
+  Tensor dw = test::poisoned(c.w_shape(), DType::f32, Device::cuda);
+  test::expect_error([&] { kernels::conv2d_backward(x, w, y_wrong, dx, dw, c.params()); },
+                     "conv2d_backward", "expects dy f32/f16 [1, 5, 5, 4]", "f16[1, 4, 5, 4]");
 }
 
 // Degenerate sizes the CPU reference accepts, gathered and pointwise, f32 and f16: an empty batch

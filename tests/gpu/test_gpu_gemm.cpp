@@ -182,7 +182,8 @@ TEST(GpuGemm, TallThin) {
 // partial sums a second kernel adds before the epilogue (cuda/gemm_plan.h). M = 40, N = 72 is
 // 2 tiles of 64 x 64, so on an H100 K = 8013 (the last tile partial) is cut into 28 slices of 9
 // tiles for the WMMA kernel (BK 32) and 56 of 9 for the SIMT one (BK 16). Every transpose, both
-// output dtypes, and beta != 0 (C is read once, by the sum).
+// output dtypes, and beta != 0 (C is read once, by the sum); then beta == 0, where C (NaN
+// poison) is not read at all.
 TEST(GpuGemm, SplitKLongK) {
   MINAMP_REQUIRE_GPU();
   uint64_t seed = 7000;
@@ -192,6 +193,9 @@ TEST(GpuGemm, SplitKLongK) {
         GemmCase g{40, 72, 8013, trans_a, trans_b, d.ab, d.c, 0.5f, -1.0f, true, true};
         expect_matches_cpu(g, ++seed);
       }
+  for (const DTypePair& d : kDTypePairs)
+    expect_matches_cpu(GemmCase{40, 72, 8013, false, true, d.ab, d.c, 1.0f, 0.0f, false, false},
+                       ++seed);
 }
 
 } // namespace

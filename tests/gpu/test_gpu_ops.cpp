@@ -361,12 +361,15 @@ TEST(GpuLoss, MseForwardAndBackward) {
         expect_close(loss, loss_ref, tolerance_for(DType::f32),
                      label("mse_forward", n, pred_type, target_type));
 
-        Tensor dpred = poisoned({1, n}, pred_type, Device::cuda);
-        kernels::mse_backward(gpu(pred), gpu(target), gpu(dloss), dpred);
-        Tensor dpred_ref = Tensor::empty({1, n}, pred_type);
-        kernels::mse_backward(pred, target, dloss, dpred_ref);
-        expect_close(dpred, dpred_ref, tolerance({pred_type, target_type}, pred_type),
-                     label("mse_backward", n, pred_type, target_type));
+        for (DType grad_type : kFloating) { // dpred may have another dtype than pred
+          Tensor dpred = poisoned({1, n}, grad_type, Device::cuda);
+          kernels::mse_backward(gpu(pred), gpu(target), gpu(dloss), dpred);
+          Tensor dpred_ref = Tensor::empty({1, n}, grad_type);
+          kernels::mse_backward(pred, target, dloss, dpred_ref);
+          expect_close(
+              dpred, dpred_ref, tolerance({pred_type, target_type}, grad_type),
+              cat(label("mse_backward", n, pred_type, target_type), ", dpred ", grad_type));
+        }
       }
 }
 
@@ -401,6 +404,21 @@ TEST(GpuLoss, CrossEntropyForwardAndBackward) {
                      cat(what, ", dlogits ", grad_type));
       }
     }
+}
+
+// The mean of no values is NaN on both devices, not 0.
+TEST(GpuLoss, EmptyInputsGiveTheCpusLoss) {
+  MINAMP_REQUIRE_GPU();
+  // The outputs start at 5 (NaN poison would pass for a loss never written).
+  Tensor loss = Tensor::full({1}, 5.0f, DType::f32, Device::cuda), loss_ref = Tensor::empty({1});
+  kernels::mse_forward(gpu(Tensor::empty({0, 1})), gpu(Tensor::empty({0, 1})), loss);
+  kernels::mse_forward(Tensor::empty({0, 1}), Tensor::empty({0, 1}), loss_ref);
+  expect_equal(loss, loss_ref, "mse of nothing");
+  const Tensor logits = Tensor::empty({0, 3}), labels = Tensor::empty({0}, DType::i32);
+  loss = Tensor::full({1}, 5.0f, DType::f32, Device::cuda);
+  kernels::cross_entropy_forward(gpu(logits), gpu(labels), loss);
+  kernels::cross_entropy_forward(logits, labels, loss_ref);
+  expect_equal(loss, loss_ref, "cross-entropy of nothing");
 }
 
 // More rows and elements than one pass of the capped grids covers (32 blocks of 256 threads per
