@@ -670,6 +670,42 @@ TEST(GpuBatchNorm, FusedReluPassesTheGradientOfANaN) {
   }
 }
 
+// The fused ReLU's mask in the backward, as on the CPU (PyTorch's): a pre-activation of exactly
+// 0 is masked (channel 0: x equal to its running mean, beta 0), and a masked dy is dropped, not
+// multiplied by 0 (channel 1: inf where the pre-activation is negative). x and dy are f32, dx f16
+// (a dtype of its own).
+TEST(GpuBatchNorm, FusedReluMaskDropsDyWherePreActivationIsAtMostZero) {
+  MINAMP_REQUIRE_GPU();
+  const BatchNormParams bn{false, 0.1f, 1e-5f, true};
+  const Tensor x = Tensor::from_vector({0.5f, -2.0f, 0.5f, 1.0f, 0.5f, -1.5f, 0.5f, 2.0f}, {4, 2});
+  const Tensor gamma = Tensor::from_vector({1.5f, 1.0f}, {2});
+  const Tensor beta = Tensor::from_vector({0.0f, 0.25f}, {2});
+  const Tensor running_mean = Tensor::from_vector({0.5f, 0.0f}, {2});
+  const Tensor running_var = Tensor::from_vector({2.0f, 1.0f}, {2});
+  const Tensor dy =
+      Tensor::from_vector({0.5f, INFINITY, -1.0f, 0.75f, 2.0f, -INFINITY, 1.0f, -0.5f}, {4, 2});
+  struct Outputs {
+    Tensor dx, dgamma, dbeta;
+  };
+  auto run = [&](Device device) {
+    Tensor mean = poisoned({2}, DType::f32, device), invstd = poisoned({2}, DType::f32, device);
+    Tensor y = poisoned({4, 2}, DType::f32, device);
+    Tensor rm = running_mean.to(device), rv = running_var.to(device);
+    kernels::batchnorm_forward(x.to(device), gamma.to(device), beta.to(device), y, mean, invstd, rm,
+                               rv, bn);
+    Outputs out{poisoned({4, 2}, DType::f16, device), Tensor::zeros({2}, DType::f32, device),
+                Tensor::zeros({2}, DType::f32, device)};
+    kernels::batchnorm_backward(x.to(device), gamma.to(device), beta.to(device), mean, invstd,
+                                dy.to(device), out.dx, out.dgamma, out.dbeta, bn);
+    return out;
+  };
+  const Outputs on_gpu = run(Device::cuda), on_cpu = run(Device::cpu);
+  EXPECT_EQ(on_cpu.dbeta.to_vector(), (std::vector<float>{0.0f, 0.75f - 0.5f}));
+  expect_close(on_gpu.dx, on_cpu.dx, tolerance_for(DType::f16), "dx");
+  expect_close(on_gpu.dgamma, on_cpu.dgamma, tolerance_for(DType::f32), "dgamma");
+  expect_close(on_gpu.dbeta, on_cpu.dbeta, tolerance_for(DType::f32), "dbeta");
+}
+
 TEST(GpuBatchNorm, LargeActivation262144x256) {
   MINAMP_REQUIRE_GPU();
   Rng rng(52);
