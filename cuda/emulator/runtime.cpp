@@ -497,14 +497,6 @@ std::vector<PendingRead>& pending_reads() {
 }
 uint64_t reads_issued = 0;
 
-// The host has waited for every pinned read numbered up to `number`.
-void complete_reads(uint64_t number) {
-  auto& reads = pending_reads();
-  reads.erase(std::remove_if(reads.begin(), reads.end(),
-                             [&](const PendingRead& r) { return r.number <= number; }),
-              reads.end());
-}
-
 // The error for pinned memory that the host `did` (wrote, frees) under a copy in flight.
 cudaError_t pinned_misuse(const char* call, const char* did) {
   std::fprintf(stderr,
@@ -524,6 +516,17 @@ cudaError_t check_pending_reads(const char* call) {
       return pinned_misuse(call, "wrote");
     }
   return cudaSuccess;
+}
+
+// The host, in `call`, waits for every pinned read numbered up to `number`: cudaSuccess, or the
+// error for a buffer it wrote under them meanwhile.
+cudaError_t wait_for_reads(const char* call, uint64_t number) {
+  const cudaError_t status = check_pending_reads(call);
+  auto& reads = pending_reads();
+  reads.erase(std::remove_if(reads.begin(), reads.end(),
+                             [&](const PendingRead& r) { return r.number <= number; }),
+              reads.end());
+  return status;
 }
 
 // True when a copy in flight may still read the pinned block that starts at `block`.
@@ -769,9 +772,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 
 cudaError_t cudaDeviceSynchronize() {
   if (refuse_while_capturing(nullptr)) return cudaErrorStreamCaptureUnsupported;
-  const cudaError_t status = check_pending_reads("cudaDeviceSynchronize");
-  complete_reads(reads_issued);
-  return status;
+  return wait_for_reads("cudaDeviceSynchronize", reads_issued);
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
@@ -847,9 +848,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (refuse_while_capturing(stream)) return cudaErrorStreamCaptureUnsupported;
-  const cudaError_t status = check_pending_reads("cudaStreamSynchronize");
-  complete_reads(reads_issued); // one stream: every copy so far
-  return status;
+  return wait_for_reads("cudaStreamSynchronize", reads_issued); // one stream: every copy so far
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
@@ -934,9 +933,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
-  const cudaError_t status = check_pending_reads("cudaEventSynchronize");
-  complete_reads(event->reads_before);
-  return status;
+  return wait_for_reads("cudaEventSynchronize", event->reads_before);
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {

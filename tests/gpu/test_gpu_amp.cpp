@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -34,27 +35,34 @@ const std::vector<int64_t> kParamSizes = {1, 17, 1000, 32768, 32769, 100000};
 
 // ---- Unscale.
 
+// Unscales `grads` (cpu tensors) by `scale` on both devices and expects every gradient to come
+// out the same, bit for bit. Returns found_inf as the GPU and the CPU set it.
+std::pair<float, float> unscale_on_both(std::vector<Tensor> grads, float scale) {
+  std::vector<Tensor> on_gpu;
+  std::vector<Tensor*> cpu_list, gpu_list;
+  for (const Tensor& g : grads) on_gpu.push_back(gpu(g));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    cpu_list.push_back(&grads[i]);
+    gpu_list.push_back(&on_gpu[i]);
+  }
+  const Tensor scale_tensor = Tensor::full({1}, scale);
+  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
+  Tensor found_inf_ref = Tensor::zeros({1});
+  kernels::amp_unscale(gpu_list, gpu(scale_tensor), found_inf);
+  kernels::amp_unscale(cpu_list, scale_tensor, found_inf_ref);
+  for (size_t i = 0; i < grads.size(); ++i)
+    expect_equal(on_gpu[i], grads[i], cat("gradient ", describe(grads[i])));
+  return {found_inf.item(), found_inf_ref.item()};
+}
+
 TEST(GpuAmp, UnscaleMatchesTheReferenceExactly) {
   MINAMP_REQUIRE_GPU();
   Rng rng(61);
-  const Tensor scale = Tensor::from_vector({rng.uniform(100.0f, 70000.0f)}, {1});
-  std::vector<Tensor> cpu_grads, gpu_grads;
-  for (int64_t n : kParamSizes) {
-    cpu_grads.push_back(random_tensor(rng, {n}, DType::f32, Device::cpu, -1000.0f, 1000.0f));
-    gpu_grads.push_back(gpu(cpu_grads.back()));
-  }
-  std::vector<Tensor*> cpu_list, gpu_list;
-  for (size_t i = 0; i < cpu_grads.size(); ++i) {
-    cpu_list.push_back(&cpu_grads[i]);
-    gpu_list.push_back(&gpu_grads[i]);
-  }
-  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
-  kernels::amp_unscale(gpu_list, gpu(scale), found_inf);
-  Tensor found_inf_ref = Tensor::zeros({1});
-  kernels::amp_unscale(cpu_list, scale, found_inf_ref);
-  for (size_t i = 0; i < cpu_grads.size(); ++i)
-    expect_equal(gpu_grads[i], cpu_grads[i], cat("gradient ", describe(cpu_grads[i])));
-  EXPECT_EQ(found_inf.item(), 0.0f);
+  const float scale = rng.uniform(100.0f, 70000.0f);
+  std::vector<Tensor> grads;
+  for (int64_t n : kParamSizes)
+    grads.push_back(random_tensor(rng, {n}, DType::f32, Device::cpu, -1000.0f, 1000.0f));
+  EXPECT_EQ(unscale_on_both(grads, scale), std::pair(0.0f, 0.0f));
 }
 
 TEST(GpuAmp, UnscaleFlagsAnyNonFiniteAcrossManyLaunches) {
@@ -86,16 +94,7 @@ TEST(GpuAmp, UnscaleFlagsNaNAtTheEndOfAGradientSpanningLaunches) {
   const int64_t n = 240 * 32768 + 5;
   std::vector<float> values = random_tensor(rng, {n}).to_vector();
   values.back() = NAN;
-  Tensor cpu_grad = Tensor::from_vector(values, {n});
-  Tensor gpu_grad = gpu(cpu_grad);
-  const Tensor scale = Tensor::full({1}, 1024.0f);
-  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
-  kernels::amp_unscale({&gpu_grad}, gpu(scale), found_inf);
-  Tensor found_inf_ref = Tensor::zeros({1});
-  kernels::amp_unscale({&cpu_grad}, scale, found_inf_ref);
-  EXPECT_EQ(found_inf.item(), 1.0f);
-  EXPECT_EQ(found_inf_ref.item(), 1.0f);
-  expect_equal(gpu_grad, cpu_grad, "gradient with a NaN");
+  EXPECT_EQ(unscale_on_both({Tensor::from_vector(values, {n})}, 1024.0f), std::pair(1.0f, 1.0f));
 }
 
 // An inf or NaN early in a gradient does not stop the unscaling of the values after it (the
@@ -103,26 +102,13 @@ TEST(GpuAmp, UnscaleFlagsNaNAtTheEndOfAGradientSpanningLaunches) {
 TEST(GpuAmp, UnscaleGoesOnPastANonFiniteValue) {
   MINAMP_REQUIRE_GPU();
   Rng rng(64);
-  std::vector<Tensor> cpu_grads, gpu_grads;
+  std::vector<Tensor> grads;
   for (int64_t n : kParamSizes) {
     std::vector<float> values = random_tensor(rng, {n}).to_vector();
     values[0] = n % 2 == 0 ? INFINITY : NAN;
-    cpu_grads.push_back(Tensor::from_vector(values, {n}));
-    gpu_grads.push_back(gpu(cpu_grads.back()));
+    grads.push_back(Tensor::from_vector(values, {n}));
   }
-  std::vector<Tensor*> cpu_list, gpu_list;
-  for (size_t i = 0; i < cpu_grads.size(); ++i) {
-    cpu_list.push_back(&cpu_grads[i]);
-    gpu_list.push_back(&gpu_grads[i]);
-  }
-  const Tensor scale = Tensor::full({1}, 1024.0f);
-  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
-  Tensor found_inf_ref = Tensor::zeros({1});
-  kernels::amp_unscale(gpu_list, gpu(scale), found_inf);
-  kernels::amp_unscale(cpu_list, scale, found_inf_ref);
-  EXPECT_EQ(found_inf.item(), 1.0f);
-  for (size_t i = 0; i < cpu_grads.size(); ++i)
-    expect_equal(gpu_grads[i], cpu_grads[i], cat("gradient ", describe(cpu_grads[i])));
+  EXPECT_EQ(unscale_on_both(grads, 1024.0f), std::pair(1.0f, 1.0f));
 }
 
 TEST(GpuAmp, UnscaleWithNoGradientsOrEmptyGradients) {
