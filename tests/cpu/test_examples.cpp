@@ -445,7 +445,12 @@ TEST(Examples, ADivergedRunSaysSo) {
   EXPECT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("warning: fp32: the final loss is"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("training diverged"), std::string::npos) << run.output;
-  EXPECT_TRUE(std::filesystem::exists(out + "/metrics.csv"));
+  // A NaN reads "nan" everywhere (printf would show a NaN with its sign bit set as "-nan").
+  EXPECT_NE(run.output.find("the final loss is nan"), std::string::npos) << run.output;
+  const std::string metrics = minamp::io::read_file(out + "/metrics.csv");
+  EXPECT_NE(metrics.find(",nan,"), std::string::npos) << metrics;
+  for (const std::string& text : {run.output, metrics})
+    EXPECT_EQ(text.find("-nan"), std::string::npos) << text;
   const ProgramRun fine = run_program("mlp", "--epochs 1 --out " + out);
   EXPECT_EQ(fine.output.find("warning"), std::string::npos) << fine.output;
   const ProgramRun both = run_program("mlp", "--compare --lr 1e10 --epochs 1 --out " + out);
@@ -453,6 +458,7 @@ TEST(Examples, ADivergedRunSaysSo) {
     EXPECT_NE(both.output.find(std::string("warning: ") + run_name + ": the final loss is"),
               std::string::npos)
         << both.output;
+  EXPECT_EQ(both.output.find("-nan"), std::string::npos) << both.output;
 }
 
 TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
