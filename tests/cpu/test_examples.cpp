@@ -451,6 +451,11 @@ TEST(Examples, ADivergedRunSaysSo) {
   EXPECT_NE(metrics.find(",nan,"), std::string::npos) << metrics;
   for (const std::string& text : {run.output, metrics})
     EXPECT_EQ(text.find("-nan"), std::string::npos) << text;
+  // Two steps at that rate end on an infinite loss (the second step's), which is no better.
+  const ProgramRun infinite = run_program("mlp", "--lr 1e10 --epochs 2 --batches 1 --out " + out);
+  EXPECT_NE(infinite.output.find("warning: fp32: the final loss is inf: training diverged"),
+            std::string::npos)
+      << infinite.output;
   const ProgramRun fine = run_program("mlp", "--epochs 1 --out " + out);
   EXPECT_EQ(fine.output.find("warning"), std::string::npos) << fine.output;
   const ProgramRun both = run_program("mlp", "--compare --lr 1e10 --epochs 1 --out " + out);
