@@ -36,10 +36,9 @@ double seconds_since(Clock::time_point start) {
 
 std::string mib(size_t bytes) { return cat(std::round(bytes / 1048576.0 * 100) / 100, " MiB"); }
 
-// A loss as people read it: a NaN loses its sign bit, which printf and streams show as "-nan".
-template <class Real> Real unsigned_nan(Real value) {
-  return std::isnan(value) ? std::fabs(value) : value;
-}
+// A loss as the log keeps it: a NaN without its sign bit, which printf and streams show as
+// "-nan". Sums and copies keep a NaN's sign, so the figures derived from the log read "nan" too.
+float unsigned_nan(float value) { return std::isnan(value) ? std::fabs(value) : value; }
 
 // A directory a run writes into: the option that names it and the files it will write there.
 struct OutputDir {
@@ -175,8 +174,8 @@ public:
                                                    : "";
     std::printf("%s[%s] %sstep %lld/%lld  loss %.5g  scale %g  %.1f steps/s  ETA %.0fs%s",
                 tty_ ? "\r" : "", label_.c_str(), epoch.c_str(), static_cast<long long>(step + 1),
-                static_cast<long long>(total_), unsigned_nan(loss), scale, rate,
-                (total_ - step - 1) / rate, tty_ && !last ? "" : "\n");
+                static_cast<long long>(total_), loss, scale, rate, (total_ - step - 1) / rate,
+                tty_ && !last ? "" : "\n");
     std::fflush(stdout);
   }
   // A line of its own (on a terminal it replaces the progress line, which the next update redraws).
@@ -285,7 +284,7 @@ std::string metrics_csv(const TrainLog& log) {
   std::string csv = "step,loss,wall_s,scale,skipped\n";
   for (size_t i = 0; i < log.steps.size(); ++i) {
     const StepRecord& r = log.steps[i];
-    csv += cat(i, ",", unsigned_nan(r.loss), ",", r.wall_s, ",", r.scale, ",", r.skipped, "\n");
+    csv += cat(i, ",", r.loss, ",", r.wall_s, ",", r.scale, ",", r.skipped, "\n");
   }
   return csv;
 }
@@ -294,8 +293,8 @@ std::string epochs_csv(const TrainLog& log) {
   std::string csv = "epoch,train_loss,train_accuracy,test_loss,test_accuracy,wall_s\n";
   for (size_t i = 0; i < log.epochs.size(); ++i) {
     const EpochRecord& r = log.epochs[i];
-    csv += cat(i + 1, ",", unsigned_nan(r.train_loss), ",", r.train_accuracy, ",",
-               unsigned_nan(r.test_loss), ",", r.test_accuracy, ",", r.wall_s, "\n");
+    csv += cat(i + 1, ",", r.train_loss, ",", r.train_accuracy, ",", r.test_loss, ",",
+               r.test_accuracy, ",", r.wall_s, "\n");
   }
   return csv;
 }
@@ -599,7 +598,7 @@ void Run::read_pending() {
     const PendingStep& p = pending_[i];
     const float* row = figures.data() + i * kPendingColumns;
     StepRecord record;
-    record.loss = row[0];
+    record.loss = unsigned_nan(row[0]);
     record.wall_s = p.wall_s;
     if (scaler_->is_enabled()) {
       record.scale = row[1];
@@ -617,7 +616,7 @@ void Run::read_pending() {
 void Run::finish_epoch(int64_t epoch, double wall_s, Progress& progress) {
   EpochRecord record = train_figures(log_, epoch, spec_.steps_per_epoch);
   const Evaluation test = evaluate(spec_, *model_, device_, amp_);
-  record.test_loss = float(test.loss);
+  record.test_loss = unsigned_nan(float(test.loss));
   record.test_accuracy = float(test.accuracy);
   record.wall_s = float(wall_s);
   log_.epochs.push_back(record);
@@ -625,9 +624,9 @@ void Run::finish_epoch(int64_t epoch, double wall_s, Progress& progress) {
   std::snprintf(line, sizeof line,
                 "epoch %lld/%lld  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  (%.1f s)",
                 static_cast<long long>(epoch + 1),
-                static_cast<long long>(spec_.steps / spec_.steps_per_epoch),
-                unsigned_nan(record.train_loss), 100.0 * record.train_accuracy,
-                unsigned_nan(record.test_loss), 100.0 * record.test_accuracy, wall_s);
+                static_cast<long long>(spec_.steps / spec_.steps_per_epoch), record.train_loss,
+                100.0 * record.train_accuracy, record.test_loss, 100.0 * record.test_accuracy,
+                wall_s);
   progress.note(line);
 }
 
@@ -829,11 +828,11 @@ void print_comparison(const std::string& what, double fp32_s, double amp_s, size
   std::printf("  %-10s %12s %14s %14s %14s\n", "", "time (s)", "peak memory",
               fp32 ? "final loss" : "", tail_label.c_str());
   std::printf("  %-10s %12.4f %14s %14s %14s\n", "FP32", fp32_s, mib(fp32_bytes).c_str(),
-              fp32 ? cat(unsigned_nan(fp32->final_loss)).c_str() : "",
-              fp32 ? cat(unsigned_nan(fp32->loss_last10_mean)).c_str() : "");
+              fp32 ? cat(fp32->final_loss).c_str() : "",
+              fp32 ? cat(fp32->loss_last10_mean).c_str() : "");
   std::printf("  %-10s %12.4f %14s %14s %14s\n", "AMP", amp_s, mib(amp_bytes).c_str(),
-              amp ? cat(unsigned_nan(amp->final_loss)).c_str() : "",
-              amp ? cat(unsigned_nan(amp->loss_last10_mean)).c_str() : "");
+              amp ? cat(amp->final_loss).c_str() : "",
+              amp ? cat(amp->loss_last10_mean).c_str() : "");
   std::printf("  time saved: %.1f%%   memory saved: %.1f%%\n", 100.0 * (1.0 - amp_s / fp32_s),
               100.0 * (1.0 - double(amp_bytes) / double(fp32_bytes)));
 }
@@ -850,7 +849,7 @@ void warn_if_diverged(const RunResult& r) {
   std::fprintf(stderr,
                "warning: %s: the final loss is %g: training diverged (a lower --lr may "
                "help)\n",
-               r.precision.c_str(), unsigned_nan(r.final_loss));
+               r.precision.c_str(), r.final_loss);
 }
 
 // The options of one precision's run under --compare: weights go to their own subdirectory.
@@ -878,9 +877,8 @@ int run_example(const TrainSpec& spec, const Options& options) {
     std::printf("%s %s on %s: final loss %.6g (%s %.6g) in %.2f s, peak %s, skipped %lld, "
                 "scale %g\n",
                 spec.example.c_str(), r.precision.c_str(), device_label(device).c_str(),
-                unsigned_nan(r.final_loss), last_losses_label(spec.steps).c_str(),
-                unsigned_nan(r.loss_last10_mean), r.wall_s, mib(r.peak_bytes).c_str(),
-                static_cast<long long>(r.skipped_steps), r.final_scale);
+                r.final_loss, last_losses_label(spec.steps).c_str(), r.loss_last10_mean, r.wall_s,
+                mib(r.peak_bytes).c_str(), static_cast<long long>(r.skipped_steps), r.final_scale);
     std::printf("wrote %s/ (metrics.csv, summary.json, plots)\n", out.c_str());
     return 0;
   }
