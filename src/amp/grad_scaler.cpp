@@ -50,8 +50,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
           "unscale_() is being called after step()");
   std::vector<Tensor*> grads;
   for (Parameter* p : opt.params()) grads.push_back(&p->grad());
-  kernels::fill(state.found_inf, 0.0f);
-  kernels::amp_unscale(grads, scale_, state.found_inf);
+  kernels::amp_unscale(grads, scale_, state.found_inf); // still 0: created by this iteration
   state.stage = Stage::unscaled;
 }
 

@@ -76,6 +76,8 @@ private:
     Stage stage = Stage::ready;
     Tensor found_inf; // f32 [1]
   };
+  // The optimizer's state in this iteration, created on first use with found_inf = 0 (a new
+  // tensor each iteration: update() hands the last one to last_found_inf_).
   PerOptimizer& state_of(const optim::Optimizer& opt);
 
   GradScalerOptions options_;
