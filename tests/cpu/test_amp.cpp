@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
+#include <sstream>
 
 #include "amp/autocast.h"
 #include "amp/grad_scaler.h"
@@ -361,6 +363,19 @@ TEST(GradScaler, StageErrorsMatchPyTorch) {
   scaler.scale(p.loss(true)).backward();
   scaler.step(sgd); // a fresh iteration is allowed again
   scaler.update();
+}
+
+TEST(GradScaler, AnUnscaleThatFailedRecordsNoInfCheck) {
+  Problem p;
+  optim::SGD sgd(p.model.parameters(), 0.01f);
+  amp::GradScaler scaler;
+  scaler.scale(p.loss(true)).backward();
+  p.model.parameters()[1]->grad() = Tensor(); // amp_unscale refuses an undefined gradient
+  expect_error([&] { scaler.unscale_(sgd); }, "every gradient must be a defined tensor");
+  // As in PyTorch, where the optimizer's found_inf is only recorded once unscaling succeeded:
+  // update() has nothing to decide on, rather than growing the scale on an unset flag.
+  expect_error([&] { scaler.update(); }, "no inf checks were recorded");
+  EXPECT_EQ(scaler.get_scale(), 65536.0f);
 }
 
 TEST(GradScaler, UnscaleThenClipUsesUnscaledNorms) {
@@ -872,6 +887,7 @@ TEST(Diagnostics, ProbeCountsWhatFp16WouldFlushAtScaleOneButNotAtS) {
     p.model.zero_grad();
     const Var loss = ops::mse_loss(p.model(Var(p.x)), Tensor::from_vector(y, {16, 1}));
     ops::mul_scalar(loss, Tensor::full({1}, stored)).backward();
+    ASSERT_EQ(scaled_probe.reports().size(), 2u) << "the loss scaling is left out too";
     const amp::RangeReport scaled = scaled_probe.reports()[1];
     EXPECT_EQ(scaled.at_scale_one.flushed, 16);
     EXPECT_EQ(scaled.at_scale.overflow, 0);
@@ -909,6 +925,39 @@ TEST(Diagnostics, ProbeCountsWhatFp16WouldFlushAtScaleOneButNotAtS) {
   kernels::fill(p.model.parameters()[2]->grad(), NAN);
   EXPECT_EQ(amp::first_nonfinite_parameter(p.model.named_parameters()), "2.weight")
       << "the parameter backward reaches first";
+}
+
+// The whitespace-separated fields of the table line that starts with `name`.
+std::vector<std::string> table_row(const std::string& table, const std::string& name) {
+  std::istringstream lines(table);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::vector<std::string> row{std::istream_iterator<std::string>(fields), {}};
+    if (!row.empty() && row[0] == name) return row;
+  }
+  return {};
+}
+
+TEST(Diagnostics, TheTableGivesEachShareOfTheNonzeroValuesAtBothScales) {
+  // RangeCounts: flushed, subnormal, overflow, nonzero, nonfinite.
+  const amp::RangeReport finite{"linear#0", {50, 20, 0, 200, 0}, {2, 4, 6, 200, 0}};
+  const amp::RangeReport broken{"2.weight", {0, 0, 0, 8, 1}, {0, 0, 8, 8, 1}};
+  const amp::RangeReport empty{"relu#0", {}, {}};
+  const std::string table =
+      amp::format_range_reports("weight gradients", {finite, broken, empty}, 65536.0f);
+  EXPECT_EQ(table.rfind("weight gradients\n", 0), 0u) << table;
+  EXPECT_NE(table.find("at S = 65536"), std::string::npos) << table;
+  using Row = std::vector<std::string>;
+  EXPECT_EQ(table_row(table, "linear#0"), (Row{"linear#0", "200", "|", "25.000", "10.000", "0.000",
+                                               "|", "1.000", "2.000", "3.000"}))
+      << table;
+  EXPECT_EQ(table_row(table, "2.weight"), (Row{"2.weight", "8", "|", "0.000", "0.000", "0.000", "|",
+                                               "0.000", "0.000", "100.000", "NON-FINITE"}))
+      << table;
+  EXPECT_EQ(table_row(table, "relu#0"),
+            (Row{"relu#0", "0", "|", "0.000", "0.000", "0.000", "|", "0.000", "0.000", "0.000"}))
+      << "no nonzero values: shares of 0, not NaN\n"
+      << table;
 }
 
 } // namespace

@@ -249,6 +249,41 @@ TEST(Autograd, BackwardLeavesTheSeedUntouched) {
   EXPECT_EQ(seed.to_vector(), std::vector<float>(2, 2.0f));
 }
 
+TEST(Autograd, ASeedOfTheOtherDtypeIsTakenInTheValuesDtype) {
+  Rng rng(3);
+  nn::Linear layer(3, 2, rng);
+  Rng data(9);
+  const Tensor x = test::random_tensor(data, {4, 3});
+  auto weight_grad_for = [&](const Tensor& seed) {
+    layer.zero_grad();
+    ops::mse_loss(layer(Var(x)), Tensor::zeros({4, 2})).backward(seed);
+    return layer.weight.grad().to_vector();
+  };
+  const std::vector<float> from_f32 = weight_grad_for(Tensor::full({1}, 3.0f));
+  EXPECT_EQ(weight_grad_for(Tensor::full({1}, 3.0f, DType::f16)), from_f32);
+
+  Var leaf(Tensor::full({2}, 1.0f), true);
+  leaf.backward(Tensor::full({2}, 2.0f, DType::f16));
+  EXPECT_EQ(leaf.grad().dtype(), DType::f32);
+  EXPECT_EQ(leaf.grad().to_vector(), std::vector<float>(2, 2.0f));
+}
+
+TEST(Autograd, NoGradScopesNest) {
+  ASSERT_TRUE(grad_enabled());
+  const Var x(Tensor::full({2}, 1.0f), true);
+  {
+    NoGrad outer;
+    {
+      NoGrad inner;
+      EXPECT_FALSE(grad_enabled());
+    }
+    EXPECT_FALSE(grad_enabled()) << "the inner scope's end turned gradients back on";
+    EXPECT_FALSE(ops::mul_scalar(x, Tensor::full({1}, 2.0f)).requires_grad());
+  }
+  EXPECT_TRUE(grad_enabled());
+  EXPECT_TRUE(ops::mul_scalar(x, Tensor::full({1}, 2.0f)).requires_grad());
+}
+
 TEST(Autograd, BackwardWithoutGradIsAnError) {
   Var x(Tensor::full({1}, 2.0f));
   expect_error([&] { ops::mul_scalar(x, Tensor::full({1}, 2.0f)).backward(); },

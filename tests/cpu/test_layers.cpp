@@ -27,6 +27,21 @@ TEST(Layers, LinearInitIsPyTorchsUniformBound) {
   EXPECT_GT(largest, 0.9f * bound); // 3030 draws reach near the edge
 }
 
+TEST(Layers, Conv2dInitIsPyTorchsUniformBoundOverItsFanIn) {
+  Rng rng(2);
+  nn::Conv2d layer(6, 40, 3, rng); // fan-in 6 * 3 * 3 = 54, as kaiming_uniform_(a = sqrt(5))
+  const float bound = 1.0f / std::sqrt(54.0f);
+  float largest = 0;
+  int outside = 0; // NaN counts as outside (std::max would drop it)
+  for (const Parameter* p : {&layer.weight, &layer.bias})
+    for (float v : p->master().to_vector()) {
+      outside += !(std::abs(v) <= bound);
+      largest = std::max(largest, std::abs(v));
+    }
+  EXPECT_EQ(outside, 0);
+  EXPECT_GT(largest, 0.9f * bound); // 2200 draws reach near the edge
+}
+
 TEST(Layers, InitIsDeterministicInTheSeed) {
   Rng a(5), b(5), c(6);
   nn::Conv2d x(3, 4, 3, a), y(3, 4, 3, b), z(3, 4, 3, c);
@@ -136,6 +151,19 @@ TEST(Layers, DescribeShowsFusion) {
   net.emplace<nn::Linear>(2, 3, rng).emplace<nn::ReLU>().emplace<nn::Linear>(3, 1, rng);
   EXPECT_NE(net.describe().find("Linear(2, 3) + ReLU (fused)"), std::string::npos)
       << net.describe();
+}
+
+TEST(Layers, DescribeNamesInputsBeforeOutputs) {
+  Rng rng(1);
+  nn::Sequential net;
+  net.emplace<nn::Conv2d>(3, 8, 5, rng, 2, 1)
+      .emplace<nn::BatchNorm>(8)
+      .emplace<nn::Linear>(8, 2, rng);
+  const std::string text = net.describe();
+  EXPECT_NE(text.find("(0) Conv2d(3, 8, kernel 5, stride 2, padding 1)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("(1) BatchNorm(8)"), std::string::npos) << text;
+  EXPECT_NE(text.find("(2) Linear(8, 2)"), std::string::npos) << text;
 }
 
 } // namespace
