@@ -60,10 +60,12 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
   require_parameter_device("Conv2d", x, weight);
   require(conv.stride >= 1 && conv.pad >= 0, "Conv2d",
           "expects stride >= 1 and pad >= 0, got stride ", conv.stride, ", pad ", conv.pad);
+  // Checked before dividing: with stride > 1, C++ division would round a negative span up to 0.
+  require(xs[1] + 2 * conv.pad >= ws[1] && xs[2] + 2 * conv.pad >= ws[2], "Conv2d", "input ",
+          describe(x.value()), " is smaller than the ", ws[1], "x", ws[2], " kernel with padding ",
+          conv.pad);
   const int64_t ho = (xs[1] + 2 * conv.pad - ws[1]) / conv.stride + 1;
   const int64_t wo = (xs[2] + 2 * conv.pad - ws[2]) / conv.stride + 1;
-  require(ho > 0 && wo > 0, "Conv2d", "input ", describe(x.value()), " is smaller than the ", ws[1],
-          "x", ws[2], " kernel with padding ", conv.pad);
   const DType dtype = amp::autocast_dtype(amp::OpClass::matmul, x.dtype());
   Var xc = cast(x, dtype);
   const Tensor w = weight.working_copy(dtype);
