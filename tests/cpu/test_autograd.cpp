@@ -268,6 +268,34 @@ TEST(Autograd, ASeedOfTheOtherDtypeIsTakenInTheValuesDtype) {
   EXPECT_EQ(leaf.grad().to_vector(), std::vector<float>(2, 2.0f));
 }
 
+TEST(Autograd, InputsThatNeedNoGradientGetNone) {
+  Rng rng(5);
+  Rng data(6);
+  nn::Linear linear(3, 2, rng);
+  nn::Conv2d conv(3, 2, 3, rng, 1, 1);
+  nn::BatchNorm bn(3);
+  struct Case {
+    const char* name;
+    nn::Module* layer;
+    Shape input;
+  };
+  for (const Case& c : {Case{"Linear", &linear, {8, 3}}, Case{"Conv2d", &conv, {2, 2, 2, 3}},
+                        Case{"BatchNorm", &bn, {2, 2, 2, 3}}}) {
+    const Var x(test::random_tensor(data, c.input)); // data: requires no gradient
+    const Var y = (*c.layer)(x);
+    ops::mse_loss(y, Tensor::zeros(y.shape())).backward();
+    EXPECT_FALSE(x.grad().defined()) << c.name << " gave its input a gradient nobody asked for";
+  }
+  float gamma_grad = 0;
+  for (float g : bn.weight.grad().to_vector()) gamma_grad += std::abs(g);
+  EXPECT_GT(gamma_grad, 0.0f) << "backward ran";
+}
+
+TEST(Autograd, CastToTheSameDtypeIsTheSameVar) {
+  const Var x(Tensor::full({2}, 1.0f), true);
+  EXPECT_EQ(&ops::cast(x, DType::f32).node(), &x.node()) << "no copy, no graph node";
+}
+
 TEST(Autograd, NoGradScopesNest) {
   ASSERT_TRUE(grad_enabled());
   const Var x(Tensor::full({2}, 1.0f), true);

@@ -227,6 +227,11 @@ TEST(CpuFp16RangeCounts, ClassifiesScaledValues) {
   Tensor counts = Tensor::from_vector({1, 2, 3, 4, 5}, {5}); // accumulates onto these
   cpu::fp16_range_counts(Tensor::from_vector(values, {10}), scale, counts);
   EXPECT_EQ(counts.to_vector(), (std::vector<float>{1 + 1, 2 + 2, 3 + 3, 4 + 7, 5 + 2}));
+
+  // On the edges: flushed, subnormal, overflow, nonzero, nonfinite.
+  Tensor edges = Tensor::zeros({5});
+  cpu::fp16_range_counts(Tensor::from_vector(kFp16RangeEdgesAt1024, {6}), scale, edges);
+  EXPECT_EQ(edges.to_vector(), (std::vector<float>{1, 2, 1, 6, 0}));
 }
 
 } // namespace

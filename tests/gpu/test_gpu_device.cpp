@@ -1,9 +1,9 @@
-// GPU tests of the device plumbing: host/device copies round-trip every dtype bit for bit, the
-// caching allocator makes no cudaMalloc call once a step's sizes have been seen, reports
-// out-of-memory with the bytes requested and survives frees at exit, the op profiler times GPU
-// ops with events, CUDA graphs capture without running and replay on new inputs, keep their
-// blocks to themselves and survive a failed capture, and (the one test that needs no GPU) a cuda
-// tensor without a device fails with an Error saying why.
+// GPU tests of the device plumbing: host/device copies round-trip every dtype bit for bit, a
+// parameter moves with its f16 copy, the caching allocator makes no cudaMalloc call once a step's
+// sizes have been seen, reports out-of-memory with the bytes requested and survives frees at exit,
+// the op profiler times GPU ops with events, CUDA graphs capture without running and replay on new
+// inputs, keep their blocks to themselves and survive a failed capture, and (the one test that
+// needs no GPU) a cuda tensor without a device fails with an Error saying why.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
 #include "kernels/profile.h"
+#include "nn/parameter.h"
 #include "test_util.h"
 #if MINAMP_WITH_CUDA
 #include "device.cuh"
@@ -45,6 +46,19 @@ TEST(GpuDevice, CopiesRoundTripEveryDtype) {
       EXPECT_EQ(std::memcmp(back.raw(), host.raw(), host.nbytes()), 0)
           << describe(host) << " changed on its way through the device";
     }
+}
+
+TEST(GpuDevice, AParameterMovesWithItsF16Copy) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(82);
+  Parameter p(test::random_tensor(rng, {3, 5}));
+  const std::vector<float> copy_made_on_cpu = p.working_copy(DType::f16).to_vector();
+  p.to(Device::cuda);
+  EXPECT_EQ(p.master().device(), Device::cuda);
+  EXPECT_EQ(p.grad().device(), Device::cuda);
+  const Tensor& copy = p.working_copy(DType::f16);
+  EXPECT_EQ(copy.device(), Device::cuda) << "the f16 copy stayed on the cpu";
+  EXPECT_EQ(copy.to_vector(), copy_made_on_cpu);
 }
 
 // The host reads a cuda tensor only through a copy, and an op never mixes devices: both are

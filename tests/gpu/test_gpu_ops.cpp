@@ -340,6 +340,13 @@ TEST(GpuReduce, Fp16RangeCountsMatchExactly) {
         expect_equal(counts, counts_ref,
                      cat("fp16_range_counts n=", n, " ", dtype, " scale ", scale));
       }
+  // Exactly on the range edges (the CPU test pins what each counts as).
+  const Tensor edges = Tensor::from_vector(test::kFp16RangeEdgesAt1024, {6});
+  Tensor counts = gpu(Tensor::zeros({5}));
+  kernels::fp16_range_counts(gpu(edges), 1024.0f, counts);
+  Tensor counts_ref = Tensor::zeros({5});
+  kernels::fp16_range_counts(edges, 1024.0f, counts_ref);
+  expect_equal(counts, counts_ref, "fp16_range_counts on the f16 range edges");
 }
 
 // ---- Losses.
