@@ -81,20 +81,20 @@ inline double worst_line_error(const std::vector<float>& out, const std::vector<
   return worst;
 }
 
-// The tolerance for comparing a kernel against the fp32 CPU reference: ~1e-6 for fp32 math
-// (5e-6: the largest error of any fp32 GPU test on the CPU emulator, which runs the kernels' own
-// summation orders, is 6.5e-7), 2e-3 when inputs or outputs are f16.
 // Values that land exactly on the edges of the f16 ranges once multiplied by 1024
 // (fp16_range_counts' classes, with round to nearest even), and what each counts as.
 inline const std::vector<float> kFp16RangeEdgesAt1024 = {
     0x1p-24f,            // 2^-14, the smallest normal: normal
     0x1p-24f - 0x1p-34f, // 2^-14 - 2^-24, the largest subnormal: subnormal
     65504.0f / 1024.0f,  // 65504, the largest finite f16: normal
-    65520.0f / 1024.0f,  // 65520, halfway to the next power: rounds (to even) to inf: overflow
+    65520.0f / 1024.0f,  // 65520, halfway from 65504 to 2^16: rounds (to even) to inf: overflow
     0x1p-35f,            // 2^-25, halfway to the smallest subnormal: rounds to 0: flushed
     0x1p-35f + 0x1p-45f, // just above it: rounds to 2^-24: subnormal
 };
 
+// The tolerance for comparing a kernel against the fp32 CPU reference: ~1e-6 for fp32 math
+// (5e-6: the largest error of any fp32 GPU test on the CPU emulator, which runs the kernels' own
+// summation orders, is 6.5e-7), 2e-3 when inputs or outputs are f16.
 inline double tolerance_for(DType dtype) { return dtype == DType::f16 ? 2e-3 : 5e-6; }
 // The same by the inputs' and the output's dtype. f16 inputs with an f32 output get 1e-4: the
 // products of f16 values are exact in fp32 and only the fp32 sums may differ (tensor cores round

@@ -156,21 +156,17 @@ TEST(Layers, DescribeShowsFusion) {
 TEST(Layers, InputsTheLayerCannotTakeAreErrorsNamingIt) {
   Rng rng(1);
   nn::BatchNorm bn(4);
-  expect_error(
-      [&] {
-        bn(Var(Tensor::full({1, 4}, 1.0f)));
-      },
-      "BatchNorm: training needs more than one value per channel");
+  const Var one_row(Tensor::full({1, 4}, 1.0f));
+  expect_error([&] { bn(one_row); }, "BatchNorm: training needs more than one value per channel");
+  const Var small(Tensor::full({1, 4, 6, 2}, 1.0f));
   for (int stride : {1, 2}) { // (4 - 5) / 2 + 1 would be one output pixel
     nn::Conv2d conv(2, 3, 5, rng, stride);
     expect_error(
-        [&] {
-          conv(Var(Tensor::full({1, 4, 6, 2}, 1.0f)));
-        },
+        [&] { conv(small); },
         "Conv2d: input f32[1, 4, 6, 2] on cpu is smaller than the 5x5 kernel with padding 0");
   }
   nn::Conv2d padded(2, 3, 5, rng, 2, 1); // 4 + 2 >= 5: fits
-  EXPECT_EQ(padded(Var(Tensor::full({1, 4, 6, 2}, 1.0f))).shape(), (Shape{1, 1, 2, 3}));
+  EXPECT_EQ(padded(small).shape(), (Shape{1, 1, 2, 3}));
 }
 
 TEST(Layers, DescribeNamesInputsBeforeOutputs) {
