@@ -12,34 +12,30 @@ namespace {
 
 using test::expect_error;
 
-TEST(Layers, LinearInitIsPyTorchsUniformBound) {
-  Rng rng(1);
-  nn::Linear layer(100, 30, rng);
-  const float bound = 1.0f / std::sqrt(100.0f);
+// Every value of the layer's weight and bias lies within +-bound, and the largest comes near it
+// (thousands of uniform draws reach the edge).
+void expect_uniform_within(const Parameter& weight, const Parameter& bias, float bound) {
   float largest = 0;
   int outside = 0; // NaN counts as outside (std::max would drop it)
-  for (const Parameter* p : {&layer.weight, &layer.bias})
+  for (const Parameter* p : {&weight, &bias})
     for (float v : p->master().to_vector()) {
       outside += !(std::abs(v) <= bound);
       largest = std::max(largest, std::abs(v));
     }
   EXPECT_EQ(outside, 0);
-  EXPECT_GT(largest, 0.9f * bound); // 3030 draws reach near the edge
+  EXPECT_GT(largest, 0.9f * bound);
+}
+
+TEST(Layers, LinearInitIsPyTorchsUniformBound) {
+  Rng rng(1);
+  nn::Linear layer(100, 30, rng); // 3030 draws
+  expect_uniform_within(layer.weight, layer.bias, 1.0f / std::sqrt(100.0f));
 }
 
 TEST(Layers, Conv2dInitIsPyTorchsUniformBoundOverItsFanIn) {
   Rng rng(2);
-  nn::Conv2d layer(6, 40, 3, rng); // fan-in 6 * 3 * 3 = 54, as kaiming_uniform_(a = sqrt(5))
-  const float bound = 1.0f / std::sqrt(54.0f);
-  float largest = 0;
-  int outside = 0; // NaN counts as outside (std::max would drop it)
-  for (const Parameter* p : {&layer.weight, &layer.bias})
-    for (float v : p->master().to_vector()) {
-      outside += !(std::abs(v) <= bound);
-      largest = std::max(largest, std::abs(v));
-    }
-  EXPECT_EQ(outside, 0);
-  EXPECT_GT(largest, 0.9f * bound); // 2200 draws reach near the edge
+  nn::Conv2d layer(6, 40, 3, rng); // 2200 draws; fan-in 6 * 3 * 3, as kaiming_uniform_(a = sqrt(5))
+  expect_uniform_within(layer.weight, layer.bias, 1.0f / std::sqrt(54.0f));
 }
 
 TEST(Layers, InitIsDeterministicInTheSeed) {
