@@ -518,6 +518,28 @@ TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
   }
 }
 
+// --compare --save-weights DIR: each precision keeps its weights in its own folder, both runs
+// start from the same init, and each ends on its own weights (mlp's AMP run rounds to f16).
+TEST(Examples, CompareSavesEachRunsWeightsApart) {
+  const std::string weights = fresh_dir("compare_weights");
+  const ProgramRun run = run_program("mlp", "--compare --epochs 1 --batches 3 --save-weights " +
+                                                weights + " --out " + fresh_dir("compare_run"));
+  ASSERT_EQ(run.status, 0) << run.output;
+  std::map<std::string, std::vector<float>> values;
+  for (const char* precision : {"fp32", "amp"})
+    for (const char* file : {"init", "final"}) {
+      const std::string path = weights + "/" + precision + "/" + file + ".safetensors";
+      const minamp::io::SafetensorsFile saved = minamp::io::load_safetensors(path);
+      std::vector<float>& all = values[std::string(precision) + " " + file];
+      for (const minamp::io::NamedTensor& entry : saved.tensors)
+        for (float v : entry.tensor.to_vector()) all.push_back(v);
+      EXPECT_FALSE(all.empty()) << path;
+    }
+  EXPECT_EQ(values["fp32 init"], values["amp init"]);
+  EXPECT_NE(values["fp32 final"], values["amp final"]);
+  EXPECT_NE(values["fp32 final"], values["fp32 init"]);
+}
+
 TEST(Examples, MlpAndSineResumeBitForBitInFp32AndAmp) {
   // mlp: SGD, 20 steps, resumed at 12; sine: Adam + BatchNorm, 20 steps, resumed at 12, AMP with
   // a growing scale (interval 5) so the growth tracker is mid-count at the checkpoint.

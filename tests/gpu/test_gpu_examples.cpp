@@ -1,9 +1,9 @@
-// The programs on the CUDA backend as a user runs them: mlp and sine --compare with --device
-// cuda (FP32, then AMP from the same init) print their table and end where the same runs on the
-// CPU end; bench_train's GPU path (CUDA events, op profile, graph replay) writes every run, and
-// bench_gemm checks and times every precision against cuBLAS.
-// Compiled once per backend: MINAMP_EXAMPLE_SUFFIX names that backend's binaries ("" for the
-// CUDA build, "_emulated" for the ones linked with the CPU emulator).
+// The programs on the CUDA backend as a user runs them: --device auto picks it, mlp and sine
+// --compare with --device cuda (FP32, then AMP from the same init) print their table and end where
+// the same runs on the CPU end; bench_train's GPU path (CUDA events, op profile, graph replay)
+// writes every run, and bench_gemm checks and times every precision against cuBLAS. Compiled once
+// per backend: MINAMP_EXAMPLE_SUFFIX names that backend's binaries ("" for the CUDA build,
+// "_emulated" for the ones linked with the CPU emulator).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -70,6 +70,15 @@ TEST(GpuExamples, MlpCompareOnCudaEndsWhereTheCpuRunDoes) {
 TEST(GpuExamples, SineCompareOnCudaEndsWhereTheCpuRunDoes) {
   MINAMP_REQUIRE_GPU();
   expect_compare_matches_cpu("sine", "--size 16 --hidden 32 --steps 30", 1e-3, 2e-2);
+}
+
+TEST(GpuExamples, DeviceAutoTrainsOnTheGpuWhenThereIsOne) {
+  MINAMP_REQUIRE_GPU();
+  const std::string out = fresh_dir("mlp_device_auto");
+  const ProgramRun run = run_program(std::string("mlp") + MINAMP_EXAMPLE_SUFFIX,
+                                     "--device auto --epochs 1 --batches 2 --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_EQ(read_json(out + "/summary.json")["device"], "cuda");
 }
 
 // Without --size, sine trains on the blog's 512x512 grid on a GPU and on 16x16 on the emulator.
