@@ -4,6 +4,7 @@
 // model untouched, and random truncations and bit flips never crash the loaders.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "amp/grad_scaler.h"
@@ -399,6 +400,17 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
       if (e.name == "train.step") e.shape = {1};
   });
   expect_error(load(bad, *target.scaler), bad, "'train.step' has 1 dimensions, expected a 0-d I64");
+  // A step stored as F32 still marks a training checkpoint: its loader names the dtype, and
+  // load_weights sends it there.
+  rewrite(path, bad, [](auto& ts, auto& is) {
+    is.erase(std::remove_if(is.begin(), is.end(),
+                            [](const NamedInt64s& e) { return e.name == "train.step"; }),
+             is.end());
+    ts.push_back({"train.step", Tensor::full({}, 3.0f)});
+  });
+  expect_error(load(bad, *target.scaler), bad, "'train.step' is F32, expected a 0-d I64");
+  expect_error([&] { io::load_weights(bad, *target.model); }, bad,
+               ": a training checkpoint, not a weights file");
   rewrite(path, bad, [](auto&, auto& is) { is.push_back({"train.extra", {}, {3}}); });
   expect_error(load(bad, *target.scaler), bad, "unexpected entry 'train.extra'");
   // Factors GradScaler's constructor refuses are refused in a file too, the bounds included.
