@@ -124,9 +124,23 @@ class CpuTargets(unittest.TestCase):
         for run in minamp:
             if run["model"] == "mlp" and run["precision"] == "amp" and run["mode"] == "train":
                 run["loss_last10_mean"] = None  # bench_train writes NaN as null
+            if run["model"] == "sine" and run["precision"] == "fp32" and run["mode"] == "train":
+                run["loss_last10_mean"] = None  # the reference side too
         report = Report(self, "cpu", minamp_result(minamp), None)
-        target = report.targets()["mlp AMP final loss vs FP32 (last-10 mean)"]
-        self.assertEqual(target["status"], "missed (loss not finite)")
+        for model in ("mlp", "sine"):
+            target = report.targets()[f"{model} AMP final loss vs FP32 (last-10 mean)"]
+            self.assertEqual(target["status"], "missed (loss not finite)", model)
+
+    def test_the_bounds_are_the_issues(self):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        bounds = {t["target"]: t["bound"]
+                  for t in Report(self, "cpu", minamp_result(minamp), None).combined()["targets"]}
+        self.assertEqual(bounds, {
+            "sine 64^2 FP32 step vs PyTorch CPU eager FP32": 1.0,
+            "mlp FP32 step vs PyTorch CPU eager FP32": 1.0,
+            "sine 64^2 AMP peak memory vs minamp FP32": 0.55,
+            "sine AMP final loss vs FP32 (last-10 mean)": 0.05,
+            "mlp AMP final loss vs FP32 (last-10 mean)": 0.05})
 
     def test_missing_and_failed_parts_are_listed_and_the_rest_reported(self):
         minamp = [r for r in every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0},
@@ -171,6 +185,13 @@ class CpuTargets(unittest.TestCase):
         with open(report.path("report.md")) as f:
             self.assertIn("by seed: seed 0 0.8, seed 1 1.12, seed 2 1.14.", f.read())
 
+    def test_the_row_over_seeds_gives_the_gap_whichever_side_is_lower(self):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        report = Report(self, "cpu", minamp_result(minamp), None,
+                        seeds=[sine_from_seed(1, 1.0, 0.5)])  # AMP means 0.75, FP32 1.0
+        row = report.targets()["sine AMP final loss vs FP32, mean over seeds 0, 1 (last-10 means)"]
+        self.assertAlmostEqual(row["ratio"], 0.25)
+
     def test_a_seed_whose_loss_is_not_finite_shows_in_the_row_over_seeds(self):
         minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
         report = Report(self, "cpu", minamp_result(minamp), None,
@@ -213,22 +234,35 @@ class GpuTargets(unittest.TestCase):
             for run in runs:
                 if run["mode"] == mode:
                     run["step_ms"] = {k: v * factor for k, v in run["step_ms"].items()}
+        # Before the library's f16 row: its f32 GEMM and a --wmma-sweep configuration.
         gemm = {"rows": [
-            {"shape": "square 4096", "ab_dtype": "f16", "c_dtype": "f16", "m": 4096, "n": 4096,
-             "k": 4096, "ratio": 0.6, "minamp": {"tflops": 420.0}, "cublas": {"tflops": 700.0},
-             "check": {"max_rel_diff_vs_cublas": 1e-3}},
+            {"shape": "square 4096", "ab_dtype": "f32", "c_dtype": "f32", "m": 4096, "n": 4096,
+             "k": 4096, "ratio": 0.9, "minamp": {"tflops": 45.0}, "cublas": {"tflops": 50.0},
+             "check": {"max_rel_diff_vs_cublas": 1e-6}},
             {"shape": "square 4096", "config": "128x256x32", "ab_dtype": "f16",
              "c_dtype": "f16", "m": 4096, "n": 4096, "k": 4096, "ratio": 0.1,
              "minamp": {"tflops": 70.0}, "cublas": {"tflops": 700.0},
+             "check": {"max_rel_diff_vs_cublas": 1e-3}},
+            {"shape": "square 4096", "ab_dtype": "f16", "c_dtype": "f16", "m": 4096, "n": 4096,
+             "k": 4096, "ratio": 0.6, "minamp": {"tflops": 420.0}, "cublas": {"tflops": 700.0},
              "check": {"max_rel_diff_vs_cublas": 1e-3}}]}
         if gemm_check_failed:  # bench_gemm writes no times or ratio for a failed check
-            library = gemm["rows"][0]
+            library = gemm["rows"][2]
             for key in ("ratio", "minamp", "cublas"):
                 del library[key]
             library["check"] = {"ok": False}
         return Report(self, "gpu", minamp_result(minamp, 512), pytorch_result(pytorch, 512), gemm)
 
-    def test_the_gemm_target_reads_the_library_row_not_a_sweep_row(self):
+    def test_the_bounds_are_the_issues(self):
+        bounds = {t["target"]: t["bound"] for t in self.gpu_report().combined()["targets"]}
+        self.assertEqual(bounds["WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"], 0.5)
+        self.assertEqual(bounds["sine 512^2 AMP step vs PyTorch eager AMP"], 0.8)
+        self.assertEqual(bounds["mlp AMP step vs PyTorch eager AMP"], 0.2)
+        self.assertEqual(bounds["sine 512^2 AMP peak memory vs minamp FP32"], 0.55)
+        self.assertEqual(bounds["sine AMP final loss vs FP32 (last-10 mean)"], 0.05)
+        self.assertEqual(bounds["mlp AMP final loss vs FP32 (last-10 mean)"], 0.05)
+
+    def test_the_gemm_target_reads_the_library_f16_row(self):
         target = self.gpu_report().targets()["WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"]
         self.assertEqual((target["minamp"], target["reference"]), (420.0, 700.0))
         self.assertEqual(target["status"], "met")
