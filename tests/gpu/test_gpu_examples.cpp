@@ -72,24 +72,28 @@ TEST(GpuExamples, SineCompareOnCudaEndsWhereTheCpuRunDoes) {
   expect_compare_matches_cpu("sine", "--size 16 --hidden 32 --steps 30", 1e-3, 2e-2);
 }
 
+// The summary.json of this backend's `example` run with `args` into a fresh folder `name`.
+nlohmann::json summary_of_run(const std::string& example, const std::string& args,
+                              const std::string& name) {
+  const std::string out = fresh_dir(name);
+  const ProgramRun run = run_program(example + MINAMP_EXAMPLE_SUFFIX, args + " --out " + out);
+  EXPECT_EQ(run.status, 0) << run.output;
+  return read_json(out + "/summary.json");
+}
+
 TEST(GpuExamples, DeviceAutoTrainsOnTheGpuWhenThereIsOne) {
   MINAMP_REQUIRE_GPU();
-  const std::string out = fresh_dir("mlp_device_auto");
-  const ProgramRun run = run_program(std::string("mlp") + MINAMP_EXAMPLE_SUFFIX,
-                                     "--device auto --epochs 1 --batches 2 --out " + out);
-  ASSERT_EQ(run.status, 0) << run.output;
-  EXPECT_EQ(read_json(out + "/summary.json")["device"], "cuda");
+  const nlohmann::json summary =
+      summary_of_run("mlp", "--device auto --epochs 1 --batches 2", "mlp_device_auto");
+  EXPECT_EQ(summary["device"], "cuda");
 }
 
 // Without --size, sine trains on the blog's 512x512 grid on a GPU and on 16x16 on the emulator.
 TEST(GpuExamples, SineDefaultSizeFollowsTheDevice) {
   MINAMP_REQUIRE_GPU();
-  const std::string out = fresh_dir("sine_default_size");
-  const ProgramRun run = run_program(std::string("sine") + MINAMP_EXAMPLE_SUFFIX,
-                                     "--device cuda --hidden 8 --layers 0 --steps 1 --out " + out);
-  ASSERT_EQ(run.status, 0) << run.output;
-  EXPECT_EQ(read_json(out + "/summary.json")["config"]["size"],
-            minamp::cuda_emulated() ? "16" : "512");
+  const nlohmann::json summary =
+      summary_of_run("sine", "--device cuda --hidden 8 --layers 0 --steps 1", "sine_default_size");
+  EXPECT_EQ(summary["config"]["size"], minamp::cuda_emulated() ? "16" : "512");
 }
 
 // mlp and sine in every precision and mode bench/run-gpu.sh asks for, at a tiny size: the JSON
