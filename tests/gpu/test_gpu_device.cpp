@@ -1,13 +1,15 @@
 // GPU tests of the device plumbing: host/device copies round-trip every dtype bit for bit, a
-// parameter moves with its f16 copy, the caching allocator makes no cudaMalloc call once a step's
-// sizes have been seen, reports out-of-memory with the bytes requested and survives frees at exit,
-// the op profiler times GPU ops with events, CUDA graphs capture without running and replay on new
-// inputs, keep their blocks to themselves and survive a failed capture, and (the one test that
-// needs no GPU) a cuda tensor without a device fails with an Error saying why.
+// parameter moves with its f16 copy, ops refuse a host tensor among device tensors, the caching
+// allocator makes no cudaMalloc call once a step's sizes have been seen, reports out-of-memory with
+// the bytes requested and survives frees at exit, the op profiler times GPU ops with events, CUDA
+// graphs capture without running and replay on new inputs, keep their blocks to themselves and
+// survive a failed capture, and (the one test that needs no GPU) a cuda tensor without a device
+// fails with an Error saying why.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -73,6 +75,44 @@ TEST(GpuDevice, DeviceMismatchesAreErrors) {
                "add_inplace: all tensors must be on one device, got f32[4] on cpu and f32[4] on "
                "cuda");
   EXPECT_EQ(on_gpu.to_vector(), std::vector<float>(4, 1.0f)) << "a refused op changed its output";
+}
+
+// The common mistake of a tensor left on the host (targets, labels, a bias, running statistics)
+// beside device tensors: each op refuses it, naming itself and the two devices. On a GPU it would
+// otherwise be an illegal address; on the emulator, a silent host read.
+TEST(GpuDevice, AnOpGivenAHostTensorAmongDeviceTensorsRefusesIt) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(83);
+  const Tensor host_bias = Tensor::zeros({4});
+  GemmEpilogue with_host_bias;
+  with_host_bias.bias = &host_bias;
+  const Tensor pred = test::random_tensor(rng, {4, 4}).to(Device::cuda);
+  Tensor out = Tensor::empty({4, 4}, DType::f32, Device::cuda);
+  Tensor loss = Tensor::empty({1}, DType::f32, Device::cuda);
+  const Tensor x = test::random_tensor(rng, {1, 4, 4, 3}).to(Device::cuda);
+  const Tensor w = test::random_tensor(rng, {4, 3, 3, 3}).to(Device::cuda);
+  Tensor y = Tensor::empty({1, 2, 2, 4}, DType::f32, Device::cuda);
+  const Tensor ones = Tensor::full({4}, 1.0f, DType::f32, Device::cuda);
+  Tensor mean = ones.clone(), invstd = ones.clone(), running_mean = ones.clone();
+  Tensor host_running_var = Tensor::full({4}, 1.0f);
+  const std::vector<std::pair<const char*, std::function<void()>>> calls = {
+      {"mse_forward",
+       [&] {
+         kernels::mse_forward(pred, test::random_tensor(rng, {4, 4}), loss);
+       }},
+      {"cross_entropy_forward",
+       [&] {
+         kernels::cross_entropy_forward(pred, Tensor::from_vector({0, 1, 2, 3}, {4}, DType::i32),
+                                        loss);
+       }},
+      {"gemm", [&] { kernels::gemm(pred, false, pred, true, out, with_host_bias); }},
+      {"conv2d_forward", [&] { kernels::conv2d_forward(x, w, y, ConvParams{}, with_host_bias); }},
+      {"batchnorm_forward", [&] {
+         kernels::batchnorm_forward(pred, ones, ones, out, mean, invstd, running_mean,
+                                    host_running_var, BatchNormParams{});
+       }}};
+  for (const auto& [op, call] : calls)
+    expect_error(call, op, ": all tensors must be on one device", " on cpu", " on cuda");
 }
 
 #if MINAMP_WITH_CUDA
