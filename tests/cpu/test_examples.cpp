@@ -308,9 +308,11 @@ TEST(Examples, CompareChecksBothRunsOutputsFirst) {
   EXPECT_FALSE(std::filesystem::exists(out + "/fp32")) << "the FP32 run trained first";
 }
 
+// On the CPU named: --device auto would pick a GPU where there is one.
 TEST(Examples, SineWritesMetricsSummaryAndImage) {
   const std::string out = fresh_dir("sine");
-  const ProgramRun run = run_program("sine", "--size 8 --hidden 8 --steps 12 --amp --out " + out);
+  const ProgramRun run =
+      run_program("sine", "--device cpu --size 8 --hidden 8 --steps 12 --amp --out " + out);
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("(last-10 mean "), std::string::npos) << run.output;
   std::ifstream csv(out + "/metrics.csv");
