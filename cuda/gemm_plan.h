@@ -24,16 +24,20 @@ struct KSplit {
 };
 
 // Slices beyond this add more partial-sum traffic than they save.
-constexpr int kMaxKSplits = 64;
+constexpr int kMaxKSplits = 128;
+// Blocks per SM a split aims at: a split GEMM runs the small tiles (4 warps), and on an H100 the
+// sine weight gradients ran with 2 blocks per SM at 12% occupancy, their loads latency-bound.
+constexpr int kSplitBlocksPerSm = 4;
 // Each slice walks at least this many BK tiles, so the pipeline's prologue stays a small part.
 constexpr int64_t kMinTilesPerSplit = 8;
 
 // The split of K for a GEMM with `tiles` block tiles over C, on a GPU with `sm_count` SMs: no
-// split when the tiles alone give every SM a block; otherwise about two blocks per SM.
+// split when the tiles alone give every SM a block; otherwise about kSplitBlocksPerSm blocks per
+// SM.
 inline KSplit plan_k_split(int64_t tiles, int64_t k, int bk, int sm_count) {
   const int64_t k_tiles = (k + bk - 1) / bk;
   if (tiles >= sm_count) return {1, k};
-  const int64_t wanted = (2 * int64_t(sm_count) + tiles - 1) / tiles;
+  const int64_t wanted = (kSplitBlocksPerSm * int64_t(sm_count) + tiles - 1) / tiles;
   const int64_t splits = std::min({wanted, k_tiles / kMinTilesPerSplit, int64_t(kMaxKSplits)});
   if (splits <= 1) return {1, k};
   const int64_t tiles_per_split = (k_tiles + splits - 1) / splits;

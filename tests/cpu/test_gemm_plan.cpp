@@ -40,8 +40,8 @@ TEST(GemmSplit, EveryPlanHasWholeNonEmptySlicesCoveringK) {
 TEST(GemmSplit, SineWeightGradientFillsAnH100) {
   // dw[256, 256] = dy^T @ x over 512 x 512 pixels: 16 tiles of 64 x 64 on 132 SMs.
   const KSplit split = plan_k_split(16, 512 * 512, kBK, kH100Sms);
-  EXPECT_GE(16 * split.splits, 2 * kH100Sms) << "about two blocks per SM";
-  EXPECT_LE(16 * split.splits, 2 * kH100Sms + 16);
+  EXPECT_GE(16 * split.splits, kSplitBlocksPerSm * kH100Sms) << "kSplitBlocksPerSm per SM";
+  EXPECT_LE(16 * split.splits, kSplitBlocksPerSm * kH100Sms + 16);
 }
 
 TEST(GemmSplit, NoSplitForShortKOrFullGrid) {
@@ -121,7 +121,7 @@ TEST(GemmPlan, SineAndGemmBenchShapes) {
   EXPECT_EQ(h100_plans(262144, 256, 256).wmma.tiles, GemmTiles::large);
   const GemmPlan dw = h100_plans(256, 256, 262144).wmma;
   EXPECT_EQ(dw.tiles, GemmTiles::small);
-  EXPECT_EQ(dw.split.splits, 17) << "16 small tiles, about two blocks per SM";
+  EXPECT_EQ(dw.split.splits, 33) << "16 small tiles, about four blocks per SM";
   // 4096^3, the headline GEMM: 1024 large tiles, no split.
   const GemmPlan square = h100_plans(4096, 4096, 4096).wmma;
   EXPECT_EQ(square.tiles, GemmTiles::large);
