@@ -1,9 +1,12 @@
 // Shared helpers of the CUDA backend: checked CUDA calls and launches (errors name the op and
-// file:line), the one stream, launch-size helpers and typed pointers to tensor data.
+// file:line), the one stream, launch-size helpers, typed pointers to tensor data, and loads and
+// stores that widen to float and round back, of one value or of a pack of four.
 #pragma once
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -29,6 +32,55 @@ __device__ __forceinline__ float load_f(const __half* p, int64_t i) { return __h
 __device__ __forceinline__ void store_f(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f(__half* p, int64_t i, float v) {
   p[i] = __float2half_rn(v);
+}
+
+// The same for four consecutive values at once, one 16-byte (f32) or 8-byte (f16) access: p + i
+// must be aligned for it (aligned_for_pack on the base pointer, i a multiple of 4).
+struct Float4 {
+  float v[4];
+};
+struct alignas(8) Half4 {
+  __half2 lo, hi;
+};
+template <class T> bool aligned_for_pack(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+__device__ __forceinline__ Float4 load4(const float* p, int64_t i) {
+  const float4 q = *reinterpret_cast<const float4*>(p + i);
+  return {{q.x, q.y, q.z, q.w}};
+}
+__device__ __forceinline__ Float4 load4(const __half* p, int64_t i) {
+  const Half4 q = *reinterpret_cast<const Half4*>(p + i);
+  const float2 lo = __half22float2(q.lo), hi = __half22float2(q.hi);
+  return {{lo.x, lo.y, hi.x, hi.y}};
+}
+__device__ __forceinline__ void store4(float* p, int64_t i, const Float4& f) {
+  *reinterpret_cast<float4*>(p + i) = make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
+}
+__device__ __forceinline__ void store4(__half* p, int64_t i, const Float4& f) {
+  *reinterpret_cast<Half4*>(p + i) = {__floats2half2_rn(f.v[0], f.v[1]),
+                                      __floats2half2_rn(f.v[2], f.v[3])};
+}
+
+// kPack (1 or 4) consecutive values from p + i into v, and back: for kernels templated on how
+// many elements a thread takes at a time.
+template <int kPack, class T>
+__device__ __forceinline__ void load_pack(const T* p, int64_t i, float (&v)[kPack]) {
+  static_assert(kPack == 1 || kPack == 4, "packs of 1 or 4");
+  if constexpr (kPack == 4) {
+    const Float4 f = load4(p, i);
+    for (int j = 0; j < 4; ++j) v[j] = f.v[j];
+  } else {
+    v[0] = load_f(p, i);
+  }
+}
+template <int kPack, class T>
+__device__ __forceinline__ void store_pack(T* p, int64_t i, const float (&v)[kPack]) {
+  static_assert(kPack == 1 || kPack == 4, "packs of 1 or 4");
+  if constexpr (kPack == 4)
+    store4(p, i, Float4{{v[0], v[1], v[2], v[3]}});
+  else
+    store_f(p, i, v[0]);
 }
 
 } // namespace minamp::gpu

@@ -13,8 +13,8 @@
 
 namespace minamp::gpu {
 
-// ---- Loads and stores of one value (f32 and f16 come from common.cuh) and of four values.
-// The i32 overloads sit beside common.cuh's, outside the anonymous namespace, so that they
+// ---- Loads and stores of one value and of four values for i32 (f32 and f16 come from
+// common.cuh). They sit beside common.cuh's, outside the anonymous namespace, so that they
 // overload rather than hide them.
 
 // i32 converts through float; float -> i32 truncates toward zero (NaN becomes 0).
@@ -22,43 +22,18 @@ __device__ __forceinline__ float load_f(const int32_t* p, int64_t i) { return fl
 __device__ __forceinline__ void store_f(int32_t* p, int64_t i, float v) {
   p[i] = __float2int_rz(v);
 }
-
-namespace {
-
-constexpr int kThreads = 256;
-
-struct Float4 {
-  float v[4];
-};
-struct alignas(8) Half4 {
-  __half2 lo, hi;
-};
-
-__device__ __forceinline__ Float4 load4(const float* p, int64_t i) {
-  const float4 q = *reinterpret_cast<const float4*>(p + i);
-  return {{q.x, q.y, q.z, q.w}};
-}
-__device__ __forceinline__ Float4 load4(const __half* p, int64_t i) {
-  const Half4 q = *reinterpret_cast<const Half4*>(p + i);
-  const float2 lo = __half22float2(q.lo), hi = __half22float2(q.hi);
-  return {{lo.x, lo.y, hi.x, hi.y}};
-}
 __device__ __forceinline__ Float4 load4(const int32_t* p, int64_t i) {
   const int4 q = *reinterpret_cast<const int4*>(p + i);
   return {{float(q.x), float(q.y), float(q.z), float(q.w)}};
-}
-
-__device__ __forceinline__ void store4(float* p, int64_t i, const Float4& f) {
-  *reinterpret_cast<float4*>(p + i) = make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
-}
-__device__ __forceinline__ void store4(__half* p, int64_t i, const Float4& f) {
-  *reinterpret_cast<Half4*>(p + i) = {__floats2half2_rn(f.v[0], f.v[1]),
-                                      __floats2half2_rn(f.v[2], f.v[3])};
 }
 __device__ __forceinline__ void store4(int32_t* p, int64_t i, const Float4& f) {
   *reinterpret_cast<int4*>(p + i) = make_int4(__float2int_rz(f.v[0]), __float2int_rz(f.v[1]),
                                               __float2int_rz(f.v[2]), __float2int_rz(f.v[3]));
 }
+
+namespace {
+
+constexpr int kThreads = 256;
 
 // op applied lane by lane to four-value packs (any number of inputs, none included).
 template <class Op, class... Packs>
@@ -79,10 +54,6 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t p = first; p < packs; p += stride)
     store4(out, 4 * p, apply4(op, load4(in, 4 * p)...));
   for (int64_t i = 4 * packs + first; i < n; i += stride) store_f(out, i, op(load_f(in, i)...));
-}
-
-template <class T> bool aligned_for_pack(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 
 template <class TOut, class Op, class... TIn>

@@ -604,7 +604,7 @@ TEST(GpuBatchNorm, SmallShapesEveryMode) {
   MINAMP_REQUIRE_GPU();
   Rng rng(51);
   for (const auto& [rows, channels] :
-       std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {2, 1}, {17, 33}, {1000, 7}})
+       std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {2, 1}, {17, 33}, {1000, 7}, {9, 12}})
     for (DType dtype : kFloating)
       for (bool training : {true, false})
         for (bool relu : {false, true})
@@ -615,11 +615,13 @@ TEST(GpuBatchNorm, SmallShapesEveryMode) {
   // Another momentum and eps than PyTorch's defaults, so that neither can be hard-wired.
   for (bool training : {true, false})
     check_batchnorm({17, 33, DType::f32, training, true, 0.3f, 1e-3f}, rng);
-  // dy and dx of the other dtype than x (allowed, as on the CPU).
-  for (DType dtype : kFloating)
-    check_batchnorm(
-        {17, 33, dtype, true, true, 0.1f, 1e-5f, dtype == DType::f16 ? DType::f32 : DType::f16},
-        rng);
+  // dy and dx of the other dtype than x (allowed, as on the CPU), one element at a time (C = 33)
+  // and in packs of four channels (C = 12).
+  for (int64_t channels : {33, 12})
+    for (DType dtype : kFloating)
+      check_batchnorm({17, channels, dtype, true, true, 0.1f, 1e-5f,
+                       dtype == DType::f16 ? DType::f32 : DType::f16},
+                      rng);
 }
 
 // x around 1000 with a spread of 4: the variance must be the mean of squared deviations from the
@@ -723,12 +725,16 @@ TEST(GpuBatchNorm, LargeActivation262144x256) {
 // More elements than one pass of the grid-stride loops covers (the grid is capped at 32 blocks
 // of 256 threads per SM: 1,081,344 threads on 132 SMs), with a channel count that does not divide
 // that stride (8192 x SMs, a multiple of 7 only when the SM count is), so each thread's channel
-// moves, and wraps past C, from one pass to the next.
+// moves, and wraps past C, from one pass to the next. C = 20 does the same with packs of four
+// channels (5 per row; the stride in packs, 8192 x SMs again, is a multiple of 5 only when the SM
+// count is).
 TEST(GpuBatchNorm, ChannelsWrapAcrossGridStridePasses) {
   MINAMP_REQUIRE_GPU();
   Rng rng(53);
   check_batchnorm({524288, 7, DType::f16, true, true}, rng);
   check_batchnorm({524288, 7, DType::f32, false, false}, rng);
+  check_batchnorm({262144, 20, DType::f16, true, true}, rng);
+  check_batchnorm({262144, 20, DType::f32, false, false}, rng);
 }
 
 TEST(GpuBatchNorm, FourDimensionalActivationIsRowsTimesChannels) {
