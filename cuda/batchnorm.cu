@@ -114,9 +114,25 @@ template <int kPack> struct PackCursor {
   __device__ void next() { packs.next(); }
 };
 
-// Elements a thread takes at a time: 4 when C allows packs and every tensor is aligned for them.
-template <class... T> int pack_for(int channels, const T*... data) {
-  return channels % 4 == 0 && (aligned_for_pack(data) && ...) ? 4 : 1;
+// The parameters and statistics of kPack consecutive channels from c on, read as one 16-byte
+// load each for a pack (four scalar loads per element would outnumber the activation's).
+template <int kPack> struct ChannelValues {
+  float gamma[kPack], beta[kPack], mean[kPack], invstd[kPack];
+  __device__ ChannelValues(const ChannelParams& p, int c) {
+    load_pack(p.gamma, c, gamma);
+    load_pack(p.beta, c, beta);
+    load_pack(p.mean, c, mean);
+    load_pack(p.invstd, c, invstd);
+  }
+};
+
+// Elements a thread takes at a time: 4 when C allows packs and every tensor (activations and
+// per-channel vectors alike) is aligned for them.
+template <class... T> int pack_for(int channels, const ChannelParams& p, const T*... data) {
+  const bool aligned = (aligned_for_pack(data) && ...) && aligned_for_pack(p.gamma) &&
+                       aligned_for_pack(p.beta) && aligned_for_pack(p.mean) &&
+                       aligned_for_pack(p.invstd);
+  return channels % 4 == 0 && aligned ? 4 : 1;
 }
 
 // y = gamma * (x - mean) * invstd + beta, then ReLU when asked. Flat over rows * C, kPack
@@ -129,11 +145,11 @@ __global__ void __launch_bounds__(kThreads)
   for (PackCursor<kPack> at(channels); at.before(size); at.next()) {
     float v[kPack];
     load_pack(x, at.first(), v);
+    const ChannelValues<kPack> ch(p, at.channel());
     for (int j = 0; j < kPack; ++j) {
-      const int c = at.channel() + j;
-      const float xhat = (v[j] - p.mean[c]) * p.invstd[c];
+      const float xhat = (v[j] - ch.mean[j]) * ch.invstd[j];
       // One rounding (fma), as the CPU reference; the backward recomputes exactly this.
-      const float normalised = fmaf(p.gamma[c], xhat, p.beta[c]);
+      const float normalised = fmaf(ch.gamma[j], xhat, ch.beta[j]);
       v[j] = relu && normalised < 0.0f ? 0.0f : normalised;
     }
     store_pack(y, at.first(), v);
@@ -142,13 +158,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- Backward.
 
-// xhat and dy_hat of one element of channel c, given its x and dy: dy_hat is dy with the ReLU
-// mask (zero where y <= 0; a NaN passes, as in PyTorch) recomputed from x.
-__device__ __forceinline__ void normalised_and_grad(float x, float dy, int c,
-                                                    const ChannelParams& p, bool relu, float& xhat,
-                                                    float& dy_hat) {
-  xhat = (x - p.mean[c]) * p.invstd[c];
-  const bool masked = relu && fmaf(p.gamma[c], xhat, p.beta[c]) <= 0.0f;
+// xhat and dy_hat of one element of the pack's channel j, given its x and dy: dy_hat is dy with
+// the ReLU mask (zero where y <= 0; a NaN passes, as in PyTorch) recomputed from x.
+template <int kPack>
+__device__ __forceinline__ void normalised_and_grad(float x, float dy,
+                                                    const ChannelValues<kPack>& ch, int j,
+                                                    bool relu, float& xhat, float& dy_hat) {
+  xhat = (x - ch.mean[j]) * ch.invstd[j];
+  const bool masked = relu && fmaf(ch.gamma[j], xhat, ch.beta[j]) <= 0.0f;
   dy_hat = masked ? 0.0f : dy;
 }
 
@@ -161,7 +178,7 @@ template <class TX, class TDy> struct GradTerms { // {dy_hat, dy_hat * xhat}
   __device__ void operator()(int64_t row, int c, float (&v)[2]) const {
     const int64_t i = row * channels + c;
     float xhat, dy_hat;
-    normalised_and_grad(load_f(x, i), load_f(dy, i), c, p, relu, xhat, dy_hat);
+    normalised_and_grad(load_f(x, i), load_f(dy, i), ChannelValues<1>(p, c), 0, relu, xhat, dy_hat);
     v[0] = dy_hat;
     v[1] = dy_hat * xhat;
   }
@@ -194,16 +211,18 @@ __global__ void __launch_bounds__(kThreads)
   const float n = float(rows);
 #pragma unroll(kPack == 1 ? 2 : 1)
   for (PackCursor<kPack> at(channels); at.before(size); at.next()) {
-    float xs[kPack], dys[kPack], grads[kPack];
+    float xs[kPack], dys[kPack], grads[kPack], sum_dy[kPack], sum_dy_xhat[kPack];
     load_pack(x, at.first(), xs);
     load_pack(dy, at.first(), dys);
+    const ChannelValues<kPack> ch(p, at.channel());
+    load_pack(sums, at.channel(), sum_dy);
+    load_pack(sums + channels, at.channel(), sum_dy_xhat);
     for (int j = 0; j < kPack; ++j) {
-      const int c = at.channel() + j;
       float xhat, dy_hat;
-      normalised_and_grad(xs[j], dys[j], c, p, relu, xhat, dy_hat);
-      const float scale = p.gamma[c] * p.invstd[c];
-      grads[j] = training ? scale / n * (n * dy_hat - sums[c] - xhat * sums[channels + c])
-                          : scale * dy_hat;
+      normalised_and_grad(xs[j], dys[j], ch, j, relu, xhat, dy_hat);
+      const float scale = ch.gamma[j] * ch.invstd[j];
+      grads[j] =
+          training ? scale / n * (n * dy_hat - sum_dy[j] - xhat * sum_dy_xhat[j]) : scale * dy_hat;
     }
     store_pack(dx, at.first(), grads);
   }
@@ -244,7 +263,7 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
           ptr<const T>(x), ptr<T>(y), x.numel(), d.channels, p, bn.relu);
       CUDA_CHECK_LAUNCH(op);
     };
-    if (pack_for(d.channels, ptr<const T>(x), ptr<const T>(y)) == 4)
+    if (pack_for(d.channels, p, ptr<const T>(x), ptr<const T>(y)) == 4)
       launch(normalize_kernel<4, T>, 4);
     else
       launch(normalize_kernel<1, T>, 1);
@@ -280,7 +299,8 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
               d.channels, p, bn.relu, bn.training);
           CUDA_CHECK_LAUNCH(op);
         };
-        if (pack_for(d.channels, ptr<const TX>(x), ptr<const TDy>(dy), ptr<const TDx>(dx)) == 4)
+        if (pack_for(d.channels, p, ptr<const TX>(x), ptr<const TDy>(dy), ptr<const TDx>(dx),
+                     ptr<const float>(sums)) == 4)
           launch(batchnorm_dx_kernel<4, TX, TDy, TDx>, 4);
         else
           launch(batchnorm_dx_kernel<1, TX, TDy, TDx>, 1);
