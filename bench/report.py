@@ -33,13 +33,16 @@ def cpu_model():
 
 def where_and_when(platform_name, commit):
     commit = commit or command_output("git", "rev-parse", "--short", "HEAD") or "unknown"
-    if command_output("git", "status", "--porcelain", "--untracked-files=no"):
+    changed = command_output("git", "status", "--porcelain", "--untracked-files=no")
+    if changed:
         commit += "-dirty"
     meta = {"platform": platform_name,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": commit, "host_cpu": cpu_model(), "host_cores": os.cpu_count(),
             "python": platform.python_version(),
             "load_average_1_5_15_min": [round(x, 2) for x in os.getloadavg()]}
+    if changed:  # what made it -dirty, as git status lists it (the first 20)
+        meta["changed_files"] = [line.strip() for line in changed.splitlines()[:20]]
     if platform_name == "gpu":
         gpu = command_output("nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                              "--format=csv,noheader")

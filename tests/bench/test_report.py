@@ -5,6 +5,7 @@ as bench.report with the python3 that CMake found)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ def every_run(framework, ms, peak=None, loss=1.0, modes=("train", "infer")):
 class Report:
     """report.py run on JSON files written into a temporary folder."""
 
-    def __init__(self, test, platform, minamp=None, pytorch=None, gemm=None, seeds=()):
+    def __init__(self, test, platform, minamp=None, pytorch=None, gemm=None, seeds=(), cwd=None):
         self.dir = tempfile.TemporaryDirectory()
         test.addCleanup(self.dir.cleanup)
         args = [sys.executable, REPORT, "--platform", platform, "--commit", "abc1234",
@@ -44,7 +45,7 @@ class Report:
                                           for i, result in enumerate(seeds)]
         if platform == "gpu":
             args += ["--gemm", self.write("gemm.json", gemm)]
-        self.process = subprocess.run(args, capture_output=True, text=True)
+        self.process = subprocess.run(args, capture_output=True, text=True, cwd=cwd)
 
     def path(self, name):
         return os.path.join(self.dir.name, name)
@@ -289,6 +290,40 @@ class GpuTargets(unittest.TestCase):
             text = f.read()
         self.assertIn("cuBLAS's workspace (32 MiB at most", text)
         self.assertIn("train-fused uses fused=True", text)
+
+
+class Provenance(unittest.TestCase):
+    """Where the figures came from: the commit, marked -dirty with the changed files listed when
+    git status in the folder report.py runs in shows a tracked file changed (untracked files do
+    not count: results and build folders are new files)."""
+
+    def git(self, repo, *argv):
+        subprocess.run(["git", "-C", repo, *argv], check=True, capture_output=True)
+
+    def meta(self, repo):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        return Report(self, "cpu", minamp_result(minamp), None, cwd=repo).combined()["meta"]
+
+    def test_a_changed_tracked_file_marks_the_commit_dirty_and_is_listed(self):
+        if shutil.which("git") is None:
+            self.skipTest("git is not installed")
+        repo = tempfile.TemporaryDirectory()
+        self.addCleanup(repo.cleanup)
+        with open(os.path.join(repo.name, "tracked.txt"), "w") as f:
+            f.write("one\n")
+        self.git(repo.name, "init", "-q")
+        self.git(repo.name, "add", "tracked.txt")
+        self.git(repo.name, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+        with open(os.path.join(repo.name, "untracked.txt"), "w") as f:
+            f.write("new\n")
+        clean = self.meta(repo.name)
+        self.assertEqual(clean["commit"], "abc1234")
+        self.assertNotIn("changed_files", clean)
+        with open(os.path.join(repo.name, "tracked.txt"), "w") as f:
+            f.write("two\n")
+        dirty = self.meta(repo.name)
+        self.assertEqual(dirty["commit"], "abc1234-dirty")
+        self.assertEqual(dirty["changed_files"], ["M tracked.txt"])
 
 
 if __name__ == "__main__":
