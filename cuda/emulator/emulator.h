@@ -7,8 +7,9 @@
 //     block at a time, and filled with NaN bytes in each block before any thread uses them
 //     (rewrite.cpp adds the call), as the dynamic shared memory is;
 //   - threadIdx, blockIdx, blockDim and gridDim name the emulated thread's coordinates;
-//   - __syncthreads and __shfl_xor_sync switch between the block's threads, which run as
-//     cooperative fibers (runtime.cpp): a barrier is where a fiber waits for the others.
+//   - __syncthreads and the warp-wide operations (__shfl_xor_sync, ldmatrix, mma.sync) switch
+//     between the block's threads, which run as cooperative fibers (runtime.cpp): a barrier is
+//     where a fiber waits for the others.
 //     Between two __syncthreads the warps run one after another, first to last in one phase
 //     and last to first in the next (odd blocks start backwards), so a race between warps
 //     (one writes what another still reads) gives a wrong result in some block or phase.
@@ -17,6 +18,11 @@
 //   - nvcuda::wmma fragments hold their whole 16x16 tile in every lane (the API hides how the
 //     tile is spread over the warp, so no correct kernel can tell), with the API's alignment
 //     rules checked; mma_sync sums like a tensor core, truncating (detail::tensor_core_sum);
+//   - ldmatrix and mma.sync.m16n8k16 (mma.cuh's helpers call them below) run lane by lane, with
+//     each lane's registers holding exactly the elements the PTX ISA gives that lane: a kernel
+//     that hands a fragment to the wrong lane, or addresses a row the wrong lane should give,
+//     computes a wrong result; a misaligned ldmatrix row, or one outside the block's dynamic
+//     shared memory, is a fault;
 //   - cp.async (gemm.cuh's helpers call cp_async below) is asynchronous as on sm_80: a copy's
 //     destination reads as NaN from its issue until the cp.async.wait_group that covers its
 //     commit group, so a missing or too weak wait, or a buffer refilled while other threads
@@ -80,8 +86,15 @@ void report_fault(const char* what);
 // Waits until every live thread of the block reaches a barrier: the same __syncthreads, named
 // by its source location (threads waiting at different ones are a fault, as CUDA requires).
 void sync_block(const char* file, int line);
+// The warp-wide exchange every warp-synchronous operation is built on: each of the 32 lanes
+// puts `bytes` (at most kWarpExchangeBytes) in its slot and waits until all have; it returns
+// the warp's 32 slots, lane l's at l * kWarpExchangeBytes, valid until the lane's next exchange.
+constexpr size_t kWarpExchangeBytes = 64;
+const unsigned char* warp_exchange(const void* mine, size_t bytes);
 // Exchanges one 64-bit value per lane across the warp: returns the value lane ^ lane_mask gave.
 uint64_t shuffle_xor(uint64_t value, int lane_mask);
+// True when [p, p + bytes) lies in the running block's dynamic shared memory.
+bool in_dynamic_shared_memory(const void* p, size_t bytes);
 
 // Work a warp does together, done once: the calling lane's n-th warp-collective call since the
 // block's last barrier gets the n-th slot of `floats` values of its warp; `first` says whether
@@ -156,6 +169,13 @@ template <class T> T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int 
   bits = ::minamp::emu::shuffle_xor(bits, lane_mask);
   std::memcpy(&value, &bits, sizeof(T));
   return value;
+}
+
+// A barrier for the lanes of one warp (full warps only).
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  if (mask != 0xffffffffu)
+    ::minamp::emu::report_fault("__syncwarp: the emulator supports full warps only");
+  ::minamp::emu::warp_exchange(nullptr, 0);
 }
 
 // float -> int rounding toward zero, saturating; NaN gives 0 (cvt.rzi.s32.f32).
@@ -303,3 +323,95 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 }
 
 } // namespace nvcuda::wmma
+
+// ---- ldmatrix and mma.sync.m16n8k16 (f16 inputs, fp32 accumulators), lane by lane.
+namespace minamp::emu {
+
+namespace detail {
+inline int lane_id() {
+  const ThreadCoordinates& c = coordinates;
+  return int((c.thread_idx.x + c.block_dim.x * (c.thread_idx.y + c.block_dim.y * c.thread_idx.z)) %
+             32);
+}
+inline uint32_t half_bits(const __half& h) { return __half_raw(h).x; }
+inline float half_value(uint32_t bits) {
+  __half_raw raw;
+  raw.x = static_cast<unsigned short>(bits);
+  return nvcuda::wmma::detail::to_float(__half(raw));
+}
+} // namespace detail
+
+// ldmatrix.sync.aligned.m8n8.x{matrices}[.trans].shared.b16: lanes 8j .. 8j + 7 give the
+// addresses of the 8 rows (16 bytes each) of matrix j; lane l receives in register j the two
+// halves at row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix j (lower half first), or
+// with .trans those of its transpose: column l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1.
+inline void ldmatrix(uint32_t* regs, int matrices, bool trans, const void* row) {
+  const uint64_t address = reinterpret_cast<uintptr_t>(row);
+  const unsigned char* slots = warp_exchange(&address, sizeof(address));
+  const auto row_of = [&](int lane) {
+    uint64_t at = 0;
+    std::memcpy(&at, slots + size_t(lane) * kWarpExchangeBytes, sizeof(at));
+    return reinterpret_cast<const __half*>(uintptr_t(at));
+  };
+  for (int lane = 0; lane < 8 * matrices; ++lane) {
+    const __half* r = row_of(lane);
+    if (reinterpret_cast<uintptr_t>(r) % 16 != 0 || !in_dynamic_shared_memory(r, 16)) {
+      report_fault("ldmatrix: a row address is not 16-byte aligned or not in the block's dynamic "
+                   "shared memory");
+      std::fill(regs, regs + matrices, 0u);
+      return;
+    }
+  }
+  const int l = detail::lane_id(), g = l / 4, t = l % 4;
+  for (int j = 0; j < matrices; ++j) {
+    const __half lo = trans ? row_of(8 * j + 2 * t)[g] : row_of(8 * j + g)[2 * t];
+    const __half hi = trans ? row_of(8 * j + 2 * t + 1)[g] : row_of(8 * j + g)[2 * t + 1];
+    regs[j] = detail::half_bits(lo) | (detail::half_bits(hi) << 16);
+  }
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: D[16, 8] = A[16, 16] @ B[16, 8] + C, the
+// fragments spread over the warp as the PTX ISA lays them out (g = lane / 4, t = lane % 4):
+//   a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8,
+//   2t+9] b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g] c[0], c[1] = C[g][2t, 2t+1], c[2], c[3] =
+//   C[g+8][2t, 2t+1] (and d likewise)
+// summed as the WMMA emulation sums (tensor_core_sum, groups of kTensorCoreTerms products).
+inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const float* c) {
+  struct Fragments {
+    uint32_t a[4], b[2];
+  } mine;
+  std::memcpy(mine.a, a, sizeof(mine.a));
+  std::memcpy(mine.b, b, sizeof(mine.b));
+  const unsigned char* slots = warp_exchange(&mine, sizeof(mine));
+  const auto lane_fragments = [&](int lane) {
+    Fragments f;
+    std::memcpy(&f, slots + size_t(lane) * kWarpExchangeBytes, sizeof(f));
+    return f;
+  };
+  // A[row][k] and B[k][col] as held by the lane the layout above gives them to.
+  const auto a_at = [&](int row, int k) {
+    const uint32_t reg = lane_fragments((row % 8) * 4 + (k % 8) / 2).a[(row / 8) + 2 * (k / 8)];
+    return detail::half_value(k % 2 ? reg >> 16 : reg & 0xffff);
+  };
+  const auto b_at = [&](int k, int col) {
+    const uint32_t reg = lane_fragments(col * 4 + (k % 8) / 2).b[k / 8];
+    return detail::half_value(k % 2 ? reg >> 16 : reg & 0xffff);
+  };
+  using nvcuda::wmma::detail::kTensorCoreTerms;
+  const int l = detail::lane_id(), g = l / 4, t = l % 4;
+  float out[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+    float acc = c[i];
+    for (int k0 = 0; k0 < 16; k0 += kTensorCoreTerms) {
+      double products[kTensorCoreTerms];
+      for (int k = 0; k < kTensorCoreTerms; ++k)
+        products[k] = double(a_at(row, k0 + k)) * double(b_at(k0 + k, col));
+      acc = nvcuda::wmma::detail::tensor_core_sum(acc, products, kTensorCoreTerms);
+    }
+    out[i] = acc;
+  }
+  std::copy(out, out + 4, d);
+}
+
+} // namespace minamp::emu

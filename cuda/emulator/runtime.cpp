@@ -1,7 +1,7 @@
 // The CUDA emulator's host side: the CUDA runtime calls minamp makes, implemented on the CPU
 // (memory, the stream, events, graph capture and replay, device attributes, errors), and the
 // scheduler that runs a kernel launch: block after block (even blocks, then odd ones), each
-// block's threads as cooperative fibers that switch at __syncthreads and warp shuffles, warp
+// block's threads as cooperative fibers that switch at __syncthreads and warp-wide operations, warp
 // after warp between barriers in alternating order. See emulator.h for what the emulator
 // checks and what it cannot see.
 //
@@ -170,8 +170,8 @@ struct AsyncCopy {
 struct Fiber {
   Context context;
   FiberState state = FiberState::runnable;
-  int shuffles = 0;         // shuffle_xor calls so far: their parity picks the exchange slots
-  int collective_calls = 0; // warp_collective_slot calls since the block's last barrier
+  int exchanges = 0;                   // warp_exchange calls so far: their parity picks the slots
+  int collective_calls = 0;            // warp_collective_slot calls since the block's last barrier
   std::vector<AsyncCopy> async_copies; // issued and not landed, in issue order
   int async_commits = 0;               // cp.async.commit_group calls so far
   const char* barrier_file = nullptr;  // where the __syncthreads it waits at is
@@ -245,9 +245,12 @@ private:
 struct Block {
   const Work* body = nullptr;
   std::vector<Fiber> fibers;
-  std::vector<uint64_t> shuffle_slots; // [warps][2][32]
-  SharedMemory shared;                 // dynamic shared memory
-  std::vector<void*> static_shared;    // static __shared__ variables poisoned in this block
+  // The warp-wide exchanges (shuffles, ldmatrix, mma.sync): [warps][2][32][kWarpExchangeBytes],
+  // the two halves used in turn so that a lane may start the next exchange while the others
+  // still read this one.
+  std::vector<unsigned char> exchange_slots;
+  SharedMemory shared;              // dynamic shared memory
+  std::vector<void*> static_shared; // static __shared__ variables poisoned in this block
   // Per warp: the slots of warp_collective_slot since the last barrier, one after another.
   std::vector<std::vector<float>> collective_slots;
   std::vector<size_t> collective_count;
@@ -321,7 +324,8 @@ bool release_shuffle(Block& b, int warp0, int lanes) {
     finished += b.fibers[t].state == FiberState::done;
   }
   if (waiting == 0 || waiting + finished != lanes) return false;
-  if (waiting != 32) report_fault("__shfl_xor_sync: a full-warp shuffle without all 32 lanes");
+  if (waiting != 32)
+    report_fault("warp: a full-warp operation (shuffle, ldmatrix, mma) without all 32 lanes");
   for (int t = warp0; t < warp0 + lanes; ++t)
     if (b.fibers[t].state == FiberState::at_warp_barrier) b.fibers[t].state = FiberState::runnable;
   return true;
@@ -413,7 +417,7 @@ void execute(dim3 grid, dim3 block, size_t shared_bytes, const Work& body) {
   Block b;
   b.body = &body;
   b.fibers.resize(threads);
-  b.shuffle_slots.assign(size_t((threads + 31) / 32) * 64, 0);
+  b.exchange_slots.assign(size_t((threads + 31) / 32) * 64 * kWarpExchangeBytes, 0);
   b.collective_slots.resize((threads + 31) / 32);
   b.collective_count.resize((threads + 31) / 32);
   b.shared.resize(shared_bytes);
@@ -576,15 +580,32 @@ void sync_block(const char* file, int line) {
   yield_to_scheduler(false);
 }
 
-uint64_t shuffle_xor(uint64_t value, int lane_mask) {
+const unsigned char* warp_exchange(const void* mine, size_t bytes) {
   Block& b = *running;
   Fiber& f = b.fibers[b.current];
   const int warp = b.current / 32, lane = b.current % 32;
-  uint64_t* slots = &b.shuffle_slots[size_t(warp * 2 + (f.shuffles++ & 1)) * 32];
-  slots[lane] = value;
+  if (bytes > kWarpExchangeBytes) report_fault("warp_exchange: more bytes than a lane's slot");
+  unsigned char* slots =
+      &b.exchange_slots[size_t(warp * 2 + (f.exchanges++ & 1)) * 32 * kWarpExchangeBytes];
+  if (bytes > 0)
+    std::memcpy(slots + size_t(lane) * kWarpExchangeBytes, mine,
+                std::min(bytes, kWarpExchangeBytes));
   f.state = FiberState::at_warp_barrier;
   yield_to_scheduler(false);
-  return slots[(lane ^ lane_mask) & 31];
+  return slots;
+}
+
+uint64_t shuffle_xor(uint64_t value, int lane_mask) {
+  const unsigned char* slots = warp_exchange(&value, sizeof(value));
+  const int lane = running->current % 32;
+  std::memcpy(&value, slots + size_t((lane ^ lane_mask) & 31) * kWarpExchangeBytes, sizeof(value));
+  return value;
+}
+
+bool in_dynamic_shared_memory(const void* p, size_t bytes) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(running->shared.data());
+  return at >= base && at + bytes <= base + running->shared.size();
 }
 
 float* warp_collective_slot(size_t floats, bool& first) {
@@ -756,6 +777,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   if (device != 0) return fail(cudaErrorInvalidValue);
   switch (attr) {
   case cudaDevAttrMultiProcessorCount: *value = kSmCount; return cudaSuccess;
+  case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
+  case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
   case cudaDevAttrMaxSharedMemoryPerBlock: *value = kDefaultSharedBytes; return cudaSuccess;
   case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = kOptinSharedBytes; return cudaSuccess;
   default: return fail(cudaErrorInvalidValue);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gemm.cuh" // the cp.async helpers
+#include "mma.cuh"  // ldmatrix, mma.sync
 
 namespace {
 
@@ -461,6 +462,111 @@ TEST(Emulator, WmmaOnAMisalignedPointerIsAFault) {
   wmma_tile_kernel<nvcuda::wmma::row_major, nvcuda::wmma::row_major>
       <<<1, 32>>>(misaligned, b.data, c.data);
   EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+}
+
+// One warp: copies a 16x16 tile of halves to dynamic shared memory, then each lane gives the row
+// address ldmatrix.x4 asks of it (lanes 8j .. 8j + 7: the rows of matrix j, matrix j being the
+// 8x8 block at (8 (j % 2), 8 (j / 2))) and writes out the four registers it receives.
+// `row_offset` (in halves) moves every address, to make them misaligned.
+template <bool kTrans>
+__global__ void ldmatrix_kernel(const __half* tile, uint32_t* out, int row_offset) {
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  __half* shared = reinterpret_cast<__half*>(smem_bytes);
+  const int lane = int(threadIdx.x);
+  for (int i = lane; i < 256; i += 32) shared[i] = tile[i];
+  __syncwarp();
+  const int j = lane / 8, row = 8 * (j % 2) + lane % 8, col = 8 * (j / 2);
+  uint32_t r[4];
+  minamp::gpu::ldmatrix_x4<kTrans>(r, shared + row * 16 + col + row_offset);
+  for (int q = 0; q < 4; ++q) out[lane * 4 + q] = r[q];
+}
+
+// Lane l gets, in register j, the halves at row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of
+// matrix j (lower half first); with .trans the halves at column l / 4 of rows 2 (l % 4), +1.
+TEST(Emulator, LdmatrixGivesEachLaneItsElements) {
+  std::vector<__half> tile(256);
+  for (int i = 0; i < 256; ++i) tile[size_t(i)] = __float2half_rn(float(i)); // exact in f16
+  DeviceBuffer<__half> in(256);
+  DeviceBuffer<uint32_t> out(128);
+  in.upload(tile);
+  for (bool trans : {false, true}) {
+    if (trans)
+      ldmatrix_kernel<true><<<1, 32, 512>>>(in.data, out.data, 0);
+    else
+      ldmatrix_kernel<false><<<1, 32, 512>>>(in.data, out.data, 0);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    const std::vector<uint32_t> got = out.download();
+    for (int lane = 0; lane < 32; ++lane)
+      for (int j = 0; j < 4; ++j) {
+        const int g = lane / 4, t = lane % 4, r0 = 8 * (j % 2), c0 = 8 * (j / 2);
+        // (row, col) of the two halves within matrix j
+        const int lo = trans ? (r0 + 2 * t) * 16 + c0 + g : (r0 + g) * 16 + c0 + 2 * t;
+        const int hi = trans ? lo + 16 : lo + 1;
+        const uint32_t reg = got[size_t(lane * 4 + j)];
+        EXPECT_EQ(__half2float(__ushort_as_half(uint16_t(reg & 0xffff))), float(lo))
+            << "lane " << lane << " register " << j << " trans " << trans;
+        EXPECT_EQ(__half2float(__ushort_as_half(uint16_t(reg >> 16))), float(hi))
+            << "lane " << lane << " register " << j << " trans " << trans;
+      }
+  }
+}
+
+TEST(Emulator, LdmatrixOnAMisalignedRowIsAFault) {
+  DeviceBuffer<__half> in(256);
+  DeviceBuffer<uint32_t> out(128);
+  in.upload(std::vector<__half>(256, __float2half_rn(1.0f)));
+  ldmatrix_kernel<false><<<1, 32, 1024>>>(in.data, out.data, 4); // 8 bytes off
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+}
+
+// One warp: D[16, 8] = A[16, 16] @ B[16, 8] + C from row-major A, B and C in global memory, each
+// lane packing the elements the PTX layout gives it (mma.cuh); with `swap` lanes hand over a[1]
+// and a[2] in each other's places, the mistake of a kernel that misreads the layout.
+__global__ void mma_kernel(const __half* a, const __half* b, const float* c, float* d, bool swap) {
+  const int lane = int(threadIdx.x), g = lane / 4, t = lane % 4;
+  const auto pack = [](__half lo, __half hi) {
+    return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
+  };
+  const auto a_pair = [&](int row, int k) { return pack(a[row * 16 + k], a[row * 16 + k + 1]); };
+  const auto b_pair = [&](int k, int col) { return pack(b[k * 8 + col], b[(k + 1) * 8 + col]); };
+  uint32_t fa[4] = {a_pair(g, 2 * t), a_pair(g + 8, 2 * t), a_pair(g, 2 * t + 8),
+                    a_pair(g + 8, 2 * t + 8)};
+  if (swap) std::swap(fa[1], fa[2]);
+  const uint32_t fb[2] = {b_pair(2 * t, g), b_pair(2 * t + 8, g)};
+  float acc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
+                  c[(g + 8) * 8 + 2 * t + 1]};
+  minamp::gpu::mma_m16n8k16(acc, fa, fb);
+  d[g * 8 + 2 * t] = acc[0], d[g * 8 + 2 * t + 1] = acc[1];
+  d[(g + 8) * 8 + 2 * t] = acc[2], d[(g + 8) * 8 + 2 * t + 1] = acc[3];
+}
+
+TEST(Emulator, MmaSyncFollowsThePtxFragmentLayout) {
+  std::vector<__half> a(256), b(128);
+  std::vector<float> c(128);
+  // Small integers: every product and sum is exact, so D is exactly A @ B + C.
+  for (int i = 0; i < 256; ++i) a[size_t(i)] = __float2half_rn(float((i * 7) % 11 - 5));
+  for (int i = 0; i < 128; ++i) b[size_t(i)] = __float2half_rn(float((i * 5) % 9 - 4));
+  for (int i = 0; i < 128; ++i) c[size_t(i)] = float(i % 13);
+  DeviceBuffer<__half> da(256), db(128);
+  DeviceBuffer<float> dc(128), dd(128);
+  da.upload(a), db.upload(b), dc.upload(c);
+  for (bool swap : {false, true}) {
+    mma_kernel<<<1, 32>>>(da.data, db.data, dc.data, dd.data, swap);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    const std::vector<float> d = dd.download();
+    int wrong = 0;
+    for (int r = 0; r < 16; ++r)
+      for (int col = 0; col < 8; ++col) {
+        float want = c[size_t(r * 8 + col)];
+        for (int k = 0; k < 16; ++k)
+          want += __half2float(a[size_t(r * 16 + k)]) * __half2float(b[size_t(k * 8 + col)]);
+        wrong += d[size_t(r * 8 + col)] != want;
+      }
+    if (swap)
+      EXPECT_GT(wrong, 0) << "fragments in the wrong registers still gave A @ B + C";
+    else
+      EXPECT_EQ(wrong, 0) << "elements of D differ from A @ B + C";
+  }
 }
 
 __global__ void write_kernel(int* out, int value) { out[threadIdx.x] = value; }
