@@ -46,6 +46,19 @@ int sm_count() {
   return count;
 }
 
+int compute_capability() {
+  static const int capability = [] {
+    int device = 0, major = 0, minor = 0;
+    CUDA_CHECK(cudaGetDevice(&device), "cudaGetDevice");
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+               "reading the compute capability");
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+               "reading the compute capability");
+    return major * 10 + minor;
+  }();
+  return capability;
+}
+
 // Kernels use grid-stride loops, so the grid only needs to fill the device a few times over:
 // 4 waves of 2048 resident threads per SM. Never 0 blocks, so an empty tensor still launches a
 // valid (idle) grid and reductions still write their outputs.

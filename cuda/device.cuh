@@ -16,6 +16,8 @@ size_t cuda_malloc_calls();
 bool cuda_exact_allocation();
 // Number of streaming multiprocessors of the current device (read once).
 int sm_count();
+// The device's compute capability as major * 10 + minor (90 for an H100).
+int compute_capability();
 
 } // namespace minamp::gpu
 

@@ -11,7 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "common.cuh"
 #include "device.cuh"
@@ -101,13 +104,48 @@ struct GemmArgs {
 // Launch one GEMM on stream(): A and B f16 (tensor cores) / f32 (SIMT). Supported operand
 // pairs: any of matrix/transposed for both, (im2col, transposed) for the conv forward,
 // (transposed, im2col) for the conv weight gradient and (col2im, matrix) for its input gradient.
-void wmma_gemm(const GemmArgs& args);
+// tensor_core_gemm runs the version gemm_version() names, or the one the planner picks for
+// `automatic` (gemm_plan.h); a version that cannot run the GEMM (v1 and v3 take plain matrices
+// only, v4 and v5 need sm_80) is an error naming it.
+void tensor_core_gemm(const GemmArgs& args);
 void simt_gemm(const GemmArgs& args);
+
+// The tensor-core GEMM versions (cuda/gemm_v*.cu), each on its own; v1 and v3 take the
+// matrix/transposed pairs only, v4 and v5 need sm_80.
+void gemm_v1_naive(const GemmArgs& args);
+void gemm_v2_wmma(const GemmArgs& args);
+void gemm_v3_interior(const GemmArgs& args);
+void gemm_v4_mma(const GemmArgs& args);
+void gemm_v5_multistage(const GemmArgs& args);
+
+// Another tile configuration of a version than the library's, for bench_gemm's sweep: `run`
+// launches it alone over the whole C (no split K) for A untransposed and f16 C.
+struct GemmCandidate {
+  std::string name;
+  int smem_bytes = 0;
+  void (*run)(const GemmArgs& args) = nullptr;
+};
+std::vector<GemmCandidate> gemm_v4_sweep();
+std::vector<GemmCandidate> gemm_v5_sweep();
+
+// What bench_gemm --kernels reports of each version, to read its machine code with
+// bench/gemm_sass.py: the kernel that runs a large GEMM of plain f16 matrices into f16 C (the
+// 4096^3 of bench_gemm), its name as c++filt spells it, its threads and its dynamic shared
+// memory per block.
+struct GemmKernelInfo {
+  std::string version, kernel;
+  int threads = 0, smem_bytes = 0;
+};
+GemmKernelInfo gemm_v1_kernel_info();
+GemmKernelInfo gemm_v2_kernel_info();
+GemmKernelInfo gemm_v3_kernel_info();
+GemmKernelInfo gemm_v4_kernel_info();
+GemmKernelInfo gemm_v5_kernel_info();
 
 // Picks the kernel from the operands' dtype.
 inline void run_gemm(const GemmArgs& args, DType ab_dtype) {
   if (ab_dtype == DType::f16)
-    wmma_gemm(args);
+    tensor_core_gemm(args);
   else
     simt_gemm(args);
 }
@@ -148,7 +186,12 @@ template <class T> struct Col2imView {
 // Elements of T in one 16-byte cp.async chunk.
 template <class T> constexpr int kChunkElems = 16 / int(sizeof(T));
 
-inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+__host__ __device__ inline bool is_aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+__host__ __device__ inline bool is_aligned32(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 32 == 0;
+}
 
 template <class T> MatrixView<T> matrix_view(const GemmOperand& op) {
   const T* data = static_cast<const T*>(op.data);
@@ -186,27 +229,31 @@ template <class T> struct OperandTraits<T, OperandKind::col2im> {
 };
 
 // Calls Launch<OperandTraits<T, kind of A>, OperandTraits<T, kind of B>>::run(args) for the
-// supported operand pairs; throws Error otherwise.
-template <class T, template <class, class> class Launch>
-void dispatch_operands(const GemmArgs& args) {
+// supported operand pairs (with kGathered false, the matrix/transposed pairs only); throws Error
+// naming `kernel` otherwise.
+template <class T, template <class, class> class Launch, bool kGathered = true>
+void dispatch_operands(const GemmArgs& args, const char* kernel) {
   using K = OperandKind;
   const K a = args.a.kind, b = args.b.kind;
   if (a == K::matrix && b == K::matrix)
-    Launch<OperandTraits<T, K::matrix>, OperandTraits<T, K::matrix>>::run(args);
-  else if (a == K::matrix && b == K::transposed)
-    Launch<OperandTraits<T, K::matrix>, OperandTraits<T, K::transposed>>::run(args);
-  else if (a == K::transposed && b == K::matrix)
-    Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::matrix>>::run(args);
-  else if (a == K::transposed && b == K::transposed)
-    Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::transposed>>::run(args);
-  else if (a == K::im2col && b == K::transposed)
-    Launch<OperandTraits<T, K::im2col>, OperandTraits<T, K::transposed>>::run(args);
-  else if (a == K::transposed && b == K::im2col)
-    Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::im2col>>::run(args);
-  else if (a == K::col2im && b == K::matrix)
-    Launch<OperandTraits<T, K::col2im>, OperandTraits<T, K::matrix>>::run(args);
-  else
-    throw Error("gemm: unsupported pair of operand kinds (internal error)");
+    return Launch<OperandTraits<T, K::matrix>, OperandTraits<T, K::matrix>>::run(args);
+  if (a == K::matrix && b == K::transposed)
+    return Launch<OperandTraits<T, K::matrix>, OperandTraits<T, K::transposed>>::run(args);
+  if (a == K::transposed && b == K::matrix)
+    return Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::matrix>>::run(args);
+  if (a == K::transposed && b == K::transposed)
+    return Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::transposed>>::run(args);
+  if constexpr (kGathered) {
+    if (a == K::im2col && b == K::transposed)
+      return Launch<OperandTraits<T, K::im2col>, OperandTraits<T, K::transposed>>::run(args);
+    if (a == K::transposed && b == K::im2col)
+      return Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::im2col>>::run(args);
+    if (a == K::col2im && b == K::matrix)
+      return Launch<OperandTraits<T, K::col2im>, OperandTraits<T, K::matrix>>::run(args);
+    throw Error(cat(kernel, ": unsupported pair of operand kinds (internal error)"));
+  }
+  throw Error(cat(kernel, ": takes plain (or transposed) matrices only, not a convolution's "
+                          "gathered im2col/col2im operand"));
 }
 
 // The most dynamic shared memory one block may opt in to on the current device (read once).
@@ -280,8 +327,9 @@ template <> __device__ __forceinline__ __half zero_value<__half>() { return __fl
 //   k contiguous (A untransposed or im2col, B transposed): [kOuter][BK + kPad]
 //   outer contiguous (A transposed, B untransposed or im2col): [BK][kOuter + kPad]
 // kPad (16 bytes) shifts consecutive rows across banks.
-template <class T, bool kKContiguous_, int kOuter, int kBK> struct TileShape {
+template <class T, bool kKContiguous_, int kOuter_, int kBK_> struct TileShape {
   static constexpr bool kKContiguous = kKContiguous_;
+  static constexpr int kOuter = kOuter_, kBK = kBK_;
   static constexpr int kPad = kChunkElems<T>;
   static constexpr int kRows = kKContiguous ? kOuter : kBK;
   static constexpr int kCols = kKContiguous ? kBK : kOuter;
@@ -291,6 +339,18 @@ template <class T, bool kKContiguous_, int kOuter, int kBK> struct TileShape {
   __device__ static int offset(int outer, int k) {
     return kKContiguous ? outer * kLd + k : k * kLd + outer;
   }
+};
+
+// The shared memory of a tensor-core GEMM configuration Cfg (BM, BN, BK, STAGES, kStagingLd) for
+// one pair of operand orientations: STAGES stages of [A tile, B tile] of halves for the main
+// loop, reused afterwards as the epilogue's fp32 staging tile [BM][kStagingLd].
+template <class Cfg, bool kTransA, bool kTransB> struct GemmSmem {
+  using TileA = TileShape<__half, !kTransA, Cfg::BM, Cfg::BK>;
+  using TileB = TileShape<__half, kTransB, Cfg::BN, Cfg::BK>;
+  static constexpr int kStageElems = TileA::kElems + TileB::kElems;
+  static constexpr int kPipelineBytes = Cfg::STAGES * kStageElems * int(sizeof(__half));
+  static constexpr int kStagingBytes = Cfg::BM * Cfg::kStagingLd * int(sizeof(float));
+  static constexpr int kBytes = kPipelineBytes > kStagingBytes ? kPipelineBytes : kStagingBytes;
 };
 
 // Offset in the matrix's data of an element inside it.
@@ -383,25 +443,21 @@ __device__ __forceinline__ BlockShare block_share(int m, int n, int k, int k_per
 }
 
 // The multi-stage cp.async main loop shared by the GEMM kernels: STAGES rotating shared buffers
-// of [A tile, B tile] (Smem::kStageElems each) over the K tiles of this block's share (from
-// k_begin, a multiple of BK, to k_end) for its C tile at (m0, n0). Tiles 0 .. STAGES-2 are put in
-// flight first, one commit group each; each iteration waits for tile kt, fills tile kt + STAGES - 1
-// into the buffer tile kt-1 used, and calls consume(tile_a, tile_b) on tile kt. Ends with every
-// group drained: the caller may reuse the buffers after a __syncthreads. A k_end inside the matrix
-// must be a multiple of BK (split-K slices are whole tiles); past K the loaders read zeros.
-template <class Cfg, class Smem, class ViewA, class ViewB, class T, class Consume>
-__device__ __forceinline__ void gemm_pipeline(T* smem, const ViewA& a, const ViewB& b,
-                                              const BlockShare& share, Consume&& consume) {
+// of [A tile, B tile] (Smem::kStageElems each) over `k_tiles` K tiles. Tiles 0 .. STAGES-2 are put
+// in flight first, one commit group each; each iteration waits for tile kt, fills tile
+// kt + STAGES - 1 into the buffer tile kt-1 used (load_a(tile, kt) and load_b(tile, kt) issue
+// the copies of one operand's tile), and calls consume(tile_a, tile_b) on tile kt. Ends with every
+// group drained: the caller may reuse the buffers after a __syncthreads.
+template <class Cfg, class Smem, class T, class LoadA, class LoadB, class Consume>
+__device__ __forceinline__ void gemm_pipeline_with(T* smem, int k_tiles, LoadA&& load_a,
+                                                   LoadB&& load_b, Consume&& consume) {
   using TileA = typename Smem::TileA;
-  using TileB = typename Smem::TileB;
   auto stage_a = [&](int s) { return smem + s * Smem::kStageElems; };
   auto stage_b = [&](int s) { return smem + s * Smem::kStageElems + TileA::kElems; };
   auto load_stage = [&](int s, int k_tile) {
-    const int k0 = share.k_begin + k_tile * Cfg::BK;
-    load_operand_tile<TileA, Cfg::kThreads>(stage_a(s), a, share.m0, k0);
-    load_operand_tile<TileB, Cfg::kThreads>(stage_b(s), b, share.n0, k0);
+    load_a(stage_a(s), k_tile);
+    load_b(stage_b(s), k_tile);
   };
-  const int k_tiles = (share.k_end - share.k_begin + Cfg::BK - 1) / Cfg::BK;
 #pragma unroll
   for (int s = 0; s < Cfg::STAGES - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);
@@ -419,6 +475,118 @@ __device__ __forceinline__ void gemm_pipeline(T* smem, const ViewA& a, const Vie
   cp_async_wait<0>(); // only empty groups can remain
 }
 
+// The number of BK tiles of a block's share of K.
+template <class Cfg> __device__ __forceinline__ int share_k_tiles(const BlockShare& share) {
+  return (share.k_end - share.k_begin + Cfg::BK - 1) / Cfg::BK;
+}
+
+// The plain loader of one operand's tiles: load_operand_tile, every chunk's address and bounds
+// worked out on each k-step. Called as load(tile, k_tile) for the k_tile-th BK tile of a block's
+// share of K (from k_begin); `outer0` is the block's first row of C (A) or column (B).
+template <class Tile, int kThreads, class View> struct PlainTileLoader {
+  const View& view;
+  int outer0, k_begin;
+  template <class T> __device__ __forceinline__ void operator()(T* tile, int k_tile) const {
+    load_operand_tile<Tile, kThreads>(tile, view, outer0, k_begin + k_tile * Tile::kBK);
+  }
+};
+
+// gemm_pipeline_with the plain loaders over this block's share of K (from k_begin, a multiple of
+// BK, to k_end) for its C tile at (m0, n0). A k_end inside the matrix must be a multiple of BK
+// (split-K slices are whole tiles); past K the loaders read zeros.
+template <class Cfg, class Smem, class ViewA, class ViewB, class T, class Consume>
+__device__ __forceinline__ void gemm_pipeline(T* smem, const ViewA& a, const ViewB& b,
+                                              const BlockShare& share, Consume&& consume) {
+  const PlainTileLoader<typename Smem::TileA, Cfg::kThreads, ViewA> load_a{a, share.m0,
+                                                                           share.k_begin};
+  const PlainTileLoader<typename Smem::TileB, Cfg::kThreads, ViewB> load_b{b, share.n0,
+                                                                           share.k_begin};
+  gemm_pipeline_with<Cfg, Smem>(smem, share_k_tiles<Cfg>(share), load_a, load_b, consume);
+}
+
+// The loader of v3 and later for the tiles of one plain-matrix operand, in a block whose tiles
+// all lie wholly inside the matrix (see whole_tiles_inside): each thread owns the same chunks of
+// every tile, so their addresses are worked out once per block and a k-step moves them by BK
+// elements (k contiguous) or BK rows (outer contiguous) — one multiply-add per tile, no bounds.
+template <class Tile, int kThreads, class T> struct InteriorTileLoader {
+  static constexpr int kChunksPerRow = Tile::kCols / kChunkElems<T>;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow; // rows one pass of threads copies
+  static constexpr int kPasses = Tile::kRows / kRowsPerPass;
+  static_assert(kThreads % kChunksPerRow == 0 && Tile::kRows % kRowsPerPass == 0,
+                "every thread copies whole chunks of the same rows of each tile");
+
+  const T* first;      // this thread's first chunk in the tile at k = k_begin
+  int64_t pass_stride; // elements between the chunks of consecutive passes
+  int64_t tile_stride; // elements one k-step moves the chunks by
+  int tile_first;      // the offset of its first chunk in the tile
+
+  __device__ __forceinline__ InteriorTileLoader(const MatrixView<T>& v, int outer0, int k_begin) {
+    const int r = int(threadIdx.x) / kChunksPerRow;
+    const int c = int(threadIdx.x) % kChunksPerRow * kChunkElems<T>;
+    const int row = Tile::kKContiguous ? outer0 + r : k_begin + r;
+    const int col = Tile::kKContiguous ? k_begin + c : outer0 + c;
+    first = v.data + int64_t(row) * v.cols + col;
+    pass_stride = int64_t(kRowsPerPass) * v.cols;
+    tile_stride = Tile::kKContiguous ? Tile::kBK : int64_t(Tile::kBK) * v.cols;
+    tile_first = r * Tile::kLd + c;
+  }
+
+  __device__ __forceinline__ void operator()(T* tile, int k_tile) const {
+    const T* src = first + k_tile * tile_stride;
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p)
+      cp_async16(tile + tile_first + p * kRowsPerPass * Tile::kLd, src + p * pass_stride);
+  }
+};
+
+// True when every tile of this operand for a block's share lies inside the matrix and copies in
+// 16-byte chunks: the block's outer extent inside, the rows aligned, and the share of K whole
+// tiles (only a ragged K leaves a partial last tile). Gathered (conv) views: never.
+template <class Tile, class View>
+__device__ __forceinline__ bool whole_tiles_inside(const View&, int, const BlockShare&) {
+  return false;
+}
+template <class Tile, class T>
+__device__ __forceinline__ bool whole_tiles_inside(const MatrixView<T>& v, int outer0,
+                                                   const BlockShare& share) {
+  const int outer_extent = Tile::kKContiguous ? v.rows : v.cols;
+  return v.vectorizable && outer0 + Tile::kOuter <= outer_extent &&
+         (share.k_end - share.k_begin) % Tile::kBK == 0;
+}
+
+// The loaders of v3 and later for this block: run(load_a, load_b) gets the interior loaders when
+// every tile of both operands lies inside the matrices, so that its main loop has no bounds
+// check; every other block (the edges of C, a ragged K, the conv views) gets the plain loaders
+// (load_operand_tile). A loader is called as load(tile, k_tile) for the k_tile-th BK tile of the
+// block's share of K.
+template <class Cfg, class Smem, class ViewA, class ViewB, class Run>
+__device__ __forceinline__ void with_tile_loaders(const ViewA& a, const ViewB& b,
+                                                  const BlockShare& share, Run&& run) {
+  using TileA = typename Smem::TileA;
+  using TileB = typename Smem::TileB;
+  using T = __half;
+  if constexpr (std::is_same_v<ViewA, MatrixView<T>> && std::is_same_v<ViewB, MatrixView<T>>) {
+    if (whole_tiles_inside<TileA>(a, share.m0, share) &&
+        whole_tiles_inside<TileB>(b, share.n0, share)) {
+      const InteriorTileLoader<TileA, Cfg::kThreads, T> load_a(a, share.m0, share.k_begin);
+      const InteriorTileLoader<TileB, Cfg::kThreads, T> load_b(b, share.n0, share.k_begin);
+      run(load_a, load_b);
+      return;
+    }
+  }
+  run(PlainTileLoader<TileA, Cfg::kThreads, ViewA>{a, share.m0, share.k_begin},
+      PlainTileLoader<TileB, Cfg::kThreads, ViewB>{b, share.n0, share.k_begin});
+}
+
+// The main loop of v3 and v4: gemm_pipeline_with the loaders with_tile_loaders picks.
+template <class Cfg, class Smem, class ViewA, class ViewB, class T, class Consume>
+__device__ __forceinline__ void gemm_pipeline_interior(T* smem, const ViewA& a, const ViewB& b,
+                                                       const BlockShare& share, Consume&& consume) {
+  with_tile_loaders<Cfg, Smem>(a, b, share, [&](const auto& load_a, const auto& load_b) {
+    gemm_pipeline_with<Cfg, Smem>(smem, share_k_tiles<Cfg>(share), load_a, load_b, consume);
+  });
+}
+
 // Writes C[row, col] = relu(alpha * acc + beta * C[row, col] + bias[col]) (per `ep`).
 template <class CT>
 __device__ __forceinline__ void store_output(CT* c, int n, int row, int col, float acc,
@@ -429,6 +597,91 @@ __device__ __forceinline__ void store_output(CT* c, int n, int row, int col, flo
   if (ep.bias) v += ep.bias[col];
   if (ep.relu) v = v < 0.0f ? 0.0f : v; // NaN propagates, as in torch.relu
   store_f(c, at, v);
+}
+
+// 16 bytes of C: 8 halves or 4 floats, widened to / rounded from fp32 (p 16-byte aligned).
+template <class CT> constexpr int kPackElems = 16 / int(sizeof(CT));
+__device__ __forceinline__ void load_pack16(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+// (A half2 travels through __half2_raw and 32-bit words, not a pointer cast: the cast would
+// break aliasing rules that the emulator's host compiler enforces.)
+__device__ __forceinline__ void load_pack16(const __half* p, float (&v)[8]) {
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __half2_raw raw;
+    raw.x = static_cast<unsigned short>(words[i] & 0xffffu);
+    raw.y = static_cast<unsigned short>(words[i] >> 16);
+    const float2 f = __half22float2(__half2(raw));
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store_pack16(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store_pack16(__half* p, const float (&v)[8]) {
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw raw = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+    words[i] = uint32_t(raw.x) | (uint32_t(raw.y) << 16);
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// The epilogue of v3 and later: writes the block's BM x BN tile of C at (m0, n0) from the fp32
+// accumulators staged in shared memory (staging [BM][staging_ld], staging_ld a multiple of 4),
+// 16 bytes of C per thread and step: alpha/beta/bias/ReLU in fp32 on the pack, C read (beta != 0)
+// and written as one 16-byte access each. Where C's rows are not 16-byte aligned (N not a
+// multiple of the pack) or the bias is not, and in a pack that crosses N, element by element.
+template <int BM, int BN, int kThreads, class CT>
+__device__ __forceinline__ void store_tile_packed(const float* staging, int staging_ld, CT* c,
+                                                  int m, int n, int m0, int n0,
+                                                  const EpilogueArgs& ep) {
+  constexpr int P = kPackElems<CT>;
+  constexpr int kPacksPerRow = BN / P;
+  static_assert(BN % P == 0, "whole packs per tile row");
+  const bool packable =
+      n % P == 0 && is_aligned16(c) && (ep.bias == nullptr || is_aligned16(ep.bias));
+  for (int idx = threadIdx.x; idx < BM * kPacksPerRow; idx += kThreads) {
+    const int r = idx / kPacksPerRow, col = idx % kPacksPerRow * P;
+    const int row = m0 + r, column = n0 + col;
+    if (row >= m || column >= n) continue;
+    const float* acc = staging + r * staging_ld + col;
+    if (!packable) {
+      for (int e = 0; e < P && column + e < n; ++e) store_output(c, n, row, column + e, acc[e], ep);
+      continue;
+    }
+    float v[P], part[4];
+#pragma unroll
+    for (int q = 0; q < P; q += 4) {
+      load_pack16(acc + q, part);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[q + e] = ep.alpha * part[e];
+    }
+    CT* out = c + int64_t(row) * n + column;
+    if (ep.beta != 0.0f) {
+      float old[P];
+      load_pack16(out, old);
+#pragma unroll
+      for (int e = 0; e < P; ++e) v[e] += ep.beta * old[e];
+    }
+    if (ep.bias) {
+#pragma unroll
+      for (int q = 0; q < P; q += 4) {
+        load_pack16(ep.bias + column + q, part);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[q + e] += part[e];
+      }
+    }
+    if (ep.relu)
+#pragma unroll
+      for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
+    store_pack16(out, v);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -521,6 +774,46 @@ template <class Family> struct GemmLaunch {
     }
   };
 };
+
+// A configuration Cfg of a family for the sweep (GemmCandidate), named after `version`.
+template <class Family, class Cfg> GemmCandidate sweep_candidate(const char* version) {
+  using OpA = OperandTraits<__half, OperandKind::matrix>;
+  using OpB = OperandTraits<__half, OperandKind::transposed>;
+  using OpBPlain = OperandTraits<__half, OperandKind::matrix>;
+  GemmCandidate out;
+  out.name =
+      cat(version, " ", Cfg::BM, "x", Cfg::BN, "x", Cfg::BK, ", ", Cfg::WARPS_M * Cfg::WARPS_N,
+          " warps of ", Cfg::kWarpM, "x", Cfg::kWarpN, ", ", Cfg::STAGES, " stages");
+  out.smem_bytes = Family::template smem_bytes<Cfg, OpA, OpB>();
+  out.run = [](const GemmArgs& args) {
+    require(args.a.kind == OperandKind::matrix &&
+                (args.b.kind == OperandKind::matrix || args.b.kind == OperandKind::transposed) &&
+                args.c_dtype == DType::f16,
+            Family::kName, "a sweep configuration takes A untransposed and f16 C");
+    const KSplit whole{1, args.k};
+    if (args.b.kind == OperandKind::transposed)
+      GemmLaunch<Family>::template On<OpA, OpB>::template launch<Cfg, __half>(args, args.c,
+                                                                              args.epilogue, whole);
+    else
+      GemmLaunch<Family>::template On<OpA, OpBPlain>::template launch<Cfg, __half>(
+          args, args.c, args.epilogue, whole);
+  };
+  return out;
+}
+
+// The GemmKernelInfo of a family's large configuration: `kernel` is the kernel template's name,
+// `config` the name of its configuration template.
+template <class Family>
+GemmKernelInfo large_kernel_info(const char* version, const char* kernel, const char* config) {
+  using Cfg = typename Family::Large;
+  using Plain = OperandTraits<__half, OperandKind::matrix>;
+  const std::string plain = "minamp::gpu::OperandTraits<__half, (minamp::gpu::OperandKind)0>";
+  return {version,
+          cat(kernel, "<minamp::gpu::", config, "<", Cfg::BM, ", ", Cfg::BN, ", ", Cfg::BK, ", ",
+              Cfg::WARPS_M, ", ", Cfg::WARPS_N, ", ", Cfg::STAGES, ">, ", plain, ", ", plain,
+              ", __half>"),
+          Cfg::kThreads, Family::template smem_bytes<Cfg, Plain, Plain>()};
+}
 
 #endif // __CUDACC__ || MINAMP_CUDA_EMULATOR
 

@@ -1,7 +1,10 @@
-// The public gpu::gemm: f16 operands go to the tensor-core kernel (gemm_wmma.cuh) with the
-// library's tile configurations, f32 operands to the SIMT kernel (gemm_fp32.cu).
+// The public gpu::gemm and the choice of tensor-core GEMM version: f16 operands go to the
+// version gemm_version() names, or for `automatic` to the one plan_version picks (gemm_plan.h),
+// f32 operands to the SIMT kernel (gemm_fp32.cu). The versions are cuda/gemm_v1_naive.cu ...
+// cuda/gemm_v5_multistage.cu, each opening with what it changes and what that bought.
 #include "device.cuh"
-#include "gemm_wmma.cuh"
+#include "gemm.cuh"
+#include "kernels/gemm_version.h"
 #include "kernels/kernels.h"
 
 namespace minamp::gpu {
@@ -21,9 +24,24 @@ GemmSizes gemm_sizes(const Tensor& a, bool trans_a, const Tensor& b, bool trans_
 
 } // namespace
 
-void wmma_gemm(const GemmArgs& args) {
+void tensor_core_gemm(const GemmArgs& args) {
   if (args.m == 0 || args.n == 0) return;
-  dispatch_operands<__half, GemmLaunch<WmmaFamily>::On>(args);
+  const GemmVersion version = plan_version(gemm_version(), compute_capability());
+  switch (version) {
+  case GemmVersion::v1_naive: return gemm_v1_naive(args);
+  case GemmVersion::v2_wmma: return gemm_v2_wmma(args);
+  case GemmVersion::v3_interior: return gemm_v3_interior(args);
+  case GemmVersion::v4_mma:
+  case GemmVersion::v5_multistage:
+    if (compute_capability() < kMmaSyncCapability)
+      throw Error(cat("gemm ", gemm_version_name(version),
+                      ": needs mma.sync (compute capability 8.0 or later); this GPU is ",
+                      compute_capability() / 10, ".", compute_capability() % 10,
+                      " (MINAMP_GEMM_VERSION=v2 or auto runs there)"));
+    return version == GemmVersion::v4_mma ? gemm_v4_mma(args) : gemm_v5_multistage(args);
+  case GemmVersion::automatic: break;
+  }
+  throw Error("gemm: no version planned (internal error)");
 }
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,

@@ -6,7 +6,7 @@
 // see plan_gemm). Warps are 8 threads along N by 4 along M, so a warp reads few
 // distinct shared-memory words per step.
 //
-// Pipeline. The WMMA kernel's (gemm_pipeline in gemm.cuh, described in gemm_wmma.cuh) with
+// Pipeline. The WMMA kernel's (gemm_pipeline in gemm.cuh, described in gemm_v2_wmma.cu) with
 // BK = 16 and STAGES = 3: rotating shared buffers filled by 16-byte cp.async chunks (plain loads
 // before sm_80), one commit group per k-step, wait + __syncthreads before each step, the next
 // copy issued into the buffer freed by the previous step. Tiles keep the global orientation (see
@@ -141,7 +141,7 @@ struct SimtFamily {
 
 void simt_gemm(const GemmArgs& args) {
   if (args.m == 0 || args.n == 0) return;
-  dispatch_operands<float, GemmLaunch<SimtFamily>::On>(args);
+  dispatch_operands<float, GemmLaunch<SimtFamily>::On>(args, SimtFamily::kName);
 }
 
 } // namespace minamp::gpu

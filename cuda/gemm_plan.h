@@ -1,5 +1,11 @@
-// How a GEMM is launched, in plain C++ so that CPU tests can check it: which of a kernel's two
-// tile configurations it takes, and whether K is split.
+// How a GEMM is launched, in plain C++ so that CPU tests can check it: which version of the
+// tensor-core GEMM runs it, which of a kernel's two tile configurations it takes, and whether K
+// is split.
+//
+// Versions. The tensor-core GEMM exists as a ladder of versions (kernels/gemm_version.h); the
+// library runs v5 (ldmatrix + mma.sync, multistage) wherever the GPU has mma.sync.m16n8k16
+// (sm_80 and later), and v2 (WMMA) below that. v1, v3 and v4 are steps of the ladder; they run
+// only when asked for.
 //
 // Tiles. Each kernel family (WMMA, SIMT) has a large configuration (128 x 128 block tiles) for
 // big outputs and a small one (64 x 64) for outputs that would leave SMs idle with the large
@@ -15,6 +21,8 @@
 
 #include <algorithm>
 #include <cstdint>
+
+#include "kernels/gemm_version.h"
 
 namespace minamp::gpu {
 
@@ -51,7 +59,8 @@ struct BlockTile {
 };
 // The configurations of the two kernel families (gemm_wmma.cuh and gemm_fp32.cu build theirs from
 // these, so the plans tested on the CPU are the ones the kernels run).
-constexpr BlockTile kWmmaLargeTile{128, 128, 32}, kWmmaSmallTile{64, 64, 32};
+constexpr BlockTile kWmmaLargeTile{128, 128, 32}, kWmmaSmallTile{64, 64, 32}; // v2, v3
+constexpr BlockTile kMmaLargeTile{128, 128, 32}, kMmaSmallTile{64, 64, 32};   // v4, v5
 constexpr BlockTile kSimtLargeTile{128, 128, 16}, kSimtSmallTile{64, 64, 16};
 
 enum class GemmTiles { large, small };
@@ -78,6 +87,17 @@ inline GemmPlan plan_gemm(int64_t m, int64_t n, int64_t k, BlockTile large, Bloc
   if (tile_count(m, n, large) >= sm_count && 4 * large_area <= 5 * small_area && large_fits)
     return {GemmTiles::large, KSplit{1, k}};
   return {GemmTiles::small, plan_k_split(tile_count(m, n, small), k, small.bk, sm_count)};
+}
+
+// The compute capability (major * 10 + minor) mma.sync.m16n8k16 needs.
+constexpr int kMmaSyncCapability = 80;
+
+// The version that runs a GEMM when `requested` (gemm_version()) is asked for on a GPU of
+// compute capability `capability`: `automatic` resolves as above; an explicit version is kept
+// (the launcher refuses v4 below kMmaSyncCapability, naming it).
+inline GemmVersion plan_version(GemmVersion requested, int capability) {
+  if (requested != GemmVersion::automatic) return requested;
+  return capability >= kMmaSyncCapability ? GemmVersion::v5_multistage : GemmVersion::v2_wmma;
 }
 
 } // namespace minamp::gpu

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gemm_version.h"
 #include "kernels/kernels.h"
 #include "test_util.h"
 
@@ -120,6 +121,18 @@ TEST(GpuConv, Backward) {
   uint64_t seed = 300;
   for (const ConvCase& c : kCases)
     for (DType dtype : {DType::f16, DType::f32}) check_backward(c, dtype, true, true, ++seed);
+}
+
+// The f16 convs run on the tensor-core GEMM the library picks (v4 on sm_80+); v2 is the one it
+// picks below sm_80, so its gathers are checked here too, on every case.
+TEST(GpuConv, ForwardAndBackwardOnGemmV2) {
+  MINAMP_REQUIRE_GPU();
+  ScopedGemmVersion v2(GemmVersion::v2_wmma);
+  uint64_t seed = 350;
+  for (const ConvCase& c : kCases) {
+    check_forward(c, DType::f16, DType::f16, true, ++seed);
+    check_backward(c, DType::f16, true, true, ++seed);
+  }
 }
 
 TEST(GpuConv, BackwardOnlyOneGradient) {

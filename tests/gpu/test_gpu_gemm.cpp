@@ -1,11 +1,13 @@
-// GPU GEMM (WMMA tensor-core kernel for f16, SIMT kernel for f32) against the CPU reference:
+// GPU GEMM (the tensor-core versions for f16, the SIMT kernel for f32) against the CPU reference:
 // every transpose combination, edge shapes (M, N, K not multiples of any tile), f16 and f32
-// outputs, the fused alpha/beta/bias/ReLU epilogue, both tile configurations and split K.
+// outputs, the fused alpha/beta/bias/ReLU epilogue, both tile configurations and split K — with
+// the version the library picks, and then each version of the ladder (cuda/gemm_v*.cu) forced.
 // Outputs start as NaN poison; each C must match as a whole and row by row and column by column.
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "kernels/gemm_version.h"
 #include "kernels/kernels.h"
 #include "test_util.h"
 
@@ -196,6 +198,85 @@ TEST(GpuGemm, SplitKLongK) {
   for (const DTypePair& d : kDTypePairs)
     expect_matches_cpu(GemmCase{40, 72, 8013, false, true, d.ab, d.c, 1.0f, 0.0f, false, false},
                        ++seed);
+}
+
+// ---- Each version of the ladder, forced (gemm_version.h), on the cases above that it takes.
+
+const GemmVersion kVersions[] = {GemmVersion::v1_naive, GemmVersion::v2_wmma,
+                                 GemmVersion::v3_interior, GemmVersion::v4_mma,
+                                 GemmVersion::v5_multistage};
+
+// Edge shapes, every transpose, both output dtypes, and the fused epilogue.
+TEST(GpuGemmVersions, EdgeShapesAndEpilogues) {
+  MINAMP_REQUIRE_GPU();
+  for (GemmVersion version : kVersions) {
+    ScopedGemmVersion scope(version);
+    SCOPED_TRACE(gemm_version_name(version));
+    uint64_t seed = 8000;
+    for (DType c : {DType::f16, DType::f32})
+      for (int64_t m : {1, 17, 100})
+        for (int64_t k : {7, 40})
+          for (int64_t n : {17, 130})
+            for (bool trans_a : {false, true})
+              for (bool trans_b : {false, true})
+                expect_matches_cpu(GemmCase{m, n, k, trans_a, trans_b, DType::f16, c}, ++seed);
+    for (DType c : {DType::f16, DType::f32})
+      for (float beta : {0.0f, -0.75f})
+        expect_matches_cpu(GemmCase{33, 70, 45, false, true, DType::f16, c, 0.5f, beta, true, true},
+                           ++seed);
+  }
+}
+
+// Square shapes whose sizes are whole tiles: v1 loads every fragment straight from global memory,
+// v3 and v4 every tile through the interior loader.
+TEST(GpuGemmVersions, WholeTiles) {
+  MINAMP_REQUIRE_GPU();
+  for (GemmVersion version : kVersions) {
+    ScopedGemmVersion scope(version);
+    SCOPED_TRACE(gemm_version_name(version));
+    uint64_t seed = 8500;
+    for (int64_t size : {64, 256})
+      for (bool trans : {false, true})
+        expect_matches_cpu(GemmCase{size, size, size, trans, !trans, DType::f16, DType::f16},
+                           ++seed);
+  }
+}
+
+// The large tiles (>= one block per SM) with ragged edges, and split K, for the versions that
+// have them: interior blocks on the fast loader, edge blocks and the last K tile on the plain one.
+TEST(GpuGemmVersions, LargeTilesAndSplitK) {
+  MINAMP_REQUIRE_GPU();
+  for (GemmVersion version : {GemmVersion::v2_wmma, GemmVersion::v3_interior, GemmVersion::v4_mma,
+                              GemmVersion::v5_multistage}) {
+    ScopedGemmVersion scope(version);
+    SCOPED_TRACE(gemm_version_name(version));
+    uint64_t seed = 9000;
+    for (bool trans : {false, true})
+      expect_matches_cpu(
+          GemmCase{4099, 520, 72, trans, trans, DType::f16, DType::f16, 1.0f, 0.5f, true, true},
+          ++seed);
+    for (bool trans : {false, true})
+      expect_matches_cpu(
+          GemmCase{40, 72, 8013, trans, !trans, DType::f16, DType::f32, 0.5f, -1.0f, true, true},
+          ++seed);
+  }
+}
+
+// v1 and v3 take plain matrices only: a conv's gathered operand is refused, naming the version.
+TEST(GpuGemmVersions, PlainMatrixVersionsRefuseConvolutions) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(9500);
+  const Tensor x = test::random_tensor(rng, {1, 6, 6, 8}, DType::f16).to(Device::cuda);
+  const Tensor w = test::random_tensor(rng, {8, 3, 3, 8}, DType::f16).to(Device::cuda);
+  Tensor y = Tensor::empty({1, 6, 6, 8}, DType::f16, Device::cuda);
+  for (GemmVersion version : {GemmVersion::v1_naive, GemmVersion::v3_interior}) {
+    ScopedGemmVersion scope(version);
+    test::expect_error(
+        [&] {
+          kernels::conv2d_forward(x, w, y, ConvParams{1, 1}, GemmEpilogue{});
+        },
+        cat("gemm ", gemm_version_name(version)), "plain (or transposed) matrices only");
+  }
 }
 
 } // namespace

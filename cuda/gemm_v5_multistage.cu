@@ -1,0 +1,146 @@
+// GEMM v5: v4's warps and fragments on a main loop that never lets the tensor cores wait for a
+// barrier: one __syncthreads per K tile, placed before the last k-step's MMAs, and the next tile's
+// first fragments loaded across it (the multistage schedule of CUTLASS's sm_80 GEMMs).
+//
+// What it changes from v4 (gemm_v4_mma.cu). v4 runs each K tile as: wait for its copies, barrier,
+// issue the copies of a later tile, load the tile's first fragments, then the MMAs. Every warp
+// reaches the barrier with nothing left to multiply, and after it waits once more for its first
+// ldmatrix: with two warps per scheduler the tensor pipe idles at every tile. The SASS of v4's
+// main loop says so: 64 HMMA behind one BAR.SYNC and 16 LDSM whose first results the first HMMA
+// needs. v5's loop over the k-steps of tile kt:
+//   - steps 0 .. last-1: load the fragments of step + 1, then the MMAs of this step (as v4);
+//   - the last step, whose fragments are already in registers: wait for tile kt + 1's copies,
+//     barrier (every warp has issued its ldmatrix of tile kt, so tile kt's buffer is free), issue
+//     the copies of tile kt + STAGES into that buffer, load tile kt + 1's first fragments, and only
+//     then the last step's MMAs — the barrier's wait and the ldmatrix latency hide behind them.
+// All STAGES buffers hold tiles in flight (v4 keeps one of them for the tile being read), and the
+// wait is cp.async.wait_group STAGES - 2 at every tile. BK must hold an even number of 16-wide
+// steps so that the double-buffered fragments line up from one tile to the next.
+// Everything else (tiles, loaders, epilogue, split K, conv views) is v4's.
+#include <string>
+#include <vector>
+
+#include "device.cuh"
+#include "gemm_mma.cuh"
+
+namespace minamp::gpu {
+
+namespace {
+
+// v4's configurations: 4 warps of 64x64 and 4 warps of 32x32, 4 stages.
+using MmaLarge = MmaConfig<kMmaLargeTile.bm, kMmaLargeTile.bn, kMmaLargeTile.bk, 2, 2, 4>;
+using MmaSmall = MmaConfig<kMmaSmallTile.bm, kMmaSmallTile.bn, kMmaSmallTile.bk, 2, 2, 4>;
+
+// The main loop over `k_tiles` tiles (see the top of the file); load_a(tile, kt) and
+// load_b(tile, kt) issue the copies of K tile kt.
+template <class Cfg, class Smem, class LoadA, class LoadB>
+__device__ __forceinline__ void multistage_loop(__half* smem, int k_tiles, const LoadA& load_a,
+                                                const LoadB& load_b, int a_lane, int b_lane,
+                                                float (&acc)[Cfg::MMA_M][Cfg::MMA_N][4]) {
+  using TileA = typename Smem::TileA;
+  using TileB = typename Smem::TileB;
+  constexpr int kStages = Cfg::STAGES, kSteps = Cfg::BK / 16;
+  static_assert(kSteps % 2 == 0, "the fragment buffers alternate across tiles");
+  const auto stage_a = [&](int s) { return smem + s * Smem::kStageElems; };
+  const auto stage_b = [&](int s) { return smem + s * Smem::kStageElems + TileA::kElems; };
+  const auto load_stage = [&](int s, int k_tile) {
+    if (k_tile < k_tiles) {
+      load_a(stage_a(s), k_tile);
+      load_b(stage_b(s), k_tile);
+    }
+    cp_async_commit(); // one group per tile, empty past the end: the count stays uniform
+  };
+
+  // Tiles 0 .. STAGES-1 in flight; wait for tile 0 and load its first fragments.
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) load_stage(s, s);
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
+  Fragments<Cfg> frags[2];
+  load_fragments<Cfg, TileA, TileB>(frags[0], stage_a(0), stage_b(0), a_lane, b_lane, 0);
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int s = kt % kStages;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      Fragments<Cfg>& next = frags[(step + 1) % 2];
+      if (step + 1 < kSteps) {
+        load_fragments<Cfg, TileA, TileB>(next, stage_a(s), stage_b(s), a_lane, b_lane,
+                                          (step + 1) * 16);
+      } else {
+        cp_async_wait<kStages - 2>(); // this thread's copies of tile kt + 1 have landed
+        __syncthreads();              // everyone's have, and every warp is done with tile kt
+        load_stage(s, kt + kStages);
+        const int s_next = (kt + 1) % kStages;
+        load_fragments<Cfg, TileA, TileB>(next, stage_a(s_next), stage_b(s_next), a_lane, b_lane,
+                                          0);
+      }
+      mma_step<Cfg>(frags[step % 2], acc);
+    }
+  }
+  cp_async_wait<0>(); // only empty groups can remain
+}
+
+// C[M, N] = epilogue(op(A) @ op(B)); one BM x BN tile of C per block.
+template <class Cfg, class OpA, class OpB, class CT>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    gemm_v5_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
+                   int k_per_split, EpilogueArgs ep) {
+  using Smem = GemmSmem<Cfg, OpA::kTransposed, OpB::kTransposed>;
+  using TileA = typename Smem::TileA;
+  using TileB = typename Smem::TileB;
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  __half* smem = reinterpret_cast<__half*>(smem_bytes);
+
+  const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
+  const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
+  const int a_lane = LdmatrixLane<TileA, true>::offset(lane, warp_row, 0);
+  const int b_lane = LdmatrixLane<TileB, false>::offset(lane, warp_col, 0);
+
+  float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
+  with_tile_loaders<Cfg, Smem>(a, b, share, [&](const auto& load_a, const auto& load_b) {
+    multistage_loop<Cfg, Smem>(smem, share_k_tiles<Cfg>(share), load_a, load_b, a_lane, b_lane,
+                               acc);
+  });
+  __syncthreads(); // every warp is done reading the pipeline buffers
+
+  float* staging = reinterpret_cast<float*>(smem_bytes);
+  store_accumulators<Cfg>(staging, warp_row, warp_col, lane, acc);
+  __syncthreads();
+  store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
+                                                     share.n0, ep);
+}
+
+// v5 for GemmLaunch.
+struct V5Family {
+  using Large = MmaLarge;
+  using Small = MmaSmall;
+  static constexpr const char* kName = "gemm v5 (mma.sync, multistage)";
+  template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
+    return GemmSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
+  }
+  template <class Cfg, class OpA, class OpB, class CT> static auto kernel() {
+    return gemm_v5_kernel<Cfg, OpA, OpB, CT>;
+  }
+};
+
+} // namespace
+
+GemmKernelInfo gemm_v5_kernel_info() {
+  return large_kernel_info<V5Family>("v5", "gemm_v5_kernel", "MmaConfig");
+}
+
+void gemm_v5_multistage(const GemmArgs& args) {
+  dispatch_operands<__half, GemmLaunch<V5Family>::On>(args, V5Family::kName);
+}
+
+std::vector<GemmCandidate> gemm_v5_sweep() {
+  return {sweep_candidate<V5Family, MmaConfig<128, 128, 64, 2, 2, 3>>("v5"),
+          sweep_candidate<V5Family, MmaConfig<128, 128, 32, 2, 2, 3>>("v5"),
+          sweep_candidate<V5Family, MmaConfig<128, 256, 32, 2, 4, 3>>("v5"),
+          sweep_candidate<V5Family, MmaConfig<256, 128, 32, 4, 2, 3>>("v5")};
+}
+
+} // namespace minamp::gpu

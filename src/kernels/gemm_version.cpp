@@ -1,0 +1,54 @@
+// The process-wide choice of tensor-core GEMM version (see gemm_version.h).
+#include "kernels/gemm_version.h"
+
+#include <atomic>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace minamp {
+
+namespace {
+
+constexpr GemmVersion kVersions[] = {GemmVersion::automatic, GemmVersion::v1_naive,
+                                     GemmVersion::v2_wmma,   GemmVersion::v3_interior,
+                                     GemmVersion::v4_mma,    GemmVersion::v5_multistage};
+
+GemmVersion version_from_environment() {
+  const char* value = std::getenv("MINAMP_GEMM_VERSION");
+  if (!value || !*value) return GemmVersion::automatic;
+  const std::optional<GemmVersion> version = parse_gemm_version(value);
+  if (!version)
+    throw Error(cat("MINAMP_GEMM_VERSION: expected auto, v1, v2, v3, v4 or v5, got '", value, "'"));
+  return *version;
+}
+
+std::atomic<GemmVersion>& selected() {
+  static std::atomic<GemmVersion> version{version_from_environment()};
+  return version;
+}
+
+} // namespace
+
+const char* gemm_version_name(GemmVersion version) {
+  switch (version) {
+  case GemmVersion::automatic: return "auto";
+  case GemmVersion::v1_naive: return "v1";
+  case GemmVersion::v2_wmma: return "v2";
+  case GemmVersion::v3_interior: return "v3";
+  case GemmVersion::v4_mma: return "v4";
+  case GemmVersion::v5_multistage: return "v5";
+  }
+  return "?";
+}
+
+std::optional<GemmVersion> parse_gemm_version(const std::string& name) {
+  for (GemmVersion version : kVersions)
+    if (name == gemm_version_name(version)) return version;
+  return std::nullopt;
+}
+
+GemmVersion gemm_version() { return selected().load(std::memory_order_relaxed); }
+void set_gemm_version(GemmVersion version) { selected().store(version, std::memory_order_relaxed); }
+
+} // namespace minamp
