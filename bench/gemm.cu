@@ -1,14 +1,16 @@
-// bench_gemm: TFLOP/s of minamp's GEMMs beside cuBLAS in the same process — the WMMA tensor-core
-// GEMM (f16 in, fp32 accumulate) against cublasGemmEx (f16 in, CUBLAS_COMPUTE_32F) and the fp32
-// SIMT GEMM against cublasSgemm — on square shapes and on the GEMMs of the sine model and of the
-// classify benchmark. Before timing, every result is compared with cuBLAS's over the whole
-// matrix, and a few entries of both with an fp64 sum on the host. Times come from CUDA events on
-// minamp's stream (cuBLAS runs on it too): warm-up, then the median of many runs, the two
+// bench_gemm: TFLOP/s of minamp's GEMMs beside cuBLAS in the same process — the tensor-core GEMM
+// (f16 in, fp32 accumulate) against cublasGemmEx (f16 in, CUBLAS_COMPUTE_32F), as the library
+// runs it and then each version of its ladder (cuda/gemm_v1_naive.cu ... gemm_v4_mma.cu) forced,
+// and the fp32 SIMT GEMM against cublasSgemm — on square shapes and on the GEMMs of the sine model
+// and of the classify benchmark. Before timing, every result is compared with cuBLAS's over the
+// whole matrix, and a few entries of both with an fp64 sum on the host. Times come from CUDA events
+// on minamp's stream (cuBLAS runs on it too): warm-up, then the median of many runs, the two
 // libraries interleaved in rounds, inputs rotated over enough buffers to leave the L2 cold when
 // one set would fit in it; a short spin kernel ahead of each timed series keeps the host's launch
-// rate out of the times. The JSON also records minamp's peak device bytes. With --wmma-sweep,
-// other WMMA tile configurations than the library's are checked and timed the same way on the
-// shapes that matter most (tuning data: which configuration the library should use).
+// rate out of the times. The JSON also records minamp's peak device bytes. With --sweep, other
+// tile configurations of v4 and v5 than the library's are checked and timed the same way on the
+// shapes that matter most (tuning data: which configuration the library should use). --kernels
+// prints, without a GPU, which kernel each version runs at 4096^3 (for bench/gemm_sass.py).
 #include <CLI/CLI.hpp>
 #include <cublas_v2.h>
 #include <nlohmann/json.hpp>
@@ -23,8 +25,9 @@
 #include "cli.h"
 #include "common.cuh"
 #include "core/rng.h"
-#include "gemm_wmma.cuh"
+#include "gemm.cuh"
 #include "io/atomic_file.h"
+#include "kernels/gemm_version.h"
 #include "kernels/kernels.h"
 
 using namespace minamp;
@@ -38,7 +41,7 @@ struct GemmShape {
   int64_t m, n, k;
   bool ta = false, tb = false;
   DType c16 = DType::f16; // C's dtype in the f16 runs (f32 runs always write f32)
-  bool sweep = false;     // --wmma-sweep times the other WMMA configurations on it too
+  bool sweep = false;     // --sweep times the other v4 and v5 configurations on it too
 };
 
 std::vector<GemmShape> all_shapes(const std::string& which) {
@@ -99,9 +102,10 @@ void cublas_gemm(cublasHandle_t handle, const GemmShape& s, const Operands& x) {
                "cublasGemmEx");
 }
 
-// One way minamp computes a shape: the library's gemm, or a configuration of the WMMA sweep.
+// One way minamp computes a shape: the library's gemm, a version forced, or a configuration of
+// the sweep.
 struct MinampGemm {
-  std::string config; // "library", or the WMMA tile configuration
+  std::string config; // "library", a version ("v1" ... "v4"), or a sweep configuration
   std::function<void(const GemmShape&, Operands&)> run;
 };
 
@@ -109,67 +113,68 @@ const MinampGemm kLibraryGemm{"library", [](const GemmShape& s, Operands& x) {
                                 kernels::gemm(x.a, s.ta, x.b, s.tb, x.c, GemmEpilogue{});
                               }};
 
-// --wmma-sweep: a WMMA tile configuration other than the library's (gemm_wmma.cuh), launched
-// alone over the whole C: no choice of a smaller configuration, no split K. For the swept shapes
-// only: A untransposed, f16 C.
-template <class Cfg> struct WmmaCandidate {
-  using OpA = gpu::OperandTraits<__half, gpu::OperandKind::matrix>;
-  template <bool kTransB>
-  using OpB =
-      gpu::OperandTraits<__half, kTransB ? gpu::OperandKind::transposed : gpu::OperandKind::matrix>;
-
-  static std::string name() {
-    return cat("wmma ", Cfg::BM, "x", Cfg::BN, "x", Cfg::BK, ", ", Cfg::WARPS_M * Cfg::WARPS_N,
-               " warps of ", Cfg::kWarpM, "x", Cfg::kWarpN, ", ", Cfg::STAGES, " stages");
-  }
-  static int smem_bytes(bool trans_b) {
-    return trans_b ? gpu::WmmaFamily::smem_bytes<Cfg, OpA, OpB<true>>()
-                   : gpu::WmmaFamily::smem_bytes<Cfg, OpA, OpB<false>>();
-  }
-  template <bool kTransB> static void launch(const gpu::GemmArgs& args) {
-    gpu::GemmLaunch<gpu::WmmaFamily>::On<OpA, OpB<kTransB>>::template launch<Cfg, __half>(
-        args, args.c, args.epilogue, gpu::KSplit{1, args.k});
-  }
-  static void run(const GemmShape& s, Operands& x) {
-    require(!s.ta && x.a.dtype() == DType::f16 && x.c.dtype() == DType::f16, "--wmma-sweep",
-            "swept shapes have A untransposed, f16 A and B, f16 C; '", s.name, "' does not");
-    gpu::GemmArgs args;
-    args.a = gpu::matrix_operand(x.a, false);
-    args.b = gpu::matrix_operand(x.b, s.tb);
-    args.c = x.c.raw();
-    args.c_dtype = DType::f16;
-    args.m = s.m, args.n = s.n, args.k = s.k;
-    if (s.tb)
-      launch<true>(args);
-    else
-      launch<false>(args);
-  }
-};
-
-// The configurations the sweep tries on a shape, beside the library's (128x128x32, 8 warps of
-// 64x32, 3 stages for large shapes): a longer k-step, a deeper pipeline, 64x64 warp tiles with a
-// wider block or with 4 warps. One that needs more shared memory than the device allows is
-// skipped: a line says so, and `skipped` (the JSON's wmma_sweep_skipped) lists it.
-template <class Cfg>
-void add_candidate(std::vector<MinampGemm>& out, const GemmShape& s, json& skipped) {
-  using Candidate = WmmaCandidate<Cfg>;
-  const int bytes = Candidate::smem_bytes(s.tb), limit = gpu::max_dynamic_smem();
-  if (bytes <= limit) {
-    out.push_back({Candidate::name(), Candidate::run});
-    return;
-  }
-  const std::string why = cat(s.name, ": ", Candidate::name(), " skipped, it needs ", bytes,
-                              " bytes of shared memory and the device allows ", limit);
-  std::printf("%s\n", why.c_str());
-  skipped.push_back(why);
+MinampGemm forced_version(GemmVersion version) {
+  return {gemm_version_name(version), [version](const GemmShape& s, Operands& x) {
+            ScopedGemmVersion scope(version);
+            kernels::gemm(x.a, s.ta, x.b, s.tb, x.c, GemmEpilogue{});
+          }};
 }
 
-std::vector<MinampGemm> wmma_sweep(const GemmShape& s, json& skipped) {
+// Every version of the ladder that the device runs (v4 and v5 need sm_80).
+std::vector<MinampGemm> every_version() {
   std::vector<MinampGemm> out;
-  add_candidate<gpu::WmmaConfig<128, 128, 64, 2, 4, 3>>(out, s, skipped);
-  add_candidate<gpu::WmmaConfig<128, 128, 32, 2, 4, 4>>(out, s, skipped);
-  add_candidate<gpu::WmmaConfig<128, 256, 32, 2, 4, 3>>(out, s, skipped);
-  add_candidate<gpu::WmmaConfig<128, 128, 32, 2, 2, 4>>(out, s, skipped);
+  const bool mma_sync = gpu::compute_capability() >= gpu::kMmaSyncCapability;
+  for (GemmVersion v : {GemmVersion::v1_naive, GemmVersion::v2_wmma, GemmVersion::v3_interior,
+                        GemmVersion::v4_mma, GemmVersion::v5_multistage})
+    if (mma_sync || v < GemmVersion::v4_mma) out.push_back(forced_version(v));
+  return out;
+}
+
+// --sweep: v4 and v5 configurations other than the library's, launched alone over the whole C (no
+// split K), for the swept shapes (A untransposed, f16 C). One that needs more shared memory than
+// the device allows is skipped: a line says so, and `skipped` (the JSON's sweep_skipped) lists it.
+std::vector<MinampGemm> sweep(const GemmShape& s, json& skipped) {
+  std::vector<MinampGemm> out;
+  std::vector<gpu::GemmCandidate> candidates = gpu::gemm_v4_sweep();
+  for (gpu::GemmCandidate& candidate : gpu::gemm_v5_sweep()) candidates.push_back(candidate);
+  for (const gpu::GemmCandidate& candidate : candidates) {
+    const int limit = gpu::max_dynamic_smem();
+    if (candidate.smem_bytes > limit) {
+      const std::string why =
+          cat(s.name, ": ", candidate.name, " skipped, it needs ", candidate.smem_bytes,
+              " bytes of shared memory and the device "
+              "allows ",
+              limit);
+      std::printf("%s\n", why.c_str());
+      skipped.push_back(why);
+      continue;
+    }
+    const auto run = candidate.run;
+    out.push_back({candidate.name, [run](const GemmShape& shape, Operands& x) {
+                     require(!shape.ta, "--sweep", "swept shapes have A untransposed; '",
+                             shape.name, "' does not");
+                     gpu::GemmArgs args;
+                     args.a = gpu::matrix_operand(x.a, false);
+                     args.b = gpu::matrix_operand(x.b, shape.tb);
+                     args.c = x.c.raw();
+                     args.c_dtype = x.c.dtype();
+                     args.m = shape.m, args.n = shape.n, args.k = shape.k;
+                     run(args);
+                   }});
+  }
+  return out;
+}
+
+// --kernels: each version's kernel for a large GEMM of plain f16 matrices (see GemmKernelInfo).
+json kernel_infos() {
+  json out = json::array();
+  for (const gpu::GemmKernelInfo& info :
+       {gpu::gemm_v1_kernel_info(), gpu::gemm_v2_kernel_info(), gpu::gemm_v3_kernel_info(),
+        gpu::gemm_v4_kernel_info(), gpu::gemm_v5_kernel_info()})
+    out.push_back({{"version", info.version},
+                   {"kernel", info.kernel},
+                   {"threads", info.threads},
+                   {"smem_bytes", info.smem_bytes}});
   return out;
 }
 
@@ -440,19 +445,30 @@ std::vector<DType> parse_precisions(const std::string& text) {
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"minamp bench_gemm: minamp's WMMA and fp32 GEMMs beside cuBLAS (TFLOP/s)"};
+  CLI::App app{"minamp bench_gemm: minamp's tensor-core (each version) and fp32 GEMMs beside "
+               "cuBLAS (TFLOP/s)"};
   std::string shapes_name = "all", precisions = "f16,f32", json_path;
-  bool sweep = false;
+  bool with_sweep = false, kernels_only = false, versions = true;
   app.add_option("--shapes", shapes_name, "all, square, model or tiny (a quick check)")
       ->capture_default_str();
-  app.add_option("--precisions", precisions, "f16 (WMMA vs cublasGemmEx), f32 (SIMT vs Sgemm)")
+  app.add_option("--precisions", precisions,
+                 "f16 (tensor cores vs cublasGemmEx), f32 (SIMT vs Sgemm)")
       ->capture_default_str();
   app.add_option("--json", json_path, "write the results to this JSON file");
-  app.add_flag("--wmma-sweep", sweep,
-               "also time other WMMA tile configurations than the library's (f16 square 4096, "
+  app.add_flag("!--no-versions", versions,
+               "time only the library's GEMM, not also each version of the ladder (f16)");
+  app.add_flag("--sweep", with_sweep,
+               "also time other v4 and v5 tile configurations than the library's (f16 square 4096, "
                "sine fwd and dgrad; in tiny, the first two shapes)");
+  app.add_flag("--kernels", kernels_only,
+               "print, as JSON, the kernel each version runs at 4096^3 (its name, threads and "
+               "shared memory; for bench/gemm_sass.py) and exit; needs no GPU");
   examples::use_one_line_errors(app);
   CLI11_PARSE(app, argc, argv);
+  if (kernels_only) {
+    std::printf("%s\n", kernel_infos().dump(2).c_str());
+    return 0;
+  }
   if (!json_path.empty()) io::require_writable(json_path, "--json");
   const std::vector<GemmShape> shapes = all_shapes(shapes_name);
   const std::vector<DType> dtypes = parse_precisions(precisions);
@@ -473,7 +489,8 @@ int run(int argc, char** argv) {
   std::printf("%-48s %-4s %10s %10s %8s\n", "shape (MxNxK)", "in", "minamp", "cuBLAS", "ratio");
   json rows = json::array(), sweep_skipped = json::array();
   // The JSON so far, written after every row: a kernel that faults or hangs (killed by the
-  // caller's time limit) keeps the rows before it, the library's ahead of the sweep's.
+  // caller's time limit) keeps the rows before it, the library's ahead of the versions' and the
+  // sweep's.
   const auto save = [&] {
     if (json_path.empty()) return;
     const json result = {{"framework", "minamp"},
@@ -485,15 +502,17 @@ int run(int argc, char** argv) {
                           "CUDA events per run on one stream, queued behind a spin kernel, median; "
                           "minamp and cuBLAS alternate in 2 rounds after 5 warm-up runs each"},
                          {"rows", rows},
-                         {"wmma_sweep_skipped", sweep_skipped}};
+                         {"sweep_skipped", sweep_skipped}};
     io::write_file_atomically(json_path, result.dump(2) + "\n");
   };
   bool all_ok = true;
   for (DType ab : dtypes) {
     for (const GemmShape& s : shapes) {
       std::vector<MinampGemm> minamp{kLibraryGemm};
-      if (sweep && s.sweep && ab == DType::f16)
-        for (MinampGemm& candidate : wmma_sweep(s, sweep_skipped))
+      if (versions && ab == DType::f16)
+        for (MinampGemm& version : every_version()) minamp.push_back(std::move(version));
+      if (with_sweep && s.sweep && ab == DType::f16)
+        for (MinampGemm& candidate : sweep(s, sweep_skipped))
           minamp.push_back(std::move(candidate));
       bench_shape(handle, s, ab, size_t(device["l2_bytes"].get<int>()), minamp, [&](json row) {
         all_ok = all_ok && row["check"]["ok"].get<bool>();

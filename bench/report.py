@@ -173,22 +173,58 @@ def seeds_target(minamp, seed_results):
 
 
 def is_library(row):
-    """A row of the library's GEMM, not of a configuration tried by bench_gemm --wmma-sweep."""
+    """A row of the library's GEMM, not of a version forced or a configuration of the sweep."""
     return row.get("config", "library") == "library"
 
 
-def gemm_target(gemm):
-    rows = [r for r in (gemm or {}).get("rows", []) if r["shape"] == "square 4096"
-            and r["ab_dtype"] == "f16" and is_library(r)]
-    checked = rows[0] if rows else None
+def gemm_row(gemm, shape, config="library"):
+    """bench_gemm's f16 row of `shape` for `config` (the library, or a version: "v2"), or None."""
+    rows = [r for r in (gemm or {}).get("rows", []) if r["shape"] == shape
+            and r["ab_dtype"] == "f16" and r.get("config", "library") == config]
+    return rows[0] if rows else None
+
+
+def gemm_target(gemm, shape, name, bound):
+    """The library's f16 GEMM on `shape` against cublasGemmEx, TFLOP/s, at least `bound`."""
+    checked = gemm_row(gemm, shape)
     row = checked if checked and "ratio" in checked else None  # bench_gemm times only what passes
-    target = {"target": "WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)",
-              "minamp": row and row["minamp"]["tflops"],
-              "reference": row and row["cublas"]["tflops"], "unit": "TFLOP/s", "bound": 0.5,
+    target = {"target": name, "minamp": row and row["minamp"]["tflops"],
+              "reference": row and row["cublas"]["tflops"], "unit": "TFLOP/s", "bound": bound,
               "ratio": row and row["ratio"], "le": False}
     if checked and not row:
         target["check_failed"] = True
     return target
+
+
+CLASSIFY_CONVS = ("classify conv1", "classify conv2", "classify conv3", "classify conv4")
+
+
+def conv_gemm_target(gemm):
+    """The classifier's conv GEMMs: the library against v2 (the WMMA kernel the library ran before
+    the mma.sync versions) in the same run, the slowest ratio over the shapes: at least 1 means
+    no shape got slower."""
+    pairs = [(gemm_row(gemm, s), gemm_row(gemm, s, "v2")) for s in CLASSIFY_CONVS]
+    timed = [(a, b) for a, b in pairs if a and b and "ratio" in a and "ratio" in b]
+    worst = min(timed, key=lambda p: p[0]["minamp"]["tflops"] / p[1]["minamp"]["tflops"],
+                default=None)
+    target = {"target": "classify conv GEMMs, slowest library / v2 (TFLOP/s)",
+              "minamp": worst and worst[0]["minamp"]["tflops"],
+              "reference": worst and worst[1]["minamp"]["tflops"], "unit": "TFLOP/s",
+              "bound": 1.0, "ratio": worst and worst[0]["minamp"]["tflops"] /
+              worst[1]["minamp"]["tflops"], "le": False}
+    if any(a and "ratio" not in a for a, _ in pairs):
+        target["check_failed"] = True
+    return target
+
+
+def gemm_targets(gemm):
+    return [
+        gemm_target(gemm, "square 4096", "GEMM 4096^3 vs cublasGemmEx (TFLOP/s)", 0.6),
+        gemm_target(gemm, "square 1024", "GEMM 1024^3 vs cublasGemmEx (TFLOP/s)", 0.5),
+        gemm_target(gemm, "sine fwd", "sine forward GEMM 262144x256x256 vs cublasGemmEx (TFLOP/s)",
+                    0.6),
+        conv_gemm_target(gemm),
+    ]
 
 
 def cpu_targets(minamp, pytorch):
@@ -206,8 +242,7 @@ def cpu_targets(minamp, pytorch):
 
 def gpu_targets(minamp, pytorch, gemm):
     size = (minamp or pytorch or {}).get("sine_size", 512)
-    return [
-        gemm_target(gemm),
+    return gemm_targets(gemm) + [
         step_target(f"sine {size}^2 AMP step vs PyTorch eager AMP", ("sine", "amp", "train"),
                     ("sine", "amp", "train"), 0.8, minamp, pytorch),
         step_target("mlp AMP step vs PyTorch eager AMP", ("mlp", "amp", "train"),
@@ -310,7 +345,7 @@ def gemm_lines(gemm, markdown):
     rows = []
     for r in gemm["rows"]:
         name = f"{r['shape']} ({r['m']}x{r['n']}x{r['k']})"
-        if not is_library(r):  # a --wmma-sweep row: under its shape's row
+        if not is_library(r):  # a version's or a sweep configuration's row: under its shape's
             name = f"{r['shape']}, {r['config']}"
         dtypes = f"{r['ab_dtype']}/{r['c_dtype']}"
         if "ratio" not in r:
@@ -321,7 +356,7 @@ def gemm_lines(gemm, markdown):
         diff = r["check"]["max_rel_diff_vs_cublas"]
         rows.append([name, dtypes, fmt(r["minamp"]["tflops"], 3), fmt(r["cublas"]["tflops"], 3),
                      percent, "ok" if diff is None else f"ok ({diff:.1e})"])
-    skipped = [f"sweep: {why}" for why in gemm.get("wmma_sweep_skipped", [])]
+    skipped = [f"sweep: {why}" for why in gemm.get("sweep_skipped", [])]
     return table(head, rows, markdown) + ([""] + skipped if skipped else [])
 
 
@@ -406,7 +441,7 @@ def main():
 
     problems = []
     minamp, pytorch = load(args.minamp, problems), load(args.pytorch, problems)
-    gemm = load(args.gemm, problems, items=("rows", "wmma_sweep_skipped"))
+    gemm = load(args.gemm, problems, items=("rows", "sweep_skipped"))
     if gemm:  # some of bench_gemm's parts, not all
         problems += [f"bench_gemm: no {os.path.basename(p)}" for p in args.gemm
                      if not os.path.exists(p)]

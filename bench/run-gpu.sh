@@ -111,13 +111,13 @@ stage() {
 
 # bench_gemm PART (square-f16, model-f16 or all-f32): one process per part, so that a failure
 # in one keeps the others (bench_gemm rewrites its JSON after every row, so a fault or a time
-# limit keeps the rows before it; each shape's library row comes before its sweep rows). The f16
-# parts also time the WMMA sweep's tile configurations (square 4096, sine fwd and dgrad): tuning
-# data.
+# limit keeps the rows before it; each shape's library row comes before its versions' and sweep
+# rows). The f16 parts time each version of the tensor-core GEMM too, and the sweep's tile
+# configurations (square 4096, sine fwd and dgrad): tuning data.
 gemm_parts=(square-f16 model-f16 all-f32)
 run_gemm() {
   local sweep=()
-  [ "${1#*-}" = f16 ] && sweep=(--wmma-sweep)
+  [ "${1#*-}" = f16 ] && sweep=(--sweep)
   stage "bench_gemm $1" 90 "$build/bench_gemm" --shapes "${1%-*}" --precisions "${1#*-}" \
     "${sweep[@]}" --json "$work/gemm-$1.json"
 }

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The GPU check, run ON the GPU machine from the repository root with deps/ carried (see
 # scripts/gather-deps.sh): builds GoogleTest into /tmp/prefix, configures and builds minamp for
-# sm_90, checks the GEMM kernels' machine code (tensor-core HMMA and cp.async LDGSTS present, no
+# sm_90, reads the GEMM kernels' machine code (bench/gemm_sass.py: each version's main loop, no
 # local-memory LDL/STL), runs the whole test binary (a skipped GPU test fails it), then
 # compute-sanitizer memcheck on the GPU tests and racecheck on the GEMM and reduction tests.
 # Full logs go to ${OUT:-/tmp/minamp-gpu}: setup.log (device, GoogleTest, configure), build.log
-# (build, SASS), tests.log, memcheck.log, racecheck.log and extra.log — six files at most, within
-# the device tool's eight.
+# (build, SASS), sass.json (the SASS figures), tests.log, memcheck.log, racecheck.log and extra.log
+# — seven files at most.
 # Every stage runs and is recorded even when an earlier one failed; each has a time limit, cut so
 # that all of them stay within $BUDGET_S seconds (default 560, under the device tool's 600 s per
 # call), so the summary always prints. A pass/fail table ends the output and the exit status is
@@ -135,27 +135,24 @@ racecheck() {
     --gtest_filter='GpuGemm*:GpuConv*:GpuReduce*:GpuLoss*:GpuBatchNorm.Small*'
 }
 
-# The SASS of the GEMM objects: counts per instruction class, and a failure when the WMMA object
-# has no HMMA or LDGSTS, or either object touches local memory (spills).
+# The SASS of the GEMM objects: for each tensor-core GEMM version, bench/gemm_sass.py reads the
+# main loop of its 4096^3 kernel (HMMA count, other instructions per HMMA, LDSM/LDS, LDGSTS) and
+# its registers and blocks per SM, and fails when a kernel is missing or touches local memory
+# (spills); the fp32 SIMT object must not touch local memory either.
 sass() {
-  local object counts failed=0
-  for object in gemm_wmma gemm_fp32; do
-    counts=$(cuobjdump --dump-sass "$build/CMakeFiles/minamp.dir/cuda/$object.cu.o" |
-      grep -oE '\b(HMMA|LDGSTS|LDL|STL|LDS|LDG)[A-Z0-9.]*' | cut -d. -f1 | sort | uniq -c |
-      tr '\n' ' ')
-    echo "$object: $counts"
-    case " $counts " in *" LDL "* | *" STL "*) echo "$object uses local memory"; failed=1 ;; esac
-    if [ "$object" = gemm_wmma ]; then
-      case " $counts " in *" HMMA "*) ;; *) echo "no HMMA in $object"; failed=1 ;; esac
-      case " $counts " in *" LDGSTS "*) ;; *) echo "no LDGSTS in $object"; failed=1 ;; esac
-    fi
-  done
+  local failed=0 counts
+  "$build/bench_gemm" --kernels >/tmp/minamp-kernels.json &&
+    python3 bench/gemm_sass.py --kernels /tmp/minamp-kernels.json \
+      --objects "$build/CMakeFiles/minamp.dir/cuda" --json "$out/sass.json" || failed=1
+  counts=$(cuobjdump --dump-sass "$build/CMakeFiles/minamp.dir/cuda/gemm_fp32.cu.o" |
+    grep -oE '\b(LDL|STL)[A-Z0-9.]*' | cut -d. -f1 | sort | uniq -c | tr '\n' ' ')
+  [ -n "$counts" ] && echo "gemm_fp32 uses local memory: $counts" && failed=1
   return "$failed"
 }
 
 export build gtest_prefix out
 export -f build_googletest configure run_tests memcheck racecheck sass
-rm -f "$out"/{setup,build,tests,memcheck,racecheck,extra}.log
+rm -f "$out"/{setup,build,tests,memcheck,racecheck,extra}.log "$out"/sass.json
 run_stage "device" setup.log 30 nvidia-smi -L
 run_stage "googletest build" setup.log 120 build_googletest
 run_stage "configure" setup.log 60 configure

@@ -4,8 +4,9 @@ report), and the test checks the summary's verdicts — every stage passes when 
 skipped GPU test fails the test stage; compute-sanitizer refusing the device is UNAVAILABLE,
 not pass; memcheck runs with the allocator's exact-size mode; ONLY runs the check stages it
 names and no other; a stage that hangs times out within the budget and the stages after it are
-skipped, not passed — and that $OUT holds at most the six logs the header promises (the device
-tool returns 8 files). Standard library only; ctest runs it as bench.gpu_check.
+skipped, not passed; the SASS stage reads each GEMM version's main loop (bench/gemm_sass.py on a
+fake bench_gemm --kernels and cuobjdump) and fails on a spill — and that $OUT holds only the logs
+and sass.json the header names. Standard library only; ctest runs it as bench.gpu_check.
 
 The same file is the stand-in tools: `test_gpu_check.py --tool NAME ARGS...`; the environment
 variables FAKE_SKIPPED_GPU_TEST, FAKE_TESTS_HANG and FAKE_SANITIZER_REFUSES choose their
@@ -53,15 +54,34 @@ def fake_compute_sanitizer(args):
     print("========= ERROR SUMMARY: 0 errors")
 
 
+def fake_bench_gemm(args):
+    """bench_gemm --kernels: one version, whose kernel the fake cuobjdump disassembles."""
+    assert args == ["--kernels"], args
+    print(json.dumps([{"version": "v1", "kernel": "fake_gemm_kernel", "threads": 128,
+                       "smem_bytes": 8192}]))
+
+
 def fake_cuobjdump(args):
-    print("HMMA.16816.F32 R0, R4, R8, R0 ;")
-    print("LDGSTS.E.BYPASS.128 [R2], [R4.64] ;")
-    print("LDS.U.128 R8, [R3] ;")
+    """A kernel with a main loop of two HMMA (-sass), its registers (-res-usage); the fp32 object
+    (--dump-sass) has no local memory. FAKE_SPILLS adds a spill to the GEMM kernel."""
+    if "-res-usage" in args:
+        print("Resource usage:")
+        print(" Function fake_gemm_kernel:")
+        print("  REG:96 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:600 TEXTURE:0 SURFACE:0 SAMPLER:0")
+        return
+    print("\t\tFunction : fake_gemm_kernel")
+    print("        /*0000*/                   LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64] ;")
+    print("        /*0010*/                   HMMA.16816.F32 R0, R4, R8, R0 ;")
+    print("        /*0020*/                   LDSM.16.M88.4 R8, [R3] ;")
+    print("        /*0030*/                   HMMA.16816.F32 R0, R4, R8, R0 ;")
+    print("        /*0040*/                   BRA 0x10 ;")
+    if os.environ.get("FAKE_SPILLS"):
+        print("        /*0050*/                   STL [R1], R0 ;")
 
 
 TOOLS = {"minamp_tests": fake_minamp_tests, "compute-sanitizer": fake_compute_sanitizer,
          "cuobjdump": fake_cuobjdump, "nvidia-smi": lambda args: print("GPU 0: NVIDIA H100"),
-         "cmake": lambda args: None}
+         "cmake": lambda args: None, "bench_gemm": fake_bench_gemm}
 
 
 class GpuCheckScript(unittest.TestCase):
@@ -71,11 +91,17 @@ class GpuCheckScript(unittest.TestCase):
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
         bin_dir, build, out = (os.path.join(tmp.name, d) for d in ("bin", "build", "out"))
+        self.out = out
         os.makedirs(bin_dir)
         os.makedirs(build)
         for name in ("nvidia-smi", "cmake", "cuobjdump", "compute-sanitizer"):
             make_tool(os.path.join(bin_dir, name), name, __file__)
         make_tool(os.path.join(build, "minamp_tests"), "minamp_tests", __file__)
+        make_tool(os.path.join(build, "bench_gemm"), "bench_gemm", __file__)
+        objects = os.path.join(build, "CMakeFiles", "minamp.dir", "cuda")
+        os.makedirs(objects)
+        for name in ("gemm_v1_fake.cu.o", "gemm_fp32.cu.o"):
+            open(os.path.join(objects, name), "w").close()
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
                    OUT=out, BUDGET_S=str(budget_s), **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh")],
@@ -92,8 +118,22 @@ class GpuCheckScript(unittest.TestCase):
                                           "sass (GEMM objects)", "tests", "memcheck (Gpu*)",
                                           "racecheck (GEMM, reductions)"])
         self.assertEqual(set(verdicts.values()), {"pass"})
-        self.assertEqual(files, ["build.log", "memcheck.log", "racecheck.log", "setup.log",
-                                 "tests.log"])
+        self.assertEqual(files, ["build.log", "memcheck.log", "racecheck.log", "sass.json",
+                                 "setup.log", "tests.log"])
+        with open(os.path.join(self.out, "sass.json")) as f:
+            sass = json.load(f)
+        # 96 registers x 128 threads: 5 blocks fit an SM's 65536 registers (8 KB of shared
+        # memory would allow 25, 2048 threads 16).
+        self.assertEqual({k: sass[0][k] for k in ("loop_hmma", "loop_ldsm", "loop_ldgsts",
+                                                  "registers", "blocks_per_sm")},
+                         {"loop_hmma": 2, "loop_ldsm": 1, "loop_ldgsts": 0, "registers": 96,
+                          "blocks_per_sm": 5})
+
+    def test_a_gemm_kernel_that_spills_fails_the_sass_stage(self):
+        status, verdicts, _ = self.run_script(FAKE_SPILLS="1")
+        self.assertNotEqual(status, 0)
+        self.assertEqual(verdicts["sass (GEMM objects)"], "FAIL (exit 1)")
+        self.assertEqual(verdicts["tests"], "pass")
 
     def test_a_skipped_gpu_test_fails_the_test_stage(self):
         status, verdicts, _ = self.run_script(FAKE_SKIPPED_GPU_TEST="1")

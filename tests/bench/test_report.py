@@ -235,20 +235,24 @@ class GpuTargets(unittest.TestCase):
             for run in runs:
                 if run["mode"] == mode:
                     run["step_ms"] = {k: v * factor for k, v in run["step_ms"].items()}
-        # Before the library's f16 row: its f32 GEMM and a --wmma-sweep configuration.
+        # Before the library's f16 row: its f32 GEMM, a version's row and a sweep configuration.
+        def row(shape, tflops, cublas, config=None, ab="f16"):
+            r = {"shape": shape, "ab_dtype": ab, "c_dtype": ab, "m": 1, "n": 1, "k": 1,
+                 "ratio": tflops / cublas, "minamp": {"tflops": tflops},
+                 "cublas": {"tflops": cublas}, "check": {"max_rel_diff_vs_cublas": 1e-3}}
+            return dict(r, config=config) if config else r
         gemm = {"rows": [
-            {"shape": "square 4096", "ab_dtype": "f32", "c_dtype": "f32", "m": 4096, "n": 4096,
-             "k": 4096, "ratio": 0.9, "minamp": {"tflops": 45.0}, "cublas": {"tflops": 50.0},
-             "check": {"max_rel_diff_vs_cublas": 1e-6}},
-            {"shape": "square 4096", "config": "128x256x32", "ab_dtype": "f16",
-             "c_dtype": "f16", "m": 4096, "n": 4096, "k": 4096, "ratio": 0.1,
-             "minamp": {"tflops": 70.0}, "cublas": {"tflops": 700.0},
-             "check": {"max_rel_diff_vs_cublas": 1e-3}},
-            {"shape": "square 4096", "ab_dtype": "f16", "c_dtype": "f16", "m": 4096, "n": 4096,
-             "k": 4096, "ratio": 0.6, "minamp": {"tflops": 420.0}, "cublas": {"tflops": 700.0},
-             "check": {"max_rel_diff_vs_cublas": 1e-3}}]}
+            row("square 4096", 45.0, 50.0, ab="f32"), row("square 4096", 300.0, 700.0, "v4"),
+            row("square 4096", 70.0, 700.0, "v5 128x256x32, 8 warps of 64x64, 3 stages"),
+            row("square 4096", 420.0, 700.0), row("square 1024", 100.0, 240.0),
+            row("sine fwd", 200.0, 450.0),
+            # classify: conv3 is the slowest against v2 (0.9); the others are faster than v2.
+            row("classify conv1", 3.0, 5.0), row("classify conv1", 2.0, 5.0, "v2"),
+            row("classify conv2", 33.0, 46.0), row("classify conv2", 30.0, 46.0, "v2"),
+            row("classify conv3", 45.0, 90.0), row("classify conv3", 50.0, 90.0, "v2"),
+            row("classify conv4", 30.0, 60.0), row("classify conv4", 25.0, 60.0, "v2")]}
         if gemm_check_failed:  # bench_gemm writes no times or ratio for a failed check
-            library = gemm["rows"][2]
+            library = gemm["rows"][3]
             for key in ("ratio", "minamp", "cublas"):
                 del library[key]
             library["check"] = {"ok": False}
@@ -256,21 +260,35 @@ class GpuTargets(unittest.TestCase):
 
     def test_the_bounds_are_the_issues(self):
         bounds = {t["target"]: t["bound"] for t in self.gpu_report().combined()["targets"]}
-        self.assertEqual(bounds["WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"], 0.5)
+        self.assertEqual(bounds["GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"], 0.6)
+        self.assertEqual(bounds["GEMM 1024^3 vs cublasGemmEx (TFLOP/s)"], 0.5)
+        self.assertEqual(bounds["sine forward GEMM 262144x256x256 vs cublasGemmEx (TFLOP/s)"], 0.6)
+        self.assertEqual(bounds["classify conv GEMMs, slowest library / v2 (TFLOP/s)"], 1.0)
         self.assertEqual(bounds["sine 512^2 AMP step vs PyTorch eager AMP"], 0.8)
         self.assertEqual(bounds["mlp AMP step vs PyTorch eager AMP"], 0.2)
         self.assertEqual(bounds["sine 512^2 AMP peak memory vs minamp FP32"], 0.55)
         self.assertEqual(bounds["sine AMP final loss vs FP32 (last-10 mean)"], 0.05)
         self.assertEqual(bounds["mlp AMP final loss vs FP32 (last-10 mean)"], 0.05)
 
-    def test_the_gemm_target_reads_the_library_f16_row(self):
-        target = self.gpu_report().targets()["WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"]
-        self.assertEqual((target["minamp"], target["reference"]), (420.0, 700.0))
-        self.assertEqual(target["status"], "met")
+    def test_the_gemm_targets_read_the_library_f16_rows(self):
+        targets = self.gpu_report().targets()
+        square = targets["GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"]
+        self.assertEqual((square["minamp"], square["reference"], square["status"]),
+                         (420.0, 700.0, "met"))
+        small = targets["GEMM 1024^3 vs cublasGemmEx (TFLOP/s)"]
+        self.assertEqual((small["minamp"], small["status"]), (100.0, "missed"))
+        sine = targets["sine forward GEMM 262144x256x256 vs cublasGemmEx (TFLOP/s)"]
+        self.assertEqual(sine["status"], "missed")
+
+    def test_the_conv_target_takes_the_slowest_shape_against_v2(self):
+        conv = self.gpu_report().targets()["classify conv GEMMs, slowest library / v2 (TFLOP/s)"]
+        self.assertEqual((conv["minamp"], conv["reference"]), (45.0, 50.0))
+        self.assertAlmostEqual(conv["ratio"], 0.9)
+        self.assertEqual(conv["status"], "missed")
 
     def test_a_gemm_whose_check_failed_misses_rather_than_goes_unmeasured(self):
         report = self.gpu_report(gemm_check_failed=True)
-        target = report.targets()["WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"]
+        target = report.targets()["GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"]
         self.assertEqual(target["status"], "missed (its result check failed)")
 
     def test_pairs_that_are_not_the_targets_are_info_even_inside_the_bound(self):

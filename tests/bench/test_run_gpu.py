@@ -49,7 +49,7 @@ OPTIONS = {
                     "--size": count, "--seed": count, "--json": str},
     "bench_gemm": {"--shapes": one_of("all", "square", "model", "tiny"),
                    "--precisions": one_of("f16", "f32", "f16,f32", "f32,f16"),
-                   "--json": str, "--wmma-sweep": None},
+                   "--json": str, "--sweep": None},
     "example": {"--compare": None, "--device": one_of("auto", "cpu", "cuda"), "--out": str},
 }
 
@@ -92,7 +92,7 @@ def fake_bench_gemm(args):
     row = {"shape": "square 4096", "ab_dtype": "f16", "c_dtype": "f16", "m": 4096, "n": 4096,
            "k": 4096, "ratio": 0.6, "minamp": {"tflops": 400.0}, "cublas": {"tflops": 660.0},
            "check": {"max_rel_diff_vs_cublas": 1e-3}}
-    write_json(option(args, "--json"), {"rows": [row], "wmma_sweep_skipped": []})
+    write_json(option(args, "--json"), {"rows": [row], "sweep_skipped": []})
 
 
 def fake_pytorch(args):
@@ -178,7 +178,7 @@ class RunGpuScript(unittest.TestCase):
             report = json.load(f)
         self.assertEqual(report["meta"]["missing"], [])
         statuses = {t["target"]: t["status"] for t in report["targets"]}
-        self.assertEqual(statuses["WMMA GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"], "met")
+        self.assertEqual(statuses["GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"], "met")
         self.assertEqual(statuses["mlp AMP step vs PyTorch eager AMP"], "missed")  # 1.0 / 2.0
         over_seeds = "sine AMP final loss vs FP32, mean over seeds 0, 1, 2, 3, 4, 5 (last-10 means)"
         self.assertEqual(statuses[over_seeds], "info (the target over seeds)")

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Reads the machine code of each tensor-core GEMM version without a GPU.
+
+For every version bench_gemm --kernels lists (the kernel it runs for a 4096^3 GEMM of plain f16
+matrices into f16 C, with its threads and dynamic shared memory per block), this finds that kernel
+in the version's object file (cuda/gemm_v<N>_*.cu.o of a build), disassembles it for one
+architecture with cuobjdump -sass, and reports for its main loop (the loop with the most HMMA
+instructions): the HMMA count, the other instructions per HMMA, the shared-memory loads (LDSM,
+LDS), the cp.async copies (LDGSTS) and the global loads (LDG); and for the kernel: registers per
+thread (cuobjdump -res-usage), local memory (spills), and the blocks per SM that registers,
+shared memory and threads allow on an sm_90 SM (65536 registers, 228 KB of shared memory with
+1 KB reserved per block, 2048 threads, 32 blocks). These are the static figures a GPU run checks.
+
+    python3 bench/gemm_sass.py --kernels kernels.json --objects BUILD/CMakeFiles/minamp.dir/cuda
+        [--arch sm_90] [--json out.json]
+
+kernels.json is what `bench_gemm --kernels` prints. cuobjdump comes from the CUDA toolkit or
+PyPI's nvidia-cuda-cuobjdump (its nvidia/cu13/bin is searched too); c++filt from binutils.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+# An sm_90 SM: what occupancy is worked out from.
+SM_REGISTERS = 65536
+SM_SHARED_BYTES = 228 * 1024
+SHARED_RESERVED_PER_BLOCK = 1024
+SM_THREADS = 2048
+SM_BLOCKS = 32
+REGISTER_GRANULE = 8  # registers are allocated per thread in multiples of 8 (per warp: of 256)
+
+
+def find_tool(name):
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import nvidia  # PyPI's nvidia-cuda-cuobjdump installs under the nvidia namespace
+        for root in nvidia.__path__:
+            for candidate in glob.glob(os.path.join(root, "*", "bin", name)):
+                return candidate
+    except ImportError:
+        pass
+    sys.exit(f"gemm_sass: {name} not found (CUDA toolkit, or pip install nvidia-cuda-cuobjdump)")
+
+
+def demangle(names):
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    return dict(zip(names, out))
+
+
+def functions(cuobjdump, obj, arch):
+    """{mangled name: [SASS lines]} of every kernel in the object, for `arch`."""
+    text = subprocess.run([cuobjdump, "-sass", "-arch", arch, obj], capture_output=True,
+                          text=True, check=True).stdout
+    result, current = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s+Function : (\S+)", line)
+        if m:
+            current = m.group(1)
+            result[current] = []
+        elif current:
+            result[current].append(line)
+    return result
+
+
+def registers(cuobjdump, obj, arch):
+    """{mangled name: (registers, local bytes)} from cuobjdump -res-usage."""
+    text = subprocess.run([cuobjdump, "-res-usage", "-arch", arch, obj], capture_output=True,
+                          text=True, check=True).stdout
+    result, name = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function (\S+):", line)
+        if m:
+            name = m.group(1)
+            continue
+        m = re.search(r"REG:(\d+).*LOCAL:(\d+)", line)
+        if name and m:
+            result[name] = (int(m.group(1)), int(m.group(2)))
+    return result
+
+
+INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
+
+
+def instructions(lines):
+    """[(address, opcode, operands)] of a function's SASS."""
+    out = []
+    for line in lines:
+        m = INSTRUCTION.search(line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    return out
+
+
+def main_loop(code):
+    """The body of the loop (a backward branch) with the most HMMA, the shortest of those: a
+    kernel with an interior main loop and an edge one reports the interior one."""
+    best, best_key = [], (0, 0)
+    for i, (address, opcode, operands) in enumerate(code):
+        if not opcode.startswith("BRA"):
+            continue
+        m = re.search(r"0x([0-9a-f]+)", operands)
+        if not m or int(m.group(1), 16) >= address:
+            continue
+        target = int(m.group(1), 16)
+        body = [c for c in code[: i + 1] if c[0] >= target]
+        key = (count(body, "HMMA"), -len(body))
+        if key > best_key:
+            best, best_key = body, key
+    return best
+
+
+def count(body, prefix):
+    return sum(opcode.split(".")[0] == prefix for _, opcode, _ in body)
+
+
+def blocks_per_sm(regs, threads, smem):
+    per_thread = -(-regs // REGISTER_GRANULE) * REGISTER_GRANULE
+    by_registers = SM_REGISTERS // (per_thread * threads) if regs else SM_BLOCKS
+    by_shared = SM_SHARED_BYTES // (smem + SHARED_RESERVED_PER_BLOCK)
+    return min(by_registers, by_shared, SM_THREADS // threads, SM_BLOCKS)
+
+
+def analyse(info, objects, arch, cuobjdump):
+    version = info["version"]
+    paths = glob.glob(os.path.join(objects, f"gemm_{version}_*.cu.o"))
+    if not paths:
+        return {"version": version, "error": f"no gemm_{version}_*.cu.o under {objects}"}
+    obj = paths[0]
+    sass = functions(cuobjdump, obj, arch)
+    names = demangle(list(sass))
+    matches = [m for m, d in names.items() if info["kernel"] in d]
+    if len(matches) != 1:
+        return {"version": version, "error": f"{len(matches)} kernels match {info['kernel']}"}
+    mangled = matches[0]
+    code = instructions(sass[mangled])
+    loop = main_loop(code)
+    hmma = count(loop, "HMMA")
+    regs, local = registers(cuobjdump, obj, arch).get(mangled, (0, 0))
+    return {
+        "version": version, "kernel": info["kernel"], "object": os.path.basename(obj),
+        "arch": arch, "instructions": len(code), "loop_instructions": len(loop),
+        "loop_hmma": hmma,
+        "loop_other_per_hmma": (len(loop) - hmma) / hmma if hmma else None,
+        "loop_ldsm": count(loop, "LDSM"), "loop_lds": count(loop, "LDS"),
+        "loop_ldgsts": count(loop, "LDGSTS"), "loop_ldg": count(loop, "LDG"),
+        "loop_bar": count(loop, "BAR"),
+        "kernel_local_memory": count(code, "LDL") + count(code, "STL"),
+        "registers": regs, "local_bytes": local, "threads": info["threads"],
+        "smem_bytes": info["smem_bytes"],
+        "blocks_per_sm": blocks_per_sm(regs, info["threads"], info["smem_bytes"]),
+    }
+
+
+def print_table(rows):
+    head = ("version", "regs", "smem KB", "blocks/SM", "warps/SM", "loop HMMA", "other/HMMA",
+            "LDSM", "LDS", "LDGSTS", "LDG", "LDL/STL")
+    print("  ".join(f"{h:>10}" for h in head))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['version']:>10}  {r['error']}")
+            continue
+        other = r["loop_other_per_hmma"]
+        cells = (r["version"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}", r["blocks_per_sm"],
+                 r["blocks_per_sm"] * r["threads"] // 32, r["loop_hmma"],
+                 "n/a" if other is None else f"{other:.2f}", r["loop_ldsm"], r["loop_lds"],
+                 r["loop_ldgsts"], r["loop_ldg"], r["kernel_local_memory"])
+        print("  ".join(f"{c:>10}" for c in cells))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kernels", required=True, help="the JSON bench_gemm --kernels prints")
+    p.add_argument("--objects", required=True, help="folder of the gemm_v*.cu.o objects")
+    p.add_argument("--arch", default="sm_90", help="the architecture to disassemble (sm_90)")
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    args = p.parse_args()
+    try:
+        with open(args.kernels) as f:
+            kernels = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"gemm_sass: --kernels {args.kernels}: {e}")
+    cuobjdump = find_tool("cuobjdump")
+    rows = [analyse(info, args.objects, args.arch, cuobjdump) for info in kernels]
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+            f.write("\n")
+    return 1 if any("error" in r or r["kernel_local_memory"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
