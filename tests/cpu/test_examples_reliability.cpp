@@ -48,24 +48,37 @@ int64_t int64_entry(const std::string& path, const std::string& name) {
   return io::load_safetensors(path).int64s_named(name).values.at(0);
 }
 
+// mlp started in the background with `args` (its output in the temp file `name`), once its
+// output holds `text`; a test failure when it never does.
+test::BackgroundProgram start_mlp_until(const std::vector<std::string>& args,
+                                        const std::string& name, const std::string& text) {
+  const test::BackgroundProgram run = test::start_program("mlp", args, fresh_dir(name));
+  EXPECT_TRUE(run.wait_for_output(text)) << run.output();
+  return run;
+}
+
+// Sends `signal` to `run` and returns its exit status (-1, and a test failure, when it did not
+// exit but was killed).
+int exit_status_after(const test::BackgroundProgram& run, int signal) {
+  ::kill(run.pid, signal);
+  const int status = run.wait();
+  EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status) << ": " << run.output();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 // A second run on a folder another run is writing is refused, naming the folder and the other
 // run's PID; SIGTERM then stops the first after its step, with status 143.
 TEST(Reliability, ASecondRunOnTheSameFolderIsRefused) {
   const std::string out = fresh_dir("locked_out");
   const test::BackgroundProgram first =
-      test::start_program("mlp",
-                          {"--epochs", "1000000", "--batches", "1", "--batch-size", "8",
-                           "--log-every", "200", "--out", out},
-                          fresh_dir("locked_first.log"));
-  ASSERT_TRUE(first.wait_for_output("step 200/")) << first.output();
+      start_mlp_until({"--epochs", "1000000", "--batches", "1", "--batch-size", "8", "--log-every",
+                       "200", "--out", out},
+                      "locked_first.log", "step 200/");
   const ProgramRun second = run_program("mlp", "--epochs 1 --batches 2 --out " + out);
   expect_one_line_error(second, "second run",
                         {"--out: " + out + " is in use by another minamp run (PID " +
                          std::to_string(first.pid) + ")"});
-  ::kill(first.pid, SIGTERM);
-  const int status = first.wait();
-  ASSERT_TRUE(WIFEXITED(status)) << first.output();
-  EXPECT_EQ(WEXITSTATUS(status), 143) << first.output();
+  EXPECT_EQ(exit_status_after(first, SIGTERM), 143) << first.output();
   EXPECT_NE(first.output().find("interrupted (SIGTERM): mlp fp32 stopped after "),
             std::string::npos)
       << first.output();
@@ -82,15 +95,10 @@ TEST(Reliability, ASecondRunOnTheSameFolderIsRefused) {
 TEST(Reliability, CtrlCFinishesTheStepAndWritesTheCheckpoint) {
   const std::string out = fresh_dir("ctrl_c");
   const test::BackgroundProgram run =
-      test::start_program("mlp",
-                          {"--epochs", "1000000", "--batches", "3", "--checkpoint-every", "100000",
-                           "--log-every", "30", "--out", out},
-                          fresh_dir("ctrl_c.log"));
-  ASSERT_TRUE(run.wait_for_output("step 30/")) << run.output();
-  ::kill(run.pid, SIGINT);
-  const int status = run.wait();
-  ASSERT_TRUE(WIFEXITED(status)) << run.output();
-  EXPECT_EQ(WEXITSTATUS(status), 130) << run.output();
+      start_mlp_until({"--epochs", "1000000", "--batches", "3", "--checkpoint-every", "100000",
+                       "--log-every", "30", "--out", out},
+                      "ctrl_c.log", "step 30/");
+  ASSERT_EQ(exit_status_after(run, SIGINT), 130) << run.output();
   const nlohmann::json summary = read_output_json(out + "/summary.json");
   EXPECT_EQ(field(summary, "interrupted"), true);
   const int64_t steps = field(summary, "steps_completed").get<int64_t>();
@@ -119,11 +127,9 @@ TEST(Reliability, CtrlCFinishesTheStepAndWritesTheCheckpoint) {
 TEST(Reliability, ASecondCtrlCEndsTheProgramAtOnce) {
   const std::string out = fresh_dir("ctrl_c_twice");
   const test::BackgroundProgram run =
-      test::start_program("mlp",
-                          {"--batch-size", "20000", "--widths", "512,512", "--epochs", "1000",
-                           "--batches", "1", "--log-every", "1", "--out", out},
-                          fresh_dir("ctrl_c_twice.log"));
-  ASSERT_TRUE(run.wait_for_output("step 1/")) << run.output();
+      start_mlp_until({"--batch-size", "20000", "--widths", "512,512", "--epochs", "1000",
+                       "--batches", "1", "--log-every", "1", "--out", out},
+                      "ctrl_c_twice.log", "step 1/");
   ::kill(run.pid, SIGINT);
   // The handler runs once: SIGINT is then no longer caught.
   for (int i = 0; i < 10000 && test::catches_signal(run.pid, SIGINT); ++i)
