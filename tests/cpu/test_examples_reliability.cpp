@@ -122,13 +122,13 @@ TEST(Reliability, CtrlCFinishesTheStepAndWritesTheCheckpoint) {
   EXPECT_EQ(field(after, "interrupted"), false);
 }
 
-// A second Ctrl-C while the first is honoured (the step under way, half a second or so here)
-// ends the program at once, by the signal.
+// A second Ctrl-C while the first is honoured (the step under way, half a second or so on the
+// CPU) ends the program at once, by the signal.
 TEST(Reliability, ASecondCtrlCEndsTheProgramAtOnce) {
   const std::string out = fresh_dir("ctrl_c_twice");
   const test::BackgroundProgram run =
-      start_mlp_until({"--batch-size", "20000", "--widths", "512,512", "--epochs", "1000",
-                       "--batches", "1", "--log-every", "1", "--out", out},
+      start_mlp_until({"--device", "cpu", "--batch-size", "20000", "--widths", "512,512",
+                       "--epochs", "1000", "--batches", "1", "--log-every", "1", "--out", out},
                       "ctrl_c_twice.log", "step 1/");
   ::kill(run.pid, SIGINT);
   // The handler runs once: SIGINT is then no longer caught.
@@ -327,7 +327,8 @@ TEST(Reliability, OutOfMemoryNamesTheOptionsAndLeavesNoFolder) {
   const std::string out = fresh_dir("out_of_memory");
   // 2048^2 pixels x 1024 channels is 16 GiB for one activation; the address space is 1 GiB.
   const ProgramRun run = run_program(
-      "sine", "--size 2048 --hidden 1024 --layers 0 --steps 1 --out " + out, "ulimit -v 1000000;");
+      "sine", "--device cpu --size 2048 --hidden 1024 --layers 0 --steps 1 --out " + out,
+      "ulimit -v 1000000;");
   expect_one_line_error(run, "--size 2048",
                         {"error: out of memory (cpu allocator: out of memory allocating",
                          "--size 2048, --hidden 1024 and --layers 0 ask for more memory than "
