@@ -22,7 +22,6 @@ enum class Values {
   finite_non_negative, // second moments, BatchNorm running variances
   bounded,             // one finite value in (above, below): the scaler's scale and factors
   step_count,          // one integer in [min, max]: Adam's step, at most train.step
-  any,                 // anything (a training log, whose loss may be inf or NaN)
 };
 
 // One checkpoint entry and where its value lives: an f32 tensor (any device), or a host int64
@@ -80,7 +79,6 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 std::string invalid_value(const Entry& e, const Tensor& t) {
   const float* v = t.data<float>();
   switch (e.values) {
-  case Values::any: return "";
   case Values::finite:
   case Values::finite_non_negative: {
     const bool non_negative = e.values == Values::finite_non_negative;
