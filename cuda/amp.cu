@@ -15,18 +15,17 @@ namespace {
 constexpr int kThreads = 256;
 
 // Block b unscales chunk b: g *= 1 / scale[0] (the reciprocal in double, as GradScaler.unscale_);
-// a non-finite scaled g sets found_inf[0] = 1 (checked before unscaling, as PyTorch's
-// _amp_foreach_non_finite_check_and_unscale_) with a plain store: every writer stores the same
-// value, so the race is benign; nobody resets it.
+// a non-finite unscaled g sets found_inf[0] = 1 (kernel_list.h says why the unscaled value) with
+// a plain store: every writer stores the same value, so the race is benign; nobody resets it.
 __global__ void __launch_bounds__(kThreads)
     amp_unscale_kernel(FloatChunkList list, const float* scale, float* found_inf) {
   const FloatChunk chunk = list.chunk[blockIdx.x];
   const float inv_scale = float(1.0 / double(scale[0]));
   bool saw_nonfinite = false;
   for (int i = threadIdx.x; i < chunk.numel; i += blockDim.x) {
-    const float g = chunk.data[i];
-    saw_nonfinite = saw_nonfinite || !isfinite(g);
-    chunk.data[i] = g * inv_scale;
+    const float unscaled = chunk.data[i] * inv_scale;
+    saw_nonfinite = saw_nonfinite || !isfinite(unscaled);
+    chunk.data[i] = unscaled;
   }
   if (saw_nonfinite) found_inf[0] = 1.0f;
 }

@@ -129,8 +129,9 @@ private:
     release_cache(); // give every cached block back to the driver and try once more
     block = device_malloc(size);
     if (block) return block;
-    throw Error(cat("cuda allocator: out of memory allocating ", bytes, " bytes (size class ", size,
-                    "); minamp has ", live_bytes(), " bytes live, peak ", peak_bytes(), " bytes"));
+    throw OutOfMemory(cat("cuda allocator: out of memory allocating ", bytes, " bytes (size class ",
+                          size, "); minamp has ", live_bytes(), " bytes live, peak ", peak_bytes(),
+                          " bytes"));
   }
 
   void raw_deallocate(void* ptr, size_t bytes) override {
@@ -157,8 +158,9 @@ private:
     }
     block = device_malloc(size);
     if (!block)
-      throw Error(cat("cuda allocator: out of memory allocating ", size,
-                      " bytes for a CUDA graph capture; minamp has ", live_bytes(), " bytes live"));
+      throw OutOfMemory(cat("cuda allocator: out of memory allocating ", size,
+                            " bytes for a CUDA graph capture; minamp has ", live_bytes(),
+                            " bytes live"));
     private_blocks_.insert(block);
     return block;
   }

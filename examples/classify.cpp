@@ -11,6 +11,7 @@
 //     nn.Conv2d(2W,2W,3,stride=2,padding=1,bias=False), nn.BatchNorm2d(2W), nn.ReLU(),
 //     FlattenNHWC(), nn.Linear(2W*h*w, K))   with FlattenNHWC: x.permute(0, 2, 3, 1).flatten(1)
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -19,6 +20,7 @@
 #include "common.h"
 #include "io/idx.h"
 #include "io/image.h"
+#include "io/utf8.h"
 #include "ops/ops.h"
 
 using namespace minamp;
@@ -45,6 +47,7 @@ struct Split {
 struct Dataset {
   Split train, test;
   int64_t classes = 0;
+  std::vector<std::string> files; // the files it was read from
   // "2 2 2, test 1 1 1": the images of each class in the train and test splits.
   std::string images_per_class() const {
     std::string out;
@@ -68,10 +71,13 @@ Split first_images(const Split& split, int64_t count) {
   return out;
 }
 
-// One Fashion-MNIST split: DIR/<prefix>-images-idx3-ubyte.gz and -labels-idx1-ubyte.gz.
-Split read_fashion_mnist_split(const std::string& dir, const std::string& prefix, int64_t classes) {
-  const std::string images_path = dir + "/" + prefix + "-images-idx3-ubyte.gz";
-  const std::string labels_path = dir + "/" + prefix + "-labels-idx1-ubyte.gz";
+// The files of one Fashion-MNIST split ("train" or "t10k"): its images and its labels.
+std::array<std::string, 2> fashion_mnist_files(const std::string& dir, const std::string& split) {
+  return {dir + "/" + split + "-images-idx3-ubyte.gz", dir + "/" + split + "-labels-idx1-ubyte.gz"};
+}
+
+Split read_fashion_mnist_split(const std::string& dir, const std::string& name, int64_t classes) {
+  const auto [images_path, labels_path] = fashion_mnist_files(dir, name);
   const io::IdxImages images = io::read_idx_images(images_path);
   const std::vector<uint8_t> labels = io::read_idx_labels(labels_path);
   require(int64_t(labels.size()) == images.count, "--data", labels_path, ": ", labels.size(),
@@ -93,7 +99,11 @@ Dataset read_fashion_mnist(const std::string& dir) {
           ": not a directory (Debian's dataset-fashion-mnist package installs Fashion-MNIST; "
           "`make deps` does)");
   Dataset data{read_fashion_mnist_split(dir, "train", kClasses),
-               read_fashion_mnist_split(dir, "t10k", kClasses), kClasses};
+               read_fashion_mnist_split(dir, "t10k", kClasses),
+               kClasses,
+               {}};
+  for (const char* split : {"train", "t10k"})
+    for (const std::string& file : fashion_mnist_files(dir, split)) data.files.push_back(file);
   require(data.train.images.shape() == Shape{data.train.size(), 28, 28, 1} &&
               data.test.images.shape() == Shape{data.test.size(), 28, 28, 1},
           "--data", dir, ": expected 28x28 images, got train ", data.train.images.shape(),
@@ -122,7 +132,7 @@ Dataset read_image_folder(const std::string& root, int64_t size, int channels,
     }
     return split;
   };
-  return {gather(train_rows), gather(test_rows), int64_t(folder.classes.size())};
+  return {gather(train_rows), gather(test_rows), int64_t(folder.classes.size()), folder.files};
 }
 
 std::unique_ptr<nn::Sequential> build_cnn(Rng& rng, const Shape& image, int64_t width,
@@ -208,6 +218,9 @@ int main(int argc, char** argv) {
     examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);
     examples::resolve_device(options.device); // --device cuda without a GPU: before the data loads
+    examples::set_memory_options(cat("--batch-size ", batch_size, ", --width ", width,
+                                     images_root.empty() ? "" : cat(", --image-size ", image_size),
+                                     " and --subset ", subset));
 
     Dataset data = images_root.empty()
                        ? read_fashion_mnist(data_dir)
@@ -216,8 +229,12 @@ int main(int argc, char** argv) {
     data.test = first_images(data.test, subset);
     const std::string source = images_root.empty() ? data_dir : images_root;
     // Where the data is, as one spelling (a checkpoint records it: "data/x", "./data/x/" and
-    // "/abs/data/x" are one data set to --resume).
-    const std::string data_path = std::filesystem::canonical(source).string();
+    // "/abs/data/x" are one data set to --resume), and as UTF-8 (JSON's text) without losing a
+    // byte of a path that is not.
+    std::error_code error;
+    const std::string data_path =
+        io::escape_to_utf8(std::filesystem::canonical(source, error).string());
+    require(!error, images_root.empty() ? "--data" : "--images", source, ": ", error.message());
     require(data.classes >= 2, "classify", source, ": ", data.classes,
             " class; a classifier needs at least 2");
     require(data.train.size() > 0, "classify", source, ": no training images",
@@ -253,6 +270,7 @@ int main(int argc, char** argv) {
       spec.config.insert({{"image_size", std::to_string(image_size)},
                           {"channels", std::to_string(channels)},
                           {"holdout_every", std::to_string(holdout_every)}});
+    spec.input_files = data.files;
     spec.build_model = [&](Rng& rng) {
       return build_cnn(rng, data.train.images.shape(), width, data.classes);
     };

@@ -6,21 +6,26 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <set>
 
 #include "amp/autocast.h"
 #include "amp/diagnostics.h"
 #include "cli.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "io/folder_lock.h"
 #include "io/plot.h"
+#include "io/utf8.h"
 #include "kernels/backend.h"
 #include "kernels/profile.h"
 #include "ops/ops.h"
@@ -40,6 +45,50 @@ std::string mib(size_t bytes) { return cat(std::round(bytes / 1048576.0 * 100) /
 // "-nan". Sums and copies keep a NaN's sign, so the figures derived from the log read "nan" too.
 float unsigned_nan(float value) { return std::isnan(value) ? std::fabs(value) : value; }
 
+// ---- stopping on SIGINT or SIGTERM ----
+
+// The signal that asked the runs to stop (0: none yet); set by on_stop_signal.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+// The first SIGINT or SIGTERM is noted for the training loop to see between steps; from then on
+// both have their default action again, so a second one ends the program at once.
+void on_stop_signal(int signal) {
+  g_stop_signal = signal;
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  ::sigaction(SIGINT, &default_action, nullptr);
+  ::sigaction(SIGTERM, &default_action, nullptr);
+}
+
+int stop_signal() { return g_stop_signal; }
+
+const char* signal_name(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+// While alive, SIGINT and SIGTERM ask the runs to stop (on_stop_signal) instead of ending the
+// program; a signal the program was started ignoring (nohup, `&` in a script) stays ignored.
+class StopOnSignal {
+public:
+  StopOnSignal() {
+    for (size_t i = 0; i < kSignals.size(); ++i) {
+      ::sigaction(kSignals[i], nullptr, &previous_[i]);
+      if (previous_[i].sa_handler == SIG_IGN) continue;
+      struct sigaction action {};
+      action.sa_handler = on_stop_signal;
+      action.sa_flags = SA_RESTART; // a read or write under way goes on
+      ::sigaction(kSignals[i], &action, nullptr);
+    }
+  }
+  ~StopOnSignal() {
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+private:
+  static constexpr std::array<int, 2> kSignals{SIGINT, SIGTERM};
+  std::array<struct sigaction, 2> previous_{};
+};
+
 // A directory a run writes into: the option that names it and the files it will write there.
 struct OutputDir {
   std::string dir;
@@ -52,8 +101,9 @@ struct OutputDir {
 std::vector<std::filesystem::path> missing_dirs(const std::string& dir,
                                                 std::filesystem::path& existing) {
   std::vector<std::filesystem::path> missing;
-  existing = std::filesystem::absolute(dir);
-  while (!std::filesystem::exists(existing) && existing.has_parent_path() &&
+  std::error_code error; // a path that cannot be examined counts as missing; creating it reports
+  existing = std::filesystem::absolute(dir, error);
+  while (!std::filesystem::exists(existing, error) && existing.has_parent_path() &&
          existing != existing.parent_path()) {
     missing.push_back(existing);
     existing = existing.parent_path();
@@ -62,19 +112,28 @@ std::vector<std::filesystem::path> missing_dirs(const std::string& dir,
 }
 
 // Throws Error naming the option unless each directory is one or could be made one (the
-// nearest existing ancestor is a directory this process may write to) and none of its files is
-// a directory (found only when the run writes it, that would throw the run away).
-void require_outputs_usable(const std::vector<OutputDir>& outputs) {
+// nearest existing ancestor is a directory this process may write to), each of its files is
+// absent or a regular file (a directory found only when the run writes it would throw the run
+// away; a device, FIFO or link is not replaced), and none is one of the run's `inputs`.
+void require_outputs_usable(const std::vector<OutputDir>& outputs,
+                            const std::vector<std::string>& inputs) {
+  std::error_code ignored;
   for (const OutputDir& out : outputs) {
     std::filesystem::path existing;
     missing_dirs(out.dir, existing);
-    const bool is_dir = std::filesystem::is_directory(existing);
+    const bool is_dir = std::filesystem::is_directory(existing, ignored);
     require(is_dir && ::access(existing.c_str(), W_OK) == 0, out.option,
             "cannot create the directory ", out.dir, " (", existing.string(),
             is_dir ? " is not writable)" : " is not a directory)");
-    for (const std::string& file : out.files)
-      require(!std::filesystem::is_directory(out.dir + "/" + file), out.option, out.dir, "/", file,
+    for (const std::string& file : out.files) {
+      const std::string path = out.dir + "/" + file;
+      require(!std::filesystem::is_directory(path, ignored), out.option, path,
               " is a directory, where the run would write a file");
+      io::require_replaceable(path, out.option);
+      for (const std::string& input : inputs)
+        require(!std::filesystem::equivalent(input, path, ignored), out.option, path, " is ", input,
+                ", which this run reads: the run would replace it");
+    }
   }
 }
 
@@ -93,25 +152,53 @@ std::vector<OutputDir> output_dirs(const TrainSpec& spec, const Options& options
   return {out, {options.save_weights, "--save-weights", {"init.safetensors", "final.safetensors"}}};
 }
 
-// Creates the output directories (checked with require_outputs_usable first). When one cannot be
-// created after all (a pseudo-filesystem such as /proc, which access() calls writable for root),
-// the directories this call made are removed, deepest first and only while empty: an error leaves
-// no empty folder behind and never touches anything else.
-void make_output_dirs(const std::vector<OutputDir>& outputs) {
-  std::vector<std::filesystem::path> made; // deepest first within each output
-  for (const OutputDir& out : outputs) {
+// The output directories of a program's runs, held while they train: created where missing,
+// each locked against other minamp runs (io::FolderLock: a second run on the same folder is
+// refused), and cleared of the temp files that a killed run's atomic writes of these files left.
+// On destruction, however the runs ended, the locks are released and every directory this made
+// that is still empty is removed, deepest first: a failed run leaves no empty folder behind and
+// never touches anything else.
+class OutputFolders {
+public:
+  explicit OutputFolders(const std::vector<OutputDir>& outputs) {
+    try {
+      for (const OutputDir& out : outputs) hold(out);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~OutputFolders() { release(); }
+  OutputFolders(const OutputFolders&) = delete;
+  OutputFolders& operator=(const OutputFolders&) = delete;
+
+private:
+  void hold(const OutputDir& out) {
     std::filesystem::path existing;
     const std::vector<std::filesystem::path> missing = missing_dirs(out.dir, existing);
     std::error_code error;
     std::filesystem::create_directories(out.dir, error);
-    made.insert(made.begin(), missing.begin(), missing.end());
-    if (!error) continue;
-    std::error_code ignored; // the first error is the one to report
-    for (const std::filesystem::path& dir : made) std::filesystem::remove(dir, ignored);
-    throw Error(
-        cat(out.option, ": cannot create the directory ", out.dir, " (", error.message(), ")"));
+    made_.insert(made_.begin(), missing.begin(), missing.end()); // deepest first
+    if (error)
+      throw Error(
+          cat(out.option, ": cannot create the directory ", out.dir, " (", error.message(), ")"));
+    // One lock per folder (--save-weights may name the --out folder).
+    if (locked_.insert(std::filesystem::weakly_canonical(out.dir, error).string()).second)
+      locks_.push_back(std::make_unique<io::FolderLock>(out.dir, out.option));
+    for (const std::string& file : out.files) io::remove_stale_temp_files(out.dir, file);
   }
-}
+  void release() {
+    locks_.clear();
+    locked_.clear();
+    std::error_code ignored;
+    for (const std::filesystem::path& dir : made_)
+      if (std::filesystem::is_empty(dir, ignored)) std::filesystem::remove(dir, ignored);
+    made_.clear();
+  }
+  std::vector<std::filesystem::path> made_;
+  std::set<std::string> locked_;
+  std::vector<std::unique_ptr<io::FolderLock>> locks_;
+};
 
 // The data-order generator's stream: apart from the weights' (Rng's default stream), same seed.
 constexpr uint64_t kDataStream = 1;
@@ -259,6 +346,53 @@ std::vector<Record> records_from_tensor(const std::string& path, const io::Train
     return records;
   }
   throw Error(cat("--resume: ", path, ": missing entry 'log.", name, "'"));
+}
+
+// Why a step record is not one a run writes ("wall_s is nan"), or "": every figure finite, the loss
+// too unless the step was skipped (a non-finite loss is why a step is skipped; in a step taken it
+// means training diverged), skipped 0, or 1 with a loss scaler, scale > 0 (1 without a scaler),
+// wall_s >= 0, 0 <= correct <= rows.
+std::string invalid_record(const StepRecord& r, bool scaled) {
+  for (const auto& [name, value] : {std::pair{"wall_s", r.wall_s},
+                                    {"scale", r.scale},
+                                    {"skipped", r.skipped},
+                                    {"correct", r.correct},
+                                    {"rows", r.rows}})
+    if (!std::isfinite(value)) return cat(name, " is ", value);
+  if (!(r.skipped == 0.0f || (scaled && r.skipped == 1.0f)))
+    return cat("skipped is ", r.skipped, ", expected 0", scaled ? " or 1" : "");
+  if (!std::isfinite(r.loss) && r.skipped == 0.0f)
+    return cat("the loss of a step taken is ", r.loss, " (training diverged)");
+  if (!(scaled ? r.scale > 0.0f : r.scale == 1.0f))
+    return cat("scale is ", r.scale, scaled ? ", expected > 0" : ", expected 1");
+  if (r.wall_s < 0.0f) return cat("wall_s is ", r.wall_s, ", expected a time >= 0");
+  if (r.correct < 0.0f || r.correct > r.rows)
+    return cat("correct is ", r.correct, ", expected 0 to rows (", r.rows, ")");
+  return "";
+}
+
+// The same for an epoch record: losses finite (non-finite ones need skipped steps, so a loss
+// scaler), accuracies in [0, 1], wall_s finite and >= 0.
+std::string invalid_record(const EpochRecord& r, bool scaled) {
+  for (const auto& [name, value] :
+       {std::pair{"train_loss", r.train_loss}, {"test_loss", r.test_loss}})
+    if (!scaled && !std::isfinite(value)) return cat(name, " is ", value, " (training diverged)");
+  for (const auto& [name, value] :
+       {std::pair{"train_accuracy", r.train_accuracy}, {"test_accuracy", r.test_accuracy}})
+    if (!(value >= 0.0f && value <= 1.0f)) return cat(name, " is ", value, ", expected 0 to 1");
+  if (!(std::isfinite(r.wall_s) && r.wall_s >= 0.0f))
+    return cat("wall_s is ", r.wall_s, ", expected a time >= 0");
+  return "";
+}
+
+// The first record of `records` that invalid_record refuses, as "row 3: wall_s is nan", or "".
+template <class Record>
+std::string first_invalid_record(const std::vector<Record>& records, bool scaled) {
+  for (size_t i = 0; i < records.size(); ++i) {
+    const std::string invalid = invalid_record(records[i], scaled);
+    if (!invalid.empty()) return cat("row ", i, ": ", invalid);
+  }
+  return "";
 }
 
 std::vector<io::NamedTensor> log_tensors(const TrainLog& log) {
@@ -490,7 +624,15 @@ private:
   bool evaluates() const { return spec_.steps_per_epoch > 0 && spec_.eval_batch != nullptr; }
 
   void resume(const std::string& path);
-  void save_checkpoint(const std::string& path) const;
+  // Writes the checkpoint, unless the state holds what loading refuses (training diverged):
+  // then the previous checkpoint is kept, and a warning says so.
+  void save_checkpoint(const std::string& path);
+  // Writes final.safetensors into --save-weights, unless the weights are not finite.
+  void save_final_weights();
+  // The warning that `file` is not written because training diverged (once per file).
+  void warn_not_written(const std::string& file, const std::string& reason);
+  // "; checkpoint.safetensors keeps step 10" when this run wrote a checkpoint, else "".
+  std::string checkpoint_note() const;
   // One optimizer step on batch `step`; its loss, scale and found_inf are copied on the device
   // into row `slot` of pending_figures_. Returns what else the log needs (wall_s left for the
   // caller).
@@ -519,6 +661,9 @@ private:
   Tensor pending_figures_;
   int64_t first_step_ = 0;
   double wall_before_ = 0.0; // training seconds before this process: a resumed run's checkpoint's
+  int64_t checkpoint_step_ = -1;      // the step of the last checkpoint this run wrote
+  int64_t skipped_in_a_row_ = 0;      // steps skipped since the last one taken
+  std::set<std::string> not_written_; // files warn_not_written has warned about
 };
 
 void Run::resume(const std::string& path) {
@@ -534,18 +679,67 @@ void Run::resume(const std::string& path) {
   log_.steps = records_from_tensor<StepRecord, kStepColumns>(path, state, "steps", state.step);
   log_.epochs = records_from_tensor<EpochRecord, kEpochColumns>(path, state, "epochs",
                                                                 evaluates() ? state.epoch : 0);
+  const bool scaled = scaler_->is_enabled();
+  const std::string invalid_step = first_invalid_record(log_.steps, scaled);
+  require(invalid_step.empty(), "--resume", path, ": 'log.steps' ", invalid_step);
+  const std::string invalid_epoch = first_invalid_record(log_.epochs, scaled);
+  require(invalid_epoch.empty(), "--resume", path, ": 'log.epochs' ", invalid_epoch);
+  // Adam counts the steps taken: those of the log that were not skipped.
+  if (const auto* adam = dynamic_cast<const optim::Adam*>(opt_.get())) {
+    const int64_t taken = std::count_if(log_.steps.begin(), log_.steps.end(),
+                                        [](const StepRecord& r) { return r.skipped == 0.0f; });
+    require(adam->step_count() == taken, "--resume", path, ": 'optimizer.step' is ",
+            adam->step_count(), ", but 'log.steps' records ", taken, " steps taken");
+  }
+  for (auto r = log_.steps.rbegin(); r != log_.steps.rend() && r->skipped != 0.0f; ++r)
+    ++skipped_in_a_row_;
   order_.restore(state.data_rng, state.step);
   first_step_ = state.step;
 }
 
-void Run::save_checkpoint(const std::string& path) const {
+void Run::save_checkpoint(const std::string& path) {
   io::TrainingState state;
   state.step = int64_t(log_.steps.size());
   state.epoch = epochs_done(state.step);
   state.data_rng = order_.checkpoint_state(state.step);
   state.logs = log_tensors(log_);
   state.metadata = identity();
-  io::save_training_checkpoint(path, *model_, *opt_, *scaler_, state);
+  // What Run::resume refuses in a log is not written either.
+  const bool scaled = scaler_->is_enabled();
+  const std::string invalid_step = first_invalid_record(log_.steps, scaled);
+  const std::string invalid_epoch = first_invalid_record(log_.epochs, scaled);
+  if (!invalid_step.empty() || !invalid_epoch.empty()) {
+    warn_not_written(path,
+                     cat(path, ": 'log.", invalid_step.empty() ? "epochs' " : "steps' ",
+                         invalid_step.empty() ? invalid_epoch : invalid_step, ": not written"));
+    return;
+  }
+  try {
+    io::save_training_checkpoint(path, *model_, *opt_, *scaler_, state);
+    checkpoint_step_ = state.step;
+  } catch (const io::InvalidState& e) {
+    warn_not_written(path, e.what());
+  }
+}
+
+void Run::save_final_weights() {
+  const std::string path = options_.save_weights + "/final.safetensors";
+  try {
+    io::save_weights(path, *model_);
+  } catch (const io::InvalidState& e) {
+    warn_not_written(path, e.what());
+  }
+}
+
+void Run::warn_not_written(const std::string& file, const std::string& reason) {
+  if (!not_written_.insert(file).second) return; // said once per file
+  std::fprintf(stderr, "warning: %s: training diverged by step %zu (a lower --lr may help): %s%s\n",
+               precision_.c_str(), log_.steps.size(), reason.c_str(), checkpoint_note().c_str());
+}
+
+std::string Run::checkpoint_note() const {
+  if (checkpoint_step_ < 0) return "";
+  return cat("; checkpoint.safetensors keeps step ", checkpoint_step_);
 }
 
 PendingStep Run::step(int64_t step, int64_t slot) {
@@ -603,6 +797,15 @@ void Run::read_pending() {
     if (scaler_->is_enabled()) {
       record.scale = row[1];
       record.skipped = row[2] != 0.0f ? 1.0f : 0.0f;
+      skipped_in_a_row_ = record.skipped != 0.0f ? skipped_in_a_row_ + 1 : 0;
+      // A scale that backed off below the smallest normal float cannot recover: 1/S overflows
+      // soon, and no step at it would be taken. Stopping here, the run writes no checkpoint
+      // holding it (the loss scaler's deliberate difference, docs/mixed-precision.md).
+      require(record.skipped == 0.0f || record.scale >= FLT_MIN, precision_.c_str(),
+              "loss scaling collapsed after ", log_.steps.size() + 1, " steps: the last ",
+              skipped_in_a_row_, " overflowed (inf or NaN gradients) and the scale backed off to ",
+              record.scale, ", below the smallest normal float (", FLT_MIN,
+              "): training diverged (a lower --lr may help)", checkpoint_note());
     }
     if (p.logits.defined()) {
       record.correct = float(count_correct(p.logits, p.labels));
@@ -632,9 +835,6 @@ void Run::finish_epoch(int64_t epoch, double wall_s, Progress& progress) {
 
 RunResult Run::train(const std::string& out_dir) {
   const bool save_weights = !options_.save_weights.empty();
-  const std::vector<OutputDir> outputs = output_dirs(spec_, options_, amp_, out_dir);
-  require_outputs_usable(outputs);
-  make_output_dirs(outputs);
   if (save_weights && first_step_ == 0)
     io::save_weights(options_.save_weights + "/init.safetensors", *model_);
 
@@ -648,6 +848,8 @@ RunResult Run::train(const std::string& out_dir) {
   profile::set_enabled(options_.profile);
   const auto start = Clock::now();
   for (int64_t s = first_step_; s < spec_.steps; ++s) {
+    result.stop_signal = stop_signal();
+    if (result.stop_signal != 0) break;
     pending_.push_back(step(s, int64_t(pending_.size())));
     pending_.back().wall_s = float(wall_before_ + seconds_since(start));
     const bool epoch_ends = evaluates() && (s + 1) % spec_.steps_per_epoch == 0;
@@ -663,14 +865,19 @@ RunResult Run::train(const std::string& out_dir) {
       finish_epoch(s / spec_.steps_per_epoch, wall_before_ + seconds_since(start), progress);
     if (checkpoint) save_checkpoint(out_dir + "/checkpoint.safetensors");
   }
+  const bool stopped = result.stop_signal != 0;
+  if (stopped && !pending_.empty()) read_pending();
+  const int64_t steps_done = int64_t(log_.steps.size());
+  if (stopped && options_.checkpoint_every > 0 && checkpoint_step_ != steps_done)
+    save_checkpoint(out_dir + "/checkpoint.safetensors");
   backend::cuda_synchronize();
   result.wall_s = seconds_since(start);
   result.peak_bytes = allocator.peak_bytes();
-  if (options_.profile) write_profile(out_dir, spec_.steps - first_step_);
-  if (!options_.save_weights.empty())
-    io::save_weights(options_.save_weights + "/final.safetensors", *model_);
+  if (options_.profile) write_profile(out_dir, steps_done - first_step_);
+  if (save_weights && !stopped) save_final_weights();
 
   for (const StepRecord& r : log_.steps) result.skipped_steps += r.skipped != 0;
+  result.steps_completed = steps_done;
   if (!log_.steps.empty()) result.final_loss = log_.steps.back().loss;
   result.loss_last10_mean = last_losses_mean(log_.steps);
   if (!log_.epochs.empty()) {
@@ -678,8 +885,10 @@ RunResult Run::train(const std::string& out_dir) {
     result.test_accuracy = log_.epochs.back().test_accuracy;
   }
   result.final_scale = scaler_->get_scale();
-  measure_inference(spec_, *model_, device_, amp_, result);
-  if (spec_.finish) spec_.finish(*model_, device_, amp_, out_dir);
+  if (!stopped) {
+    measure_inference(spec_, *model_, device_, amp_, result);
+    if (spec_.finish) spec_.finish(*model_, device_, amp_, out_dir);
+  }
   write_outputs(out_dir, result);
   return result;
 }
@@ -701,6 +910,7 @@ void Run::write_outputs(const std::string& out_dir, const RunResult& result) con
                             {"precision", result.precision},
                             {"loss_scaling", scaler_->is_enabled()},
                             {"steps", spec_.steps},
+                            {"steps_completed", result.steps_completed},
                             {"seed", options_.seed},
                             {"lr", options_.lr},
                             {"final_loss", result.final_loss},
@@ -712,7 +922,8 @@ void Run::write_outputs(const std::string& out_dir, const RunResult& result) con
                             {"final_scale", result.final_scale},
                             {"inference_wall_s", result.inference_wall_s},
                             {"inference_peak_bytes", result.inference_peak_bytes},
-                            {"config", spec_.config}}; // the model and data options
+                            {"config", spec_.config}, // the model and data options
+                            {"interrupted", result.stop_signal != 0}};
   if (first_step_ > 0) summary["resumed_at_step"] = first_step_;
   if (evaluates()) {
     summary["epochs"] = log_.epochs.size();
@@ -751,8 +962,9 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
                "time every op of training (CUDA events on a GPU; adds a little overhead), then "
                "print the time per op and write it to profile.txt");
   app.add_option("--init-scale", options.init_scale, "GradScaler initial loss scale")
-      ->check(finite_number([](double v) { return v > 0 && v <= FLT_MAX; }, // GradScaler's range
-                            "a finite number > 0 (at most 3.4e38)"))
+      ->check(finite_number([](double v) { return amp::is_valid_scale(float(v)); }, // its range
+                            "a finite number > 2.9e-39 (1/scale must be finite) and at most "
+                            "3.4e38"))
       ->capture_default_str();
   app.add_option("--growth-interval", options.growth_interval,
                  "clean steps before the loss scale grows")
@@ -860,20 +1072,77 @@ Options options_for(const Options& options, const std::string& precision) {
 }
 } // namespace
 
+namespace {
+// One run of run_example: its options, precision and output folder.
+struct PlannedRun {
+  Options options;
+  bool amp;
+  std::string out_dir;
+};
+
+// One run, or FP32 then AMP under --compare, each into its own folder.
+std::vector<PlannedRun> planned_runs(const Options& options, const std::string& out) {
+  if (!options.compare) return {{options, options.amp, out}};
+  return {{options_for(options, "fp32"), false, out + "/fp32"},
+          {options_for(options, "amp"), true, out + "/amp"}};
+}
+
+// The line for a program that stopped on `signal`, after the runs in `results`.
+std::string stop_line(const TrainSpec& spec, const Options& options,
+                      const std::vector<PlannedRun>& runs, const std::vector<RunResult>& results,
+                      int signal) {
+  const std::string stopped = cat("interrupted (", signal_name(signal), "): ");
+  if (results.empty() || results.back().stop_signal == 0) // between runs, or after the last
+    return stopped +
+           (results.size() < runs.size()
+                ? cat("the ", runs[results.size()].amp ? "AMP" : "FP32", " run was not started")
+                : std::string("every run had finished"));
+  const RunResult& r = results.back();
+  const std::string& dir = runs[results.size() - 1].out_dir;
+  return cat(stopped, spec.example, " ", r.precision, " stopped after ", r.steps_completed, " of ",
+             spec.steps, " steps; wrote ", dir, "/ (summary.json says \"interrupted\": true)",
+             options.checkpoint_every > 0
+                 ? cat(" and ", dir, "/checkpoint.safetensors (--resume it to continue)")
+                 : std::string());
+}
+} // namespace
+
 int run_example(const TrainSpec& spec, const Options& options) {
   const Device device = resolve_device(options.device);
   require(options.resume.empty() || options.load_weights.empty(), "--resume",
           "continues from the checkpoint's weights; it cannot be combined with --load-weights");
+  require(options.resume.empty() || !options.compare, "--resume",
+          "resumes one run; it cannot be combined with --compare");
   require(options.checkpoint_every <= spec.steps, "--checkpoint-every", "the run has ", spec.steps,
           " steps, so every ", options.checkpoint_every, " steps would write no checkpoint");
+  for (const auto& [key, value] : spec.config) // summary.json and checkpoints are UTF-8 JSON
+    require(io::is_valid_utf8(value), "run_example", "config '", key,
+            "' is not valid UTF-8 (io::escape_to_utf8 makes it so)");
   const std::string out = options.out.empty() ? "out/" + spec.example : options.out;
-  // Each run checks its outputs as it starts; with --compare, the AMP run's are also checked
-  // before the FP32 run trains.
-  if (options.compare)
-    require_outputs_usable(output_dirs(spec, options_for(options, "amp"), true, out + "/amp"));
+  const std::vector<PlannedRun> runs = planned_runs(options, out);
+  // Every run's outputs are checked, made and locked before the first trains.
+  std::vector<OutputDir> outputs;
+  for (const PlannedRun& run : runs)
+    for (OutputDir& dir : output_dirs(spec, run.options, run.amp, run.out_dir))
+      outputs.push_back(std::move(dir));
+  std::vector<std::string> inputs = spec.input_files;
+  if (!options.load_weights.empty()) inputs.push_back(options.load_weights);
+  require_outputs_usable(outputs, inputs);
+  const OutputFolders folders(outputs);
+  const StopOnSignal stop_on_signal;
+
+  std::vector<RunResult> results;
+  for (const PlannedRun& run : runs) {
+    if (stop_signal() != 0) break;
+    results.push_back(train(spec, run.options, device, run.amp, run.out_dir));
+  }
+  if (stop_signal() != 0) {
+    std::fprintf(stderr, "%s\n", stop_line(spec, options, runs, results, stop_signal()).c_str());
+    return 128 + stop_signal();
+  }
+  for (const RunResult& r : results) warn_if_diverged(r);
   if (!options.compare) {
-    const RunResult r = train(spec, options, device, options.amp, out);
-    warn_if_diverged(r);
+    const RunResult& r = results[0];
     std::printf("%s %s on %s: final loss %.6g (%s %.6g) in %.2f s, peak %s, skipped %lld, "
                 "scale %g\n",
                 spec.example.c_str(), r.precision.c_str(), device_label(device).c_str(),
@@ -882,12 +1151,7 @@ int run_example(const TrainSpec& spec, const Options& options) {
     std::printf("wrote %s/ (metrics.csv, summary.json, plots)\n", out.c_str());
     return 0;
   }
-  require(options.resume.empty(), "--resume",
-          "resumes one run; it cannot be combined with --compare");
-  const RunResult fp32 = train(spec, options_for(options, "fp32"), device, false, out + "/fp32");
-  const RunResult amp = train(spec, options_for(options, "amp"), device, true, out + "/amp");
-  warn_if_diverged(fp32);
-  warn_if_diverged(amp);
+  const RunResult &fp32 = results[0], &amp = results[1];
   std::printf("\n%s on %s, %lld steps (same init and data)%s", spec.example.c_str(),
               device_label(device).c_str(), static_cast<long long>(spec.steps),
               device == Device::cpu ? " — CPU f16 is an emulation for study: the speed claim "
@@ -904,14 +1168,29 @@ int run_example(const TrainSpec& spec, const Options& options) {
   return 0;
 }
 
+namespace {
+std::string g_memory_options; // set_memory_options
+
+// The error line's text for running out of memory (`what`: the allocator's words).
+std::string out_of_memory(const std::string& what) {
+  const bool named = !g_memory_options.empty();
+  return cat("out of memory (", what,
+             "): ", named ? g_memory_options + " ask for" : std::string("the sizes asked for need"),
+             " more memory than is available", named ? "; lower them" : "");
+}
+} // namespace
+
+void set_memory_options(const std::string& options) { g_memory_options = options; }
+
 int guarded_main(const std::function<int()>& body) {
   try {
     return body();
+  } catch (const OutOfMemory& e) {
+    std::fprintf(stderr, "error: %s\n", out_of_memory(e.what()).c_str());
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error: out of host memory (std::bad_alloc): the sizes asked for need "
-                         "more memory than this machine has\n");
+    std::fprintf(stderr, "error: %s\n", out_of_memory("std::bad_alloc").c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
   }

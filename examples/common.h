@@ -89,6 +89,8 @@ struct TrainSpec {
   std::function<void(nn::Sequential& model, Device device, bool amp, const std::string& out_dir)>
       finish;
   std::vector<std::string> output_files; // the files `finish` writes into out_dir
+  // The files the run reads (e.g. its data set): a run whose output would replace one is refused.
+  std::vector<std::string> input_files;
 };
 
 struct RunResult {
@@ -102,20 +104,36 @@ struct RunResult {
   double inference_wall_s = 0;
   size_t inference_peak_bytes = 0;
   double test_loss = 0, test_accuracy = 0; // after the last epoch, when the spec evaluates
+  int64_t steps_completed = 0;             // spec.steps, unless the run stopped early
+  int stop_signal = 0; // SIGINT or SIGTERM when the run stopped early on one, else 0
 };
 
 // Trains spec.steps steps in FP32 or AMP (from --load-weights or --resume when given), writes
 // out_dir/metrics.csv, summary.json, loss.png (and for AMP with loss scaling loss_scale.png; with
 // evaluation epochs.csv and accuracy.png), weights and checkpoints as the options say, prints
 // progress, and returns the figures. The model is built from `options.seed`, so two runs start from
-// the same weights.
+// the same weights. The output folders must exist (run_example creates and locks them). A run
+// whose loss scale collapses (a skipped step leaves it below the smallest normal float) stops
+// with an Error when the scale is next read (at a log line, an epoch end, a checkpoint, or every
+// 32 steps). Once a stop was requested (run_example: SIGINT or SIGTERM), the run stops before
+// its next step, writes its checkpoint (with --checkpoint-every) and outputs, and returns with
+// stop_signal set.
 RunResult train(const TrainSpec& spec, const Options& options, Device device, bool amp,
                 const std::string& out_dir);
 
 // Runs the example as its options say: one run, or --compare (FP32 then AMP, then the table).
+// The output folders are created and locked first (a second run on one is refused) and a folder
+// it made is removed if it fails before writing into it. The first SIGINT or SIGTERM stops the
+// run after its current step (train), the second ends the program at once; the program then
+// returns 128 + the signal (130 for SIGINT, 143 for SIGTERM) with one line saying so.
 int run_example(const TrainSpec& spec, const Options& options);
 
-// Catches minamp::Error and CLI11 errors at main: prints one line and returns non-zero.
+// Names the options that set how much memory the program needs, as given (e.g. "--size 8192,
+// --hidden 256 and --layers 2"), for guarded_main's out-of-memory error.
+void set_memory_options(const std::string& options);
+
+// Catches minamp::Error and CLI11 errors at main: prints one line and returns non-zero. Running
+// out of memory (OutOfMemory, std::bad_alloc) is an error naming the set_memory_options.
 int guarded_main(const std::function<int()>& body);
 
 } // namespace minamp::examples

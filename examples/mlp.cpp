@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
     examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);
     const std::vector<int64_t> widths = parse_widths(widths_text);
+    examples::set_memory_options(
+        cat("--batch-size ", batch_size, ", --batches ", batches, " and --widths ", widths_text));
     require(epochs <= examples::kMaxSteps / batches, "--epochs x --batches", "at most ",
             examples::kMaxSteps, " steps, got ", epochs, " x ", batches);
     examples::require_host_memory(

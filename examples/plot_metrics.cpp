@@ -7,52 +7,27 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <sstream>
 #include <utility>
 
 #include "cli.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/csv.h"
 #include "io/plot.h"
 
 using namespace minamp;
 
 namespace {
 
-// The values of `column` in the CSV file at `path` (header row first), as a plot series.
-io::PlotSeries read_column(const std::string& path, const std::string& column,
-                           const std::string& name) {
-  std::istringstream in(io::read_file(path)); // names the path and the reason when it cannot
-  std::string line, cell;
-  require(static_cast<bool>(std::getline(in, line)), "plot_metrics", path, " is empty");
-  std::stringstream header(line);
-  int index = -1;
-  for (int i = 0; std::getline(header, cell, ','); ++i)
-    if (cell == column) index = i;
-  require(index >= 0, "plot_metrics", path, " has no column '", column, "' (header: ", line, ")");
-  io::PlotSeries series{name, {}, {}};
-  for (int row = 2; std::getline(in, line); ++row) {
-    std::stringstream fields(line);
-    for (int i = 0; i <= index; ++i)
-      require(static_cast<bool>(std::getline(fields, cell, ',')), "plot_metrics", path, ":", row,
-              " has no field ", index + 1);
-    try {
-      series.y.push_back(std::stod(cell));
-    } catch (const std::logic_error&) {
-      throw Error(cat("plot_metrics: ", path, ":", row, ": '", cell, "' is not a number"));
-    }
-  }
-  return series;
-}
-
 // An input's file and label: FILE alone (labelled FILE), or FILE:LABEL where FILE is the
 // shortest prefix before a ':' that is a file, so that both may hold ':' (e.g. runs/12:30/...).
 // When no prefix is a file, the text before the last ':' is taken as the (missing) file.
 std::pair<std::string, std::string> file_and_label(const std::string& input) {
-  if (std::filesystem::is_regular_file(input)) return {input, input};
+  std::error_code ignored; // a path that cannot be examined is no file (reading it says why)
+  if (std::filesystem::is_regular_file(input, ignored)) return {input, input};
   for (size_t colon = input.find(':'); colon != std::string::npos;
        colon = input.find(':', colon + 1))
-    if (std::filesystem::is_regular_file(input.substr(0, colon)))
+    if (std::filesystem::is_regular_file(input.substr(0, colon), ignored))
       return {input.substr(0, colon), input.substr(colon + 1)};
   const size_t last = input.rfind(':');
   if (last == std::string::npos) return {input, input};
@@ -85,10 +60,14 @@ int main(int argc, char** argv) {
   examples::use_one_line_errors(app);
   CLI11_PARSE(app, argc, argv);
   try {
+    io::require_writable(out, "--out");
     std::vector<io::PlotSeries> series;
     for (const std::string& input : inputs) {
       const auto [path, label] = file_and_label(input);
-      series.push_back(read_column(path, column, label));
+      std::error_code ignored; // false when either file is missing
+      require(!std::filesystem::equivalent(path, out, ignored), "--out", out, " is the input ",
+              path, ": the plot would replace it");
+      series.push_back({label, {}, io::read_csv_column(path, column)});
     }
     require(has_drawable_point(series, log_y), "plot_metrics", "nothing to draw: column '", column,
             "' has no ", log_y ? "positive finite value (--log-y)" : "finite value",

@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
     examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);
     if (size == 0) size = examples::default_sine_size(examples::resolve_device(options.device));
+    examples::set_memory_options(
+        cat("--size ", size, ", --hidden ", hidden, " and --layers ", layers));
 
     const std::vector<float> grid = examples::coordinate_grid(size);
     const std::vector<float> target = examples::quantized_sine(grid);

@@ -1,20 +1,23 @@
 // GradScaler: the per-optimizer stage machine of PyTorch's scaler, on device tensors.
 #include "amp/grad_scaler.h"
 
-#include <cmath>
-
 #include "core/error.h"
 #include "ops/ops.h"
 
 namespace minamp::amp {
 
 namespace {
-// Throws unless the scaler's settings make sense: a scale (initial or loaded) finite and > 0, a
-// growth factor > 1, a backoff factor in (0, 1), a growth interval > 0.
+// Throws unless `scale` is one GradScaler takes (is_valid_scale).
+void require_valid_scale(const char* op, const char* scale_name, float scale) {
+  require(is_valid_scale(scale), op, scale_name, " must be finite and > 2^-128 (its reciprocal ",
+          "must be finite), got ", scale);
+}
+
+// Throws unless the scaler's settings make sense: a valid scale (initial or loaded), a growth
+// factor > 1, a backoff factor in (0, 1), a growth interval > 0.
 void require_valid(const char* op, const char* scale_name, float scale, float growth_factor,
                    float backoff_factor, int growth_interval) {
-  require(std::isfinite(scale) && scale > 0.0f, op, scale_name,
-          " must be finite and positive, got ", scale);
+  require_valid_scale(op, scale_name, scale);
   require(growth_factor > 1.0f, op, "growth_factor must be > 1, got ", growth_factor);
   require(backoff_factor < 1.0f && backoff_factor > 0.0f, op,
           "backoff_factor must be in (0, 1), got ", backoff_factor);
@@ -89,6 +92,7 @@ void GradScaler::update() {
 
 void GradScaler::update(float new_scale) {
   if (!options_.enabled) return;
+  require_valid_scale("GradScaler::update", "new_scale", new_scale);
   kernels::fill(scale_, new_scale);
   last_found_inf_.clear();
   for (auto& [opt, state] : per_optimizer_) last_found_inf_[opt] = state.found_inf;

@@ -11,6 +11,7 @@
 // enabled = false every call is a pass-through, so one loop serves FP32 and AMP.
 #pragma once
 
+#include <cmath>
 #include <map>
 #include <optional>
 
@@ -19,6 +20,13 @@
 #include "optim/optimizer.h"
 
 namespace minamp::amp {
+
+// Scales at or below 2^-128 have no finite fp32 reciprocal: unscaling by 1/S = inf would turn
+// every gradient into inf or NaN. GradScaler refuses them (PyTorch takes any positive scale: a
+// deliberate difference, docs/mixed-precision.md).
+constexpr float kScaleFloor = 0x1p-128f;
+// Whether GradScaler takes `scale`: finite and above kScaleFloor.
+inline bool is_valid_scale(float scale) { return std::isfinite(scale) && scale > kScaleFloor; }
 
 struct GradScalerOptions {
   float init_scale = 65536.0f; // 2^16
@@ -52,7 +60,8 @@ public:
   // Backoff/growth from the found_inf flags of this iteration's optimizers, then a new
   // iteration starts. An error if no optimizer was unscaled since the last update().
   void update();
-  // Sets S explicitly (PyTorch's update(new_scale)); the growth tracker is kept.
+  // Sets S explicitly (PyTorch's update(new_scale)); the growth tracker is kept. An error for a
+  // scale is_valid_scale refuses.
   void update(float new_scale);
 
   // The current S (a host read; 1.0 when disabled).

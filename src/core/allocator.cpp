@@ -41,7 +41,7 @@ private:
   void* raw_allocate(size_t bytes) override {
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* ptr = std::aligned_alloc(64, rounded);
-    if (!ptr) throw Error(cat("cpu allocator: out of memory allocating ", bytes, " bytes"));
+    if (!ptr) throw OutOfMemory(cat("cpu allocator: out of memory allocating ", bytes, " bytes"));
     return ptr;
   }
   void raw_deallocate(void* ptr, size_t) override { std::free(ptr); }

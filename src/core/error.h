@@ -13,6 +13,13 @@ public:
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// An allocator could not give the memory asked for (a program can then name the options that
+// made the request too large).
+class OutOfMemory : public Error {
+public:
+  using Error::Error;
+};
+
 // Concatenates any streamable values into one string: cat("Linear: got ", shape, "").
 template <class... Parts> std::string cat(const Parts&... parts) {
   std::ostringstream out;

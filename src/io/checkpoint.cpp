@@ -16,11 +16,18 @@ namespace {
 
 constexpr const char* kLogPrefix = "log.";
 
+// What the values of a tensor entry must be, on load and on save (counters have [min, max]).
+enum class Values {
+  finite,              // parameters, buffers, first moments
+  finite_non_negative, // second moments, BatchNorm running variances
+  bounded,             // one finite value in (above, below): the scaler's scale and factors
+  step_count,          // one integer in [min, max]: Adam's step, at most train.step
+};
+
 // One checkpoint entry and where its value lives: an f32 tensor (any device), or a host int64
 // stored as a 0-d I64. For a parameter's master, `param` is set so its f16 copy follows a load.
-// A loaded counter must lie in [min, max]; a loaded tensor with `bounded` set must be one
-// finite value in (above, below) (the scaler's scale and factors), so a corrupt file cannot make
-// training nonsense.
+// A counter must lie in [min, max]; a tensor must hold what `values` says, so a corrupt file
+// cannot make training nonsense.
 struct Entry {
   std::string name;
   Tensor* tensor = nullptr;
@@ -28,12 +35,14 @@ struct Entry {
   Parameter* param = nullptr;
   int64_t min = std::numeric_limits<int64_t>::min();
   int64_t max = std::numeric_limits<int64_t>::max();
-  bool bounded = false;
+  Values values = Values::finite;
   float above = 0.0f, below = INFINITY;
 };
 
-Entry tensor_entry(std::string name, Tensor* t, Parameter* param = nullptr) {
+Entry tensor_entry(std::string name, Tensor* t, Values values = Values::finite,
+                   Parameter* param = nullptr) {
   Entry e{std::move(name), t};
+  e.values = values;
   e.param = param;
   return e;
 }
@@ -47,11 +56,50 @@ Entry counter_entry(std::string name, int64_t* c, int64_t min,
 }
 
 Entry bounded_scalar_entry(std::string name, Tensor* t, float above, float below = INFINITY) {
-  Entry e{std::move(name), t};
-  e.bounded = true;
+  Entry e = tensor_entry(std::move(name), t, Values::bounded);
   e.above = above;
   e.below = below;
   return e;
+}
+
+Entry step_count_entry(std::string name, Tensor* t, int64_t max) {
+  Entry e = tensor_entry(std::move(name), t, Values::step_count);
+  e.min = 0;
+  e.max = max;
+  return e;
+}
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Why the host f32 tensor `t` is not a value `e` may hold ("holds nan at index 3, expected
+// finite values"), or "" when it is one.
+std::string invalid_value(const Entry& e, const Tensor& t) {
+  const float* v = t.data<float>();
+  switch (e.values) {
+  case Values::finite:
+  case Values::finite_non_negative: {
+    const bool non_negative = e.values == Values::finite_non_negative;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (!std::isfinite(v[i]) || (non_negative && v[i] < 0.0f))
+        return cat("holds ", v[i], " at index ", i, ", expected finite values",
+                   non_negative ? " >= 0" : "");
+    return "";
+  }
+  case Values::bounded:
+    if (std::isfinite(v[0]) && v[0] > e.above && v[0] < e.below) return "";
+    return cat("is ", v[0], ", expected a finite value > ", e.above,
+               std::isinf(e.below) ? std::string() : cat(" and < ", e.below));
+  case Values::step_count:
+    if (std::isfinite(v[0]) && v[0] == std::floor(v[0]) && v[0] >= float(e.min) &&
+        v[0] <= float(e.max))
+      return "";
+    return cat("is ", v[0], ", expected an integer from ", e.min, " to ", e.max,
+               " (the steps the checkpoint has completed)");
+  }
+  return "";
 }
 
 // ---- layouts ----
@@ -94,14 +142,25 @@ const char* file_dtype(DType dtype) {
 std::vector<Entry> model_entries(nn::Module& model) {
   std::vector<Entry> entries;
   for (auto& [name, p] : model.named_parameters())
-    entries.push_back(tensor_entry(name, &p->master(), p));
-  for (auto& [name, t] : model.named_buffers()) entries.push_back(tensor_entry(name, t));
+    entries.push_back(tensor_entry(name, &p->master(), Values::finite, p));
+  for (auto& [name, t] : model.named_buffers())
+    entries.push_back(tensor_entry(
+        name, t, ends_with(name, "running_var") ? Values::finite_non_negative : Values::finite));
   for (auto& [name, c] : model.named_counters()) entries.push_back(counter_entry(name, c, 0));
   return entries;
 }
 
-void add_optimizer_entries(optim::Optimizer& opt, std::vector<Entry>& entries) {
-  for (auto& [name, t] : opt.named_state()) entries.push_back(tensor_entry("optimizer." + name, t));
+// The optimizer's state (PyTorch's names): Adam's "step" counts at most the `steps` completed.
+void add_optimizer_entries(optim::Optimizer& opt, int64_t steps, std::vector<Entry>& entries) {
+  for (auto& [name, t] : opt.named_state()) {
+    const std::string entry = "optimizer." + name;
+    if (name == "step")
+      entries.push_back(step_count_entry(entry, t, steps));
+    else
+      entries.push_back(tensor_entry(entry, t,
+                                     name.rfind("exp_avg_sq.", 0) == 0 ? Values::finite_non_negative
+                                                                       : Values::finite));
+  }
 }
 
 // GradScaler.state_dict() as host values that entries can point at.
@@ -125,7 +184,7 @@ struct ScalerValues {
   void add_to(std::vector<Entry>& entries) {
     // The ranges GradScaler's constructor accepts; its counters are ints.
     constexpr int64_t int_max = std::numeric_limits<int>::max();
-    entries.push_back(bounded_scalar_entry("scaler.scale", &scale, 0.0f));
+    entries.push_back(bounded_scalar_entry("scaler.scale", &scale, amp::kScaleFloor));
     entries.push_back(bounded_scalar_entry("scaler.growth_factor", &growth_factor, 1.0f));
     entries.push_back(bounded_scalar_entry("scaler.backoff_factor", &backoff_factor, 0.0f, 1.0f));
     entries.push_back(counter_entry("scaler.growth_interval", &growth_interval, 1, int_max));
@@ -145,6 +204,7 @@ struct ProgressValues {
     s.epoch = epoch;
     s.data_rng = {static_cast<uint64_t>(rng_state), static_cast<uint64_t>(rng_increment)};
   }
+  // train.step first: load_training_checkpoint reads it before the other entries.
   void add_to(std::vector<Entry>& entries) {
     const int64_t any = std::numeric_limits<int64_t>::min();
     entries.push_back(counter_entry("train.step", &step, 0));
@@ -161,10 +221,15 @@ void save_entries(const std::string& path, const std::vector<Entry>& entries,
   std::vector<NamedTensor> tensors;
   std::vector<NamedInt64s> counters;
   for (const Entry& e : entries) {
-    if (e.tensor)
-      tensors.push_back({e.name, to_file_layout(*e.tensor)});
-    else
+    if (e.counter) {
       counters.push_back({e.name, {}, {*e.counter}});
+      continue;
+    }
+    tensors.push_back({e.name, to_file_layout(*e.tensor)});
+    const std::string invalid = invalid_value(e, tensors.back().tensor);
+    if (!invalid.empty())
+      throw InvalidState(cat("save: ", path, ": '", e.name, "' ", invalid,
+                             "; loading would refuse it, so it is not written"));
   }
   for (NamedTensor& t : extra) tensors.push_back(std::move(t));
   metadata["format"] = "pt"; // as torch's safetensors save_file writes
@@ -188,12 +253,8 @@ LoadedValue read_tensor(const SafetensorsFile& file, const Entry& e, const char*
   const Shape expected = pytorch_shape(e.tensor->shape());
   require(t.shape() == expected, op, file.path, ": '", e.name, "' has shape ", t.shape(),
           ", expected ", expected);
-  if (e.bounded) {
-    const float v = t.item();
-    require(std::isfinite(v) && v > e.above && v < e.below, op, file.path, ": '", e.name, "' is ",
-            v, ", expected a finite value > ", e.above,
-            std::isinf(e.below) ? std::string() : cat(" and < ", e.below));
-  }
+  const std::string invalid = invalid_value(e, t);
+  require(invalid.empty(), op, file.path, ": '", e.name, "' ", invalid);
   const Tensor value = t.shape().rank() == 4 ? permute4(t, kFromPytorch) : t;
   return {value.to(e.tensor->device())};
 }
@@ -275,7 +336,7 @@ void load_weights(const std::string& path, nn::Module& model) {
 void save_training_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,
                               const amp::GradScaler& scaler, const TrainingState& state) {
   std::vector<Entry> entries = model_entries(model);
-  add_optimizer_entries(opt, entries);
+  add_optimizer_entries(opt, state.step, entries);
   ScalerValues scaler_values(scaler.state_dict());
   if (scaler.is_enabled()) scaler_values.add_to(entries);
   ProgressValues progress(state);
@@ -299,13 +360,18 @@ TrainingState load_training_checkpoint(const std::string& path, nn::Module& mode
             found == file.metadata.end() ? "(none)" : found->second, "', this run has '", value,
             "'");
   }
-  std::vector<Entry> entries = model_entries(model);
-  add_optimizer_entries(opt, entries);
-  ScalerValues scaler_values(std::nullopt);
-  if (scaler.is_enabled()) scaler_values.add_to(entries);
   TrainingState state;
   ProgressValues progress(state);
-  progress.add_to(entries);
+  std::vector<Entry> progress_entries;
+  progress.add_to(progress_entries);
+  // The steps completed bound Adam's step count (checked first, as every counter is checked).
+  const int64_t steps =
+      read_counter(file, progress_entries.front(), "load_training_checkpoint").counter;
+  std::vector<Entry> entries = model_entries(model);
+  add_optimizer_entries(opt, steps, entries);
+  ScalerValues scaler_values(std::nullopt);
+  if (scaler.is_enabled()) scaler_values.add_to(entries);
+  entries.insert(entries.end(), progress_entries.begin(), progress_entries.end());
   load_entries(file, entries, true, "load_training_checkpoint");
 
   if (scaler.is_enabled()) scaler.load_state_dict(scaler_values.state());

@@ -20,8 +20,12 @@
 //   "log.<name>"         any tensors the trainer keeps with the run (its log so far)
 //
 // Loading is strict, as PyTorch's load_state_dict(strict=True): every expected name must be
-// there with the expected dtype and shape, and no other name may be. Everything is checked
-// before anything is changed, so a bad file leaves the model and optimizer as they were.
+// there with the expected dtype and shape, and no other name may be. Values are checked too,
+// against what training can produce: parameters, buffers and first moments finite; second
+// moments ("exp_avg_sq") and BatchNorm running variances finite and >= 0; Adam's "step" an
+// integer from 0 to train.step; the scaler's values in GradScaler's ranges. Everything is
+// checked before anything is changed, so a bad file leaves the model and optimizer as they were.
+// Saving applies the same value checks, so nothing is written that loading would refuse.
 #pragma once
 
 #include <string>
@@ -34,6 +38,13 @@
 #include "optim/optimizer.h"
 
 namespace minamp::io {
+
+// Thrown by the save functions, before anything is written, when a value to save is one loading
+// refuses: in practice NaN or inf in the weights after training diverged.
+class InvalidState : public Error {
+public:
+  using Error::Error;
+};
 
 // Writes the model's state_dict to `path` atomically.
 void save_weights(const std::string& path, nn::Module& model);

@@ -1,13 +1,13 @@
 // IDX reader on zlib's gz* functions, which read gzipped and raw files alike.
 #include "io/idx.h"
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <array>
-#include <cerrno>
-#include <cstring>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace minamp::io {
 
@@ -22,11 +22,14 @@ void check_file(bool ok, const std::string& path, const Parts&... message) {
   require(ok, "read_idx", path, ": ", message...);
 }
 
-// An open gz (or raw) file, closed on destruction.
+// An open gz (or raw) regular file, closed on destruction.
 class GzReader {
 public:
-  explicit GzReader(const std::string& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
-    check_file(file_ != nullptr, path, "cannot open (", std::strerror(errno), ")");
+  explicit GzReader(const std::string& path) : path_(path) {
+    const int fd = open_regular_file(path, "read_idx");
+    file_ = gzdopen(fd, "rb");
+    if (file_ == nullptr) ::close(fd);
+    check_file(file_ != nullptr, path, "cannot open (zlib could not allocate its state)");
   }
   ~GzReader() { gzclose(file_); }
   GzReader(const GzReader&) = delete;
@@ -45,7 +48,7 @@ public:
 
 private:
   std::string path_;
-  gzFile file_;
+  gzFile file_ = nullptr;
 };
 
 // The dimensions after the 4-byte magic (count_values multiplies them out).

@@ -91,11 +91,14 @@ bool is_image_file(const fs::path& path) {
   return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
 }
 
-// Entries of `dir` that pass `keep`, sorted by name.
+// Entries of `dir` that pass `keep`, sorted by name; throws Error naming `dir` when it cannot be
+// listed.
 template <class Keep> std::vector<fs::path> sorted_entries(const fs::path& dir, Keep keep) {
   std::vector<fs::path> entries;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir))
-    if (keep(entry)) entries.push_back(entry.path());
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error))
+    if (keep(*it)) entries.push_back(it->path());
+  require(!error, "load_image_folder", dir.string(), ": cannot list it (", error.message(), ")");
   std::sort(entries.begin(), entries.end());
   return entries;
 }
@@ -210,17 +213,18 @@ void save_png(const std::string& path, const Tensor& image) {
 ImageFolder load_image_folder(const std::string& root, int64_t size, int channels) {
   require_channels(channels, "load_image_folder");
   require(size > 0, "load_image_folder", root, ": image size must be positive, got ", size);
-  require(fs::is_directory(root), "load_image_folder", root, ": not a directory");
+  std::error_code ignored; // an entry that cannot be examined is not one of the dataset's
+  require(fs::is_directory(root, ignored), "load_image_folder", root, ": not a directory");
   const std::vector<fs::path> class_dirs =
-      sorted_entries(root, [](const fs::directory_entry& e) { return e.is_directory(); });
+      sorted_entries(root, [&](const fs::directory_entry& e) { return e.is_directory(ignored); });
   require(!class_dirs.empty(), "load_image_folder", root, ": no class subdirectories");
 
   ImageFolder folder;
   std::vector<int32_t> labels;
   std::vector<Tensor> images;
   for (const fs::path& dir : class_dirs) {
-    const std::vector<fs::path> files = sorted_entries(dir, [](const fs::directory_entry& e) {
-      return e.is_regular_file() && is_image_file(e.path());
+    const std::vector<fs::path> files = sorted_entries(dir, [&](const fs::directory_entry& e) {
+      return e.is_regular_file(ignored) && is_image_file(e.path());
     });
     require(!files.empty(), "load_image_folder", dir.string(), ": class has no .png/.jpg images");
     for (const fs::path& file : files) {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/utf8.h"
 
 namespace minamp::io {
 
@@ -78,17 +79,23 @@ Shape shape_from_dims(const std::vector<int64_t>& d) {
 
 // ---- writing ----
 
+// Names and metadata go into the JSON header, which must be UTF-8.
 void check_names(const std::string& path, const std::vector<NamedTensor>& tensors,
-                 const std::vector<NamedInt64s>& int64s) {
+                 const std::vector<NamedInt64s>& int64s, const Metadata& metadata) {
   std::set<std::string> seen;
   auto check = [&](const std::string& name) {
     require(!name.empty(), "save_safetensors", path, ": an entry has an empty name");
+    require(is_valid_utf8(name), "save_safetensors", path, ": entry name '", escape_to_utf8(name),
+            "' is not valid UTF-8");
     require(name != kMetadataKey, "save_safetensors", path, ": '", kMetadataKey,
             "' is reserved for metadata");
     require(seen.insert(name).second, "save_safetensors", path, ": duplicate name '", name, "'");
   };
   for (const NamedTensor& t : tensors) check(t.name);
   for (const NamedInt64s& e : int64s) check(e.name);
+  for (const auto& [key, value] : metadata)
+    require(is_valid_utf8(key) && is_valid_utf8(value), "save_safetensors", path, ": metadata '",
+            escape_to_utf8(key), "' = '", escape_to_utf8(value), "' is not valid UTF-8");
 }
 
 // Appends `bytes` bytes at `src` to `data` and records the entry in `header`.
@@ -257,7 +264,7 @@ Metadata parse_metadata(const std::string& path, const json& value) {
 
 void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                       const Metadata& metadata, const std::vector<NamedInt64s>& int64s) {
-  check_names(path, tensors, int64s);
+  check_names(path, tensors, int64s, metadata);
   json header = json::object();
   std::string data;
   for (const NamedTensor& entry : tensors) append_tensor(header, data, path, entry);

@@ -45,8 +45,8 @@ struct SafetensorsFile {
 };
 
 // Writes `tensors`, `int64s` and `metadata` to `path` atomically. Throws Error for empty,
-// duplicate or reserved ("__metadata__") names, and for int64 values that do not fill their
-// shape.
+// duplicate or reserved ("__metadata__") names, names or metadata that are not valid UTF-8 (the
+// header is JSON), and for int64 values that do not fill their shape.
 void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                       const Metadata& metadata = {}, const std::vector<NamedInt64s>& int64s = {});
 

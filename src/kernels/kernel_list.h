@@ -78,10 +78,12 @@ void sum_squares(const Tensor& x, Tensor& sum_sq);
 // coef[0] = min(1, max_norm / (sqrt(sum_sq[0]) + 1e-6)), as torch.nn.utils.clip_grad_norm_.
 void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef);
 
-// PyTorch's _amp_foreach_non_finite_check_and_unscale_: for every gradient, found_inf[0] = 1 if
-// the scaled g is inf or NaN (never reset here), then g *= 1 / scale[0] (the reciprocal taken in
-// double and rounded to float, as GradScaler.unscale_). scale and found_inf are f32 [1] on the
-// gradients' device.
+// PyTorch's _amp_foreach_non_finite_check_and_unscale_: for every gradient, g *= 1 / scale[0]
+// (the reciprocal taken in double and rounded to float, as GradScaler.unscale_), and found_inf[0]
+// = 1 if the unscaled g is inf or NaN (never reset here). PyTorch checks the scaled g instead;
+// the two agree unless unscaling overflows (a scale below 1, or one whose reciprocal is inf), where
+// PyTorch would apply an inf and this skips the step: a deliberate difference
+// (docs/mixed-precision.md). scale and found_inf are f32 [1] on the gradients' device.
 void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf);
 // PyTorch's _amp_update_scale_: on found_inf, scale *= backoff and tracker = 0; otherwise
 // ++tracker, and when it reaches interval, scale *= growth (if still finite) and tracker = 0.

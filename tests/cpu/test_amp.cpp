@@ -591,12 +591,21 @@ TEST(GradScaler, RejectsInvalidOptions) {
   bad = {};
   bad.growth_interval = 0;
   expect_error([&] { amp::GradScaler s(bad); }, "growth_interval");
-  for (float scale : {0.0f, -1.0f, NAN, INFINITY}) {
+  // A scale at or below 2^-128 has no finite reciprocal (PyTorch takes it, and then applies
+  // non-finite gradients).
+  for (float scale : {0.0f, -1.0f, NAN, INFINITY, 1e-40f, 0x1p-128f}) {
     bad = {};
     bad.init_scale = scale;
     expect_error([&] { amp::GradScaler s(bad); },
-                 "GradScaler: init_scale must be finite and positive");
+                 "GradScaler: init_scale must be finite and > 2^-128 (its reciprocal must be "
+                 "finite)");
   }
+  bad = {};
+  bad.init_scale = std::nextafter(0x1p-128f, 1.0f); // the smallest scale taken
+  EXPECT_TRUE(std::isfinite(1.0f / bad.init_scale));
+  amp::GradScaler smallest(bad);
+  expect_error([&] { smallest.update(0x1p-128f); },
+               "GradScaler::update: new_scale must be finite and > 2^-128");
   bad = {};
   bad.enabled = false; // refused even when disabled (where PyTorch does not look)
   bad.growth_interval = -3;
@@ -608,7 +617,10 @@ TEST(GradScaler, LoadStateDictRefusesWhatTheConstructorRefuses) {
   using Edit = void (*)(amp::GradScalerState&);
   const std::pair<Edit, const char*> cases[] = {
       {[](amp::GradScalerState& s) { s.scale = 0.0f; },
-       "GradScaler::load_state_dict: scale must be finite and positive, got 0"},
+       "GradScaler::load_state_dict: scale must be finite and > 2^-128 (its reciprocal must be "
+       "finite), got 0"},
+      {[](amp::GradScalerState& s) { s.scale = 1e-40f; },
+       "GradScaler::load_state_dict: scale must be finite and > 2^-128"},
       {[](amp::GradScalerState& s) { s.growth_factor = 0.5f; },
        "growth_factor must be > 1, got 0.5"},
       {[](amp::GradScalerState& s) { s.backoff_factor = 2.0f; },

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "amp/grad_scaler.h"
 #include "io/atomic_file.h"
@@ -22,6 +24,7 @@ namespace {
 
 using io::NamedInt64s;
 using io::NamedTensor;
+using test::rewrite_safetensors;
 
 // Conv(3->4, 3x3, stride 2, pad 1)+BN+ReLU, GlobalAvgPool, Linear(4->5): every kind of entry.
 std::unique_ptr<nn::Sequential> small_model(uint64_t seed) {
@@ -191,13 +194,6 @@ TEST(Checkpoint, StoredConvWeightComputesTheSameConvInPyTorchLayout) {
                       expected[((b * 4 + o) * ho + p) * wo + q], 1e-5);
 }
 
-// A copy of the weights file at `path` with `edit` applied to its entries, written to `out`.
-template <class Edit> void rewrite(const std::string& path, const std::string& out, Edit edit) {
-  io::SafetensorsFile file = io::load_safetensors(path);
-  edit(file.tensors, file.int64s);
-  io::save_safetensors(out, file.tensors, file.metadata, file.int64s);
-}
-
 TEST(Checkpoint, StrictLoadingNamesTheFileAndTheProblemAndChangesNothing) {
   test::TempDir dir;
   const std::string good = dir.path("good.safetensors"), bad = dir.path("bad.safetensors");
@@ -211,30 +207,36 @@ TEST(Checkpoint, StrictLoadingNamesTheFileAndTheProblemAndChangesNothing) {
     throw std::logic_error(name);
   };
 
-  rewrite(good, bad, [](auto& ts, auto&) { ts.erase(ts.begin()); });
+  rewrite_safetensors(good, bad, [](auto& ts, auto&) { ts.erase(ts.begin()); });
   expect_error(load, bad, "missing entry");
-  rewrite(good, bad, [](auto& ts, auto&) { ts.push_back({"5.weight", Tensor::zeros({2})}); });
+  rewrite_safetensors(good, bad, [](auto& ts, auto&) {
+    ts.push_back({"5.weight", Tensor::zeros({2})});
+  });
   expect_error(load, bad, "unexpected entry '5.weight'");
-  rewrite(good, bad, [](auto& ts, auto&) { ts.push_back({"log.loss", Tensor::zeros({2})}); });
+  rewrite_safetensors(good, bad, [](auto& ts, auto&) {
+    ts.push_back({"log.loss", Tensor::zeros({2})});
+  });
   expect_error(load, bad, "unexpected entry 'log.loss'"); // a training log is not weights
-  rewrite(good, bad, [&](auto& ts, auto&) { find(ts, "4.weight") = Tensor::zeros({4, 5}); });
+  rewrite_safetensors(good, bad, [&](auto& ts, auto&) {
+    find(ts, "4.weight") = Tensor::zeros({4, 5});
+  });
   expect_error(load, bad, "'4.weight' has shape [4, 5], expected [5, 4]");
-  rewrite(good, bad, [&](auto& ts, auto&) {
+  rewrite_safetensors(good, bad, [&](auto& ts, auto&) {
     find(ts, "0.weight") = Tensor::zeros({4, 3, 3, 3}, DType::f16);
   });
   expect_error(load, bad, "'0.weight' is F16, expected F32");
-  rewrite(good, bad, [&](auto& ts, auto& is) {
+  rewrite_safetensors(good, bad, [&](auto& ts, auto& is) {
     is.clear();
     ts.push_back({"1.num_batches_tracked", Tensor::zeros({})});
   });
   expect_error(load, bad, "'1.num_batches_tracked' is F32, expected a 0-d I64");
-  rewrite(good, bad, [&](auto& ts, auto& is) {
+  rewrite_safetensors(good, bad, [&](auto& ts, auto& is) {
     is.push_back({"1.bias", {}, {3}});
     ts.erase(std::remove_if(ts.begin(), ts.end(), [](auto& t) { return t.name == "1.bias"; }),
              ts.end());
   });
   expect_error(load, bad, "'1.bias' is I64, expected F32");
-  rewrite(good, bad, [](auto&, auto& is) { is[0].values[0] = -1; });
+  rewrite_safetensors(good, bad, [](auto&, auto& is) { is[0].values[0] = -1; });
   expect_error(load, bad, "'1.num_batches_tracked' is -1, expected >= 0");
 
   std::string bytes = io::read_file(good);
@@ -298,13 +300,19 @@ io::TrainingState sample_state() {
   return state;
 }
 
+// `training`, `steps` steps on, saved to `path` with sample_state().
+void train_and_save(Training& training, int steps, Rng& rng, const std::string& path) {
+  training.steps(steps, rng);
+  io::save_training_checkpoint(path, *training.model, *training.opt, *training.scaler,
+                               sample_state());
+}
+
 TEST(Checkpoint, TrainingCheckpointRoundTripsEveryPart) {
   test::TempDir dir;
   Rng rng(6);
   Training source(1);
-  source.steps(2, rng);
   const std::string path = dir.path("ckpt.safetensors");
-  io::save_training_checkpoint(path, *source.model, *source.opt, *source.scaler, sample_state());
+  train_and_save(source, 2, rng, path);
 
   Training target(2, amp::GradScalerOptions{}); // PyTorch's defaults: the file must replace them
   const io::TrainingState state = io::load_training_checkpoint(
@@ -337,9 +345,8 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
   test::TempDir dir;
   Rng rng(7);
   Training source(1);
-  source.steps(1, rng);
   const std::string path = dir.path("ckpt.safetensors");
-  io::save_training_checkpoint(path, *source.model, *source.opt, *source.scaler, sample_state());
+  train_and_save(source, 1, rng, path);
 
   Training target(2, amp::GradScalerOptions{}); // its factors differ from the file's
   auto load = [&](const std::string& file, amp::GradScaler& scaler,
@@ -372,37 +379,38 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
   expect_error(load(plain, *target.scaler), plain, "missing entry 'scaler.");
 
   const std::string bad = dir.path("bad.safetensors");
-  rewrite(path, bad, [](auto& ts, auto&) {
+  rewrite_safetensors(path, bad, [](auto& ts, auto&) {
     for (NamedTensor& t : ts)
       if (t.name == "scaler.scale") t.tensor = Tensor::full({}, -4.0f);
   });
-  expect_error(load(bad, *target.scaler), bad, "'scaler.scale' is -4, expected a finite value > 0");
-  rewrite(path, bad, [](auto&, auto& is) {
+  expect_error(load(bad, *target.scaler), bad,
+               "'scaler.scale' is -4, expected a finite value > 2.93874e-39");
+  rewrite_safetensors(path, bad, [](auto&, auto& is) {
     for (NamedInt64s& e : is)
       if (e.name == "scaler.growth_interval") e.values[0] = 0;
   });
   expect_error(load(bad, *target.scaler), bad, "'scaler.growth_interval' is 0, expected >= 1");
-  rewrite(path, bad, [](auto&, auto& is) {
+  rewrite_safetensors(path, bad, [](auto&, auto& is) {
     for (NamedInt64s& e : is)
       if (e.name == "scaler._growth_tracker") e.values[0] = int64_t(1) << 32; // not an int
   });
   expect_error(load(bad, *target.scaler), bad,
                "'scaler._growth_tracker' is 4294967296, expected >= 0 and <= 2147483647");
-  rewrite(path, bad, [](auto&, auto& is) {
+  rewrite_safetensors(path, bad, [](auto&, auto& is) {
     for (NamedInt64s& e : is)
       if (e.name == "train.epoch") e.values[0] = -1;
   });
   expect_error(load(bad, *target.scaler), bad, "'train.epoch' is -1, expected >= 0");
   // Counters are PyTorch's 0-d I64 tensors, and an I64 the checkpoint does not have is refused
   // like an unexpected tensor.
-  rewrite(path, bad, [](auto&, auto& is) {
+  rewrite_safetensors(path, bad, [](auto&, auto& is) {
     for (NamedInt64s& e : is)
       if (e.name == "train.step") e.shape = {1};
   });
   expect_error(load(bad, *target.scaler), bad, "'train.step' has 1 dimensions, expected a 0-d I64");
   // A step stored as F32 still marks a training checkpoint: its loader names the dtype, and
   // load_weights sends it there.
-  rewrite(path, bad, [](auto& ts, auto& is) {
+  rewrite_safetensors(path, bad, [](auto& ts, auto& is) {
     is.erase(std::remove_if(is.begin(), is.end(),
                             [](const NamedInt64s& e) { return e.name == "train.step"; }),
              is.end());
@@ -411,7 +419,7 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
   expect_error(load(bad, *target.scaler), bad, "'train.step' is F32, expected a 0-d I64");
   expect_error([&] { io::load_weights(bad, *target.model); }, bad,
                ": a training checkpoint, not a weights file");
-  rewrite(path, bad, [](auto&, auto& is) { is.push_back({"train.extra", {}, {3}}); });
+  rewrite_safetensors(path, bad, [](auto&, auto& is) { is.push_back({"train.extra", {}, {3}}); });
   expect_error(load(bad, *target.scaler), bad, "unexpected entry 'train.extra'");
   // Factors GradScaler's constructor refuses are refused in a file too, the bounds included.
   for (const auto& [name, value, expected] :
@@ -420,9 +428,12 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
         std::tuple{"scaler.backoff_factor", 1.5f, "is 1.5, expected a finite value > 0 and < 1"},
         std::tuple{"scaler.backoff_factor", 1.0f, "is 1, expected a finite value > 0 and < 1"},
         std::tuple{"scaler.backoff_factor", 0.0f, "is 0, expected a finite value > 0 and < 1"},
-        std::tuple{"scaler.scale", INFINITY, "is inf, expected a finite value > 0"},
-        std::tuple{"scaler.scale", 0.0f, "is 0, expected a finite value > 0"}}) {
-    rewrite(path, bad, [name = std::string(name), value = value](auto& ts, auto&) {
+        std::tuple{"scaler.scale", INFINITY, "is inf, expected a finite value > 2.93874e-39"},
+        std::tuple{"scaler.scale", 0.0f, "is 0, expected a finite value > 2.93874e-39"},
+        // 1 / scale must be finite too (GradScaler's range; PyTorch would take these).
+        std::tuple{"scaler.scale", 1e-40f, "is 9.99995e-41, expected a finite value > 2.93874e-39"},
+        std::tuple{"scaler.scale", 0x1p-128f, "is 2.93874e-39, expected a finite value >"}}) {
+    rewrite_safetensors(path, bad, [name = std::string(name), value = value](auto& ts, auto&) {
       for (NamedTensor& t : ts)
         if (t.name == name) t.tensor = Tensor::full({}, value);
     });
@@ -432,14 +443,88 @@ TEST(Checkpoint, TrainingCheckpointMismatchesAreErrors) {
   EXPECT_EQ(target.scaler->state_dict()->scale, 65536.0f) << "a refused file changed it";
 }
 
+// Values training never produces are refused, naming the entry: non-finite weights, buffers and
+// moments, negative second moments and running variances, and an Adam step count that is not an
+// integer from 0 to the steps completed (sample_state: 2).
+TEST(Checkpoint, ValuesTrainingCannotProduceAreRefused) {
+  test::TempDir dir;
+  Rng rng(9);
+  Training source(1);
+  const std::string path = dir.path("ckpt.safetensors"), bad = dir.path("bad.safetensors");
+  train_and_save(source, 1, rng, path);
+  Training target(2);
+  const std::vector<uint32_t> before = state_bits(*target.model);
+  auto load = [&] {
+    io::load_training_checkpoint(bad, *target.model, *target.opt, *target.scaler);
+  };
+  const float nan = std::nanf("");
+  const std::tuple<const char*, float, const char*> cases[] = {
+      {"0.weight", nan, "'0.weight' holds nan at index 0, expected finite values"},
+      {"4.bias", INFINITY, "'4.bias' holds inf at index 0, expected finite values"},
+      {"1.running_mean", -INFINITY, "'1.running_mean' holds -inf at index 0"},
+      {"1.running_var", -1.0f, "'1.running_var' holds -1 at index 0, expected finite values >= 0"},
+      {"optimizer.exp_avg.0", nan, "'optimizer.exp_avg.0' holds nan"},
+      {"optimizer.exp_avg_sq.2", -1.0f,
+       "'optimizer.exp_avg_sq.2' holds -1 at index 0, expected "
+       "finite values >= 0"},
+      {"optimizer.step", nan, "'optimizer.step' is nan, expected an integer from 0 to 2"},
+      {"optimizer.step", -1.0f, "'optimizer.step' is -1, expected an integer from 0 to 2"},
+      {"optimizer.step", 3.0f, "'optimizer.step' is 3, expected an integer from 0 to 2"},
+      {"optimizer.step", 1e30f, "'optimizer.step' is 1e+30"},
+      {"optimizer.step", INFINITY, "'optimizer.step' is inf"},
+      {"optimizer.step", 1.5f, "'optimizer.step' is 1.5"},
+  };
+  for (const auto& [name, value, message] : cases) {
+    rewrite_safetensors(path, bad, [name = std::string(name), value = value](auto& ts, auto&) {
+      for (NamedTensor& t : ts)
+        if (t.name == name) t.tensor.data<float>()[0] = value;
+    });
+    expect_error(load, bad, message);
+  }
+  EXPECT_EQ(state_bits(*target.model), before) << "a refused file changed the model";
+  // A weights file is held to the same rules.
+  const std::string weights = dir.path("weights.safetensors");
+  io::save_weights(weights, *source.model);
+  rewrite_safetensors(weights, bad,
+                      [nan](auto& ts, auto&) { ts[0].tensor.template data<float>()[0] = nan; });
+  expect_error([&] { io::load_weights(bad, *target.model); }, bad, "holds nan at index 0");
+  // Steps 0, 1 and 2 (all steps skipped, some, none) load.
+  for (float step : {0.0f, 1.0f, 2.0f}) {
+    rewrite_safetensors(path, bad, [step](auto& ts, auto&) {
+      for (NamedTensor& t : ts)
+        if (t.name == "optimizer.step") t.tensor.data<float>()[0] = step;
+    });
+    io::load_training_checkpoint(bad, *target.model, *target.opt, *target.scaler);
+    EXPECT_EQ(target.opt->step_count(), int64_t(step));
+  }
+}
+
+// What loading refuses is never written: a model whose weights went NaN (training diverged) is
+// refused by the save functions with InvalidState, and the previous file stays.
+TEST(Checkpoint, SavingRefusesWhatLoadingWouldRefuse) {
+  test::TempDir dir;
+  Training run(1);
+  const std::string weights = dir.path("w.safetensors"), ckpt = dir.path("c.safetensors");
+  io::save_weights(weights, *run.model);
+  io::save_training_checkpoint(ckpt, *run.model, *run.opt, *run.scaler, sample_state());
+  const std::string weights_before = io::read_file(weights), ckpt_before = io::read_file(ckpt);
+  run.model->named_parameters()[1].second->master().data<float>()[2] = std::nanf("");
+  expect_error([&] { io::save_weights(weights, *run.model); }, weights,
+               "holds nan at index 2, expected finite values; loading would refuse it");
+  EXPECT_THROW(
+      io::save_training_checkpoint(ckpt, *run.model, *run.opt, *run.scaler, sample_state()),
+      io::InvalidState);
+  EXPECT_EQ(io::read_file(weights), weights_before);
+  EXPECT_EQ(io::read_file(ckpt), ckpt_before);
+}
+
 TEST(Checkpoint, CorruptFilesLoadOrFailWithAnErrorNamingTheFile) {
   test::TempDir dir;
   Rng rng(8);
   Training source(1);
-  source.steps(1, rng);
   const std::string weights = dir.path("w.safetensors"), ckpt = dir.path("c.safetensors");
+  train_and_save(source, 1, rng, ckpt);
   io::save_weights(weights, *source.model);
-  io::save_training_checkpoint(ckpt, *source.model, *source.opt, *source.scaler, sample_state());
 
   auto model = small_model(2);
   auto load_weights = [&](const std::string& path) { io::load_weights(path, *model); };

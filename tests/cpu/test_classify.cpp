@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -294,6 +295,42 @@ TEST(Classify, ImageFoldersThatCannotTrainAreOneLineErrors) {
   expect_one_line_error(run_program("classify", "--images " + one_each + " --out " + out),
                         {one_each, "no training images", "--holdout-every"});
   EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
+}
+
+// A FIFO where a data file should be is refused at once (opening it would wait for a writer
+// forever), naming the file.
+TEST(Classify, AFifoForADataFileIsRefusedAtOnce) {
+  const std::string dir = synthetic_data("classify_fifo");
+  const std::string images = dir + "/train-images-idx3-ubyte.gz";
+  fs::remove(images);
+  ASSERT_EQ(::mkfifo(images.c_str(), 0644), 0);
+  const std::string out = fresh_dir("classify_fifo_out");
+  const ProgramRun run = run_program("classify", small_run(dir, 1) + " --out " + out, "timeout 60");
+  EXPECT_NE(run.status, 124) << "classify waited on the FIFO";
+  expect_one_line_error(run, {images, "not a regular file (a FIFO)"});
+  EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
+}
+
+// A path that is not UTF-8 (paths are bytes) trains, checkpoints and resumes: summary.json and
+// the checkpoint record it escaped ("\xff"), which JSON can hold, and a resumed run reads the
+// same record from the same path.
+TEST(Classify, APathThatIsNotUtf8IsRecordedEscaped) {
+  const std::string images = fresh_dir("classify_images_\xff");
+  fs::copy(std::string(MINAMP_SOURCE_DIR) + "/data/tiny-images", images,
+           fs::copy_options::recursive);
+  const std::string out = fresh_dir("classify_not_utf8");
+  const std::string args = "--images '" + images +
+                           "' --image-size 8 --batch-size 2 --width 2 --holdout-every 3 "
+                           "--checkpoint-every 1 --save-weights " +
+                           out + "/w --out " + out;
+  const ProgramRun run = run_program("classify", args + " --epochs 1");
+  ASSERT_EQ(run.status, 0) << run.output;
+  const std::string recorded = summary_of(out)["config"]["data"];
+  EXPECT_EQ(recorded.substr(recorded.size() - 20), "classify_images_\\xff") << recorded;
+  EXPECT_EQ(io::load_safetensors(out + "/checkpoint.safetensors").metadata.at("data"), recorded);
+  const ProgramRun resumed =
+      run_program("classify", args + " --epochs 2 --resume " + out + "/checkpoint.safetensors");
+  EXPECT_EQ(resumed.status, 0) << resumed.output;
 }
 
 TEST(Classify, BadCheckpointsAreOneLineErrorsWithNoOutput) {

@@ -30,6 +30,7 @@
 
 namespace {
 
+using minamp::test::expect_one_line_error;
 using minamp::test::fresh_dir;
 using minamp::test::ProgramRun;
 using minamp::test::run_program;
@@ -42,17 +43,6 @@ std::vector<double> losses_in(const std::string& metrics_csv) {
   std::vector<double> losses;
   while (std::getline(csv, line)) losses.push_back(std::stod(line.substr(line.find(',') + 1)));
   return losses;
-}
-
-// A refused run: non-zero status and one line, "error: ...", that contains every one of `parts`.
-void expect_one_line_error(const ProgramRun& run, const std::string& args,
-                           const std::vector<std::string>& parts) {
-  EXPECT_NE(run.status, 0) << args;
-  EXPECT_EQ(run.output.rfind("error: ", 0), 0u) << args << ": " << run.output;
-  EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1)
-      << args << ": " << run.output;
-  for (const std::string& part : parts)
-    EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
 }
 
 TEST(Examples, HelpListsTheCommonOptions) {
@@ -107,10 +97,13 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--init-scale 1024", {"--init-scale", "only with --amp or --compare"}},
       {"--no-loss-scaling", {"--no-loss-scaling", "only with --amp or --compare"}},
       {"--growth-interval 5", {"--growth-interval", "only with --amp or --compare"}},
-      {"--amp --init-scale 0", {"--init-scale", "expected a finite number > 0", "got 0"}},
+      {"--amp --init-scale 0", {"--init-scale", "expected a finite number > 2.9e-39", "got 0"}},
       {"--amp --init-scale nan", {"--init-scale", "got nan"}},
       {"--compare --init-scale -1", {"--init-scale", "got -1"}},
-      {"--amp --init-scale 1e39", {"--init-scale", "at most 3.4e38), got 1e39"}},
+      {"--amp --init-scale 1e39", {"--init-scale", "at most 3.4e38, got 1e39"}},
+      // 1/scale overflows to inf below 2.9e-39 (PyTorch would take these and apply NaNs).
+      {"--amp --init-scale 1e-40 --epochs 1 --batches 1", {"--init-scale", "got 1e-40"}},
+      {"--amp --init-scale 1e-45 --epochs 1 --batches 1", {"--init-scale", "got 1e-45"}},
       {"--amp --growth-interval 0", {"--growth-interval", "expected an integer from 1 to"}},
       {"--resume a --compare", {"--resume", "cannot be combined with --compare"}},
       {"--resume a --load-weights b", {"--resume", "--load-weights"}},
@@ -654,7 +647,7 @@ TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
   std::ofstream(short_row) << "step,loss\n0\n";
   const std::pair<std::string, std::vector<std::string>> cases[] = {
       {not_a_number, {not_a_number + ":3: 'abc' is not a number"}},
-      {short_row, {short_row + ":2 has no field 2"}},
+      {short_row, {short_row + ":2: no field 2 ('loss')"}},
       {"--column nope " + fp32, {"no column 'nope'", "step,loss"}},
       {"--column skipped --log-y " + fp32, {"nothing to draw", "positive"}},
       {header_only, {"nothing to draw", "'loss'"}},

@@ -114,7 +114,7 @@ TEST(Idx, SpecificCorruptionsNameTheFileAndTheProblem) {
   EXPECT_THROW(io::read_idx_labels(path), Error);
 
   expect_idx_error(dir.path("missing.gz"), "cannot open");
-  expect_idx_error(dir.root(), "read error");
+  expect_idx_error(dir.root(), "not a regular file (a directory)");
 }
 
 TEST(Idx, RandomTruncationsAndBitFlipsLoadOrThrowError) {
@@ -137,6 +137,36 @@ TEST(Idx, RandomTruncationsAndBitFlipsLoadOrThrowError) {
   const test::FuzzCounts gz_flips =
       test::fuzz_bit_flips(gz, dir.path("flip.gz"), load, rng, 250, 16);
   EXPECT_GT(gz_flips.rejected, 0);
+}
+
+// Every header field at its limits, in raw and gzipped files: each magic byte 0x00, 0x01 and
+// 0xff, and each dimension 0, 1, 2^31 - 1, 2^31 and 2^32 - 1. Each file loads or throws Error
+// naming it (never allocates what the header claims: the data are read as they come).
+TEST(Idx, HeaderFieldsAtTheirLimitsLoadOrThrowError) {
+  test::TempDir dir;
+  Rng rng(3);
+  const std::string valid = idx_bytes({4, 6, 5}, random_bytes(rng, 4 * 6 * 5));
+  auto load = [](const std::string& path) { io::read_idx_images(path); };
+  std::vector<std::string> variants;
+  for (size_t at = 0; at < 4; ++at)
+    for (char byte : {'\x00', '\x01', '\xff'}) {
+      variants.push_back(valid);
+      variants.back()[at] = byte;
+    }
+  for (size_t dim = 0; dim < 3; ++dim)
+    for (uint32_t value : {0u, 1u, 0x7fffffffu, 0x80000000u, 0xffffffffu}) {
+      std::string bytes = valid;
+      for (int b = 0; b < 4; ++b) bytes[4 + 4 * dim + b] = char((value >> (24 - 8 * b)) & 0xff);
+      variants.push_back(bytes);
+    }
+  test::FuzzCounts counts;
+  for (const std::string& bytes : variants) {
+    test::load_or_reject(dir.path("limit"), bytes, load, counts);
+    write_gzip(dir.path("limit.gz"), bytes);
+    test::load_or_reject(dir.path("limit.gz"), io::read_file(dir.path("limit.gz")), load, counts);
+  }
+  EXPECT_GT(counts.rejected, 0);
+  EXPECT_GT(counts.loaded, 0); // the unchanged bytes among them
 }
 
 TEST(Idx, ReadsTheFashionMnistTestSetWhenInstalled) {

@@ -157,6 +157,10 @@ TEST(Image, FolderErrorsNameTheProblemPath) {
   EXPECT_EQ(io::load_image_folder(dir.root(), 4, 3).images.shape(), (Shape{2, 4, 4, 3}));
 }
 
+// Random truncations and bit flips, and the size fields of a PNG's header (IHDR width and
+// height) and of a JPEG's frame header (SOF height and width) at their limits: 0, 1, 2^14 (stb's
+// largest side), 2^14 + 1, and the largest values the fields hold. Each file loads or throws
+// Error naming it, and none makes stb allocate for more than 2^25 pixels.
 TEST(Image, CorruptPngsAndJpegsLoadOrThrowError) {
   test::TempDir dir;
   Rng rng(5);
@@ -173,6 +177,27 @@ TEST(Image, CorruptPngsAndJpegsLoadOrThrowError) {
     EXPECT_GT(flips.rejected, 0);
   }
   expect_error([&] { io::load_image(dir.path("missing.png"), 3); }, dir.path("missing.png"));
+
+  const size_t sof =
+      jpeg.find("\xff\xc0") != std::string::npos ? jpeg.find("\xff\xc0") : jpeg.find("\xff\xc2");
+  ASSERT_NE(sof, std::string::npos) << "no frame header in the JPEG fixture";
+  // Where each size field is (offset, bytes, big-endian) in its file.
+  const struct {
+    const std::string* file;
+    size_t offset, bytes;
+  } fields[] = {{&png, 16, 4}, {&png, 20, 4}, {&jpeg, sof + 5, 2}, {&jpeg, sof + 7, 2}};
+  test::FuzzCounts limits;
+  for (const auto& field : fields) {
+    const uint64_t largest = (uint64_t(1) << (8 * field.bytes)) - 1;
+    for (uint64_t value : {uint64_t(0), uint64_t(1), uint64_t(1) << 14, (uint64_t(1) << 14) + 1,
+                           largest >> 1, largest}) {
+      std::string bytes = *field.file;
+      for (size_t b = 0; b < field.bytes; ++b)
+        bytes[field.offset + b] = char((value >> (8 * (field.bytes - 1 - b))) & 0xff);
+      test::load_or_reject(dir.path("limit"), bytes, load, limits);
+    }
+  }
+  EXPECT_GT(limits.rejected, 0);
 }
 
 // The message ends with stb's reason, not cut short (a null reason would stop the stream).

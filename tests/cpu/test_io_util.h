@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/safetensors.h"
 
 namespace minamp::test {
 
@@ -41,6 +42,15 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
   out.write(bytes.data(), std::streamsize(bytes.size()));
   ASSERT_TRUE(out.good()) << "cannot write " << path;
+}
+
+// A copy of the safetensors file at `path` with `edit` applied to its entries (tensors, int64s),
+// written to `out`.
+template <class Edit>
+void rewrite_safetensors(const std::string& path, const std::string& out, Edit edit) {
+  io::SafetensorsFile file = io::load_safetensors(path);
+  edit(file.tensors, file.int64s);
+  io::save_safetensors(out, file.tensors, file.metadata, file.int64s);
 }
 
 // How a loader fared on a set of corrupted files.

@@ -185,13 +185,21 @@ TEST(CpuAmpUnscale, MultipliesByInverseScaleAndFlagsInfAndNaN) {
     EXPECT_EQ(grad.to_vector()[5], g0[5] * inv) << bad;
   }
 
-  // As PyTorch, the scaled gradient is checked: one that overflows only once unscaled (a scale
-  // below 1) is not an overflow, and is unscaled to inf.
+  // The unscaled gradient is checked: one that overflows only once unscaled (a scale below 1) is
+  // an overflow, where PyTorch, checking the scaled value, would apply the inf.
   Tensor huge = Tensor::from_vector({3e38f}, {1});
   found_inf = flag(0.0f);
   cpu::amp_unscale({&huge}, flag(0.5f), found_inf);
-  EXPECT_EQ(found_inf.item(), 0.0f);
+  EXPECT_EQ(found_inf.item(), 1.0f);
   EXPECT_EQ(huge.item(), INFINITY);
+  // So is every gradient at a scale whose reciprocal is inf (2^-128): 0 * inf is NaN, a tiny
+  // gradient becomes inf. PyTorch would apply them all.
+  for (float g : {0.0f, 1e-30f}) {
+    Tensor tiny = Tensor::from_vector({g}, {1});
+    found_inf = flag(0.0f);
+    cpu::amp_unscale({&tiny}, flag(0x1p-128f), found_inf);
+    EXPECT_EQ(found_inf.item(), 1.0f) << g;
+  }
 
   Tensor fine = random_tensor(rng, {3});
   found_inf = flag(1.0f); // never reset by the kernel

@@ -1,18 +1,27 @@
 // Helpers for tests that run the example programs as a user does: running a binary from the
-// build directory with its output captured, fresh output directories, CSV columns, and the check
-// that a run resumed from a training checkpoint ends exactly where the uninterrupted run does.
+// build directory with its output captured (or in the background, to signal it), fresh output
+// directories, the JSON and CSV files a run writes, and the check that a run resumed from a
+// training checkpoint ends exactly where the uninterrupted run does.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/atomic_file.h"
@@ -24,15 +33,115 @@ struct ProgramRun {
   std::string output; // stdout and stderr together
 };
 
-// Runs an example binary from the build directory with `args`, capturing its output.
-inline ProgramRun run_program(const std::string& name, const std::string& args) {
-  const std::string command = std::string(MINAMP_BINARY_DIR) + "/" + name + " " + args + " 2>&1";
+// Runs an example binary from the build directory with `args`, capturing its output; `shell`
+// comes first in the shell's command line (e.g. "ulimit -v 1000000;").
+inline ProgramRun run_program(const std::string& name, const std::string& args,
+                              const std::string& shell = "") {
+  const std::string command =
+      shell + " " + std::string(MINAMP_BINARY_DIR) + "/" + name + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   std::array<char, 4096> chunk;
   while (size_t n = fread(chunk.data(), 1, chunk.size(), pipe)) output.append(chunk.data(), n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+// A refused run: non-zero status and one line, "error: ...", that contains every one of `parts`.
+inline void expect_one_line_error(const ProgramRun& run, const std::string& args,
+                                  const std::vector<std::string>& parts) {
+  EXPECT_NE(run.status, 0) << args;
+  EXPECT_EQ(run.output.rfind("error: ", 0), 0u) << args << ": " << run.output;
+  EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1)
+      << args << ": " << run.output;
+  for (const std::string& part : parts)
+    EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
+}
+
+// A program started in the background, with stdout and stderr going to `output_path`.
+struct BackgroundProgram {
+  pid_t pid = -1;
+  std::string output_path;
+  // Its output so far.
+  std::string output() const {
+    std::ifstream in(output_path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // Waits (up to a minute) until its output contains `text`; false if it exits or time runs out.
+  bool wait_for_output(const std::string& text) const {
+    for (int i = 0; i < 6000; ++i) {
+      if (output().find(text) != std::string::npos) return true;
+      siginfo_t info{};
+      ::waitid(P_PID, id_t(pid), &info, WEXITED | WNOHANG | WNOWAIT); // it ended (still waitable)
+      if (info.si_pid == pid) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+  // Waits for it to end and returns its wait status (WIFEXITED, WTERMSIG, ...).
+  int wait() const {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return status;
+  }
+};
+
+// Starts an example binary from the build directory with `args` (each one argument) in the
+// background, with SIGINT and SIGTERM at their default action, as in a terminal.
+inline BackgroundProgram start_program(const std::string& name,
+                                       const std::vector<std::string>& args,
+                                       const std::string& output_path) {
+  const std::string binary = std::string(MINAMP_BINARY_DIR) + "/" + name;
+  std::vector<char*> argv{const_cast<char*>(binary.c_str())};
+  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  BackgroundProgram program{::fork(), output_path};
+  if (program.pid == 0) { // the child: only async-signal-safe calls until exec
+    const int out = ::open(output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(out, 1);
+    ::dup2(out, 2);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    ::execv(binary.c_str(), argv.data());
+    ::_exit(127);
+  }
+  EXPECT_GT(program.pid, 0) << "fork failed";
+  return program;
+}
+
+// Whether process `pid` catches `signal` (its handler is installed), from /proc/PID/status.
+inline bool catches_signal(pid_t pid, int signal) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("SigCgt:", 0) == 0)
+      return (std::stoull(line.substr(7), nullptr, 16) >> (signal - 1)) & 1;
+  return false;
+}
+
+// The JSON file a run wrote, parsed; when it is missing or not JSON, a test failure naming it and
+// an empty object, so that a failed run fails its test and never the whole test binary.
+inline nlohmann::json read_output_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in.good()) {
+    ADD_FAILURE() << "missing " << path;
+    return nlohmann::json::object();
+  }
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    ADD_FAILURE() << path << " is not JSON: " << e.what();
+    return nlohmann::json::object();
+  }
+}
+
+// object[key]; when `object` has no such key, a test failure naming it and a null (indexing a
+// missing key of a const json aborts the process).
+inline const nlohmann::json& field(const nlohmann::json& object, const std::string& key) {
+  static const nlohmann::json missing;
+  if (object.is_object() && object.contains(key)) return object.at(key);
+  ADD_FAILURE() << "no '" << key << "' in " << object.dump();
+  return missing;
 }
 
 // The temp folder of this test process, removed when the process exits. ctest runs every test
@@ -139,9 +248,8 @@ inline std::string expect_resume_equals_uninterrupted(const std::string& program
       EXPECT_GE(epochs[i].at(5), epochs[i - 1].at(5)) << name << ": epochs.csv row " << i;
   }
   const double last_wall_s = steps.back().at(2); // step,loss,wall_s
-  const double summary_wall_s =
-      nlohmann::json::parse(io::read_file(resumed + "/summary.json"))["wall_s"];
-  EXPECT_GE(summary_wall_s, last_wall_s * (1 - 1e-5)) << name;
+  const nlohmann::json summary = read_output_json(resumed + "/summary.json");
+  EXPECT_GE(field(summary, "wall_s").get<double>(), last_wall_s * (1 - 1e-5)) << name;
   return whole;
 }
 

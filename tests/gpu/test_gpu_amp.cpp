@@ -139,16 +139,22 @@ TEST(GpuOptim, ZeroGradsClearsEveryGradient) {
 
 // ---- Scale update.
 
-TEST(GpuAmp, UnscaleChecksTheScaledGradientAsPyTorch) {
+TEST(GpuAmp, UnscaleChecksTheUnscaledGradient) {
   MINAMP_REQUIRE_GPU();
-  // Finite before unscaling, inf after (a scale below 1): PyTorch checks the scaled value, so
-  // this is no overflow, and the gradient becomes inf.
+  // Finite before unscaling, inf after (a scale below 1): an overflow, as on the CPU (PyTorch
+  // checks the scaled value and would apply the inf).
   Tensor grad = gpu(Tensor::from_vector({1.0f, 3e38f, -2.0f}, {3}));
   std::vector<Tensor*> grads{&grad};
   Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
   kernels::amp_unscale(grads, gpu(Tensor::full({1}, 0.5f)), found_inf);
-  EXPECT_EQ(found_inf.item(), 0.0f);
+  EXPECT_EQ(found_inf.item(), 1.0f);
   EXPECT_EQ(grad.to_vector(), (std::vector<float>{2.0f, INFINITY, -4.0f}));
+  // At a scale whose reciprocal is inf (2^-128) even a zero gradient is one (0 * inf is NaN).
+  Tensor zero = Tensor::zeros({3}, DType::f32, Device::cuda);
+  std::vector<Tensor*> zeros{&zero};
+  found_inf = Tensor::zeros({1}, DType::f32, Device::cuda);
+  kernels::amp_unscale(zeros, gpu(Tensor::full({1}, 0x1p-128f)), found_inf);
+  EXPECT_EQ(found_inf.item(), 1.0f);
 }
 
 TEST(GpuAmp, UpdateScaleFollowsPyTorchStepByStep) {

@@ -4,12 +4,12 @@
 // writes every run, and bench_gemm checks and times every precision against cuBLAS. Compiled once
 // per backend: MINAMP_EXAMPLE_SUFFIX names that backend's binaries ("" for the CUDA build,
 // "_emulated" for the ones linked with the CPU emulator).
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -19,15 +19,11 @@
 
 namespace {
 
+using minamp::test::field;
 using minamp::test::fresh_dir;
 using minamp::test::ProgramRun;
+using minamp::test::read_output_json;
 using minamp::test::run_program;
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "missing " << path;
-  return in.good() ? nlohmann::json::parse(in) : nlohmann::json::object();
-}
 
 // Runs `example --compare args` on the CPU and on the GPU. For FP32 and AMP both runs take the
 // same steps and skip the same ones, and their final losses agree within the relative tolerance.
@@ -42,14 +38,15 @@ void expect_compare_matches_cpu(const std::string& example, const std::string& a
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_NE(run.output.find("memory saved"), std::string::npos) << run.output;
   for (const char* precision : {"fp32", "amp"}) {
-    const nlohmann::json on_cpu = read_json(cpu + "/" + precision + "/summary.json");
-    const nlohmann::json on_gpu = read_json(gpu + "/" + precision + "/summary.json");
+    const nlohmann::json on_cpu = read_output_json(cpu + "/" + precision + "/summary.json");
+    const nlohmann::json on_gpu = read_output_json(gpu + "/" + precision + "/summary.json");
     ASSERT_TRUE(on_cpu.contains("final_loss") && on_gpu.contains("final_loss")) << precision;
-    EXPECT_EQ(on_gpu["device"], "cuda") << precision;
-    EXPECT_EQ(on_gpu["device_name"], minamp::device_description(minamp::Device::cuda)) << precision;
-    EXPECT_EQ(on_gpu["steps"], on_cpu["steps"]) << precision;
-    EXPECT_EQ(on_gpu["skipped_steps"], on_cpu["skipped_steps"]) << precision;
-    const double gpu_loss = on_gpu["final_loss"], cpu_loss = on_cpu["final_loss"];
+    EXPECT_EQ(field(on_gpu, "device"), "cuda") << precision;
+    EXPECT_EQ(field(on_gpu, "device_name"), minamp::device_description(minamp::Device::cuda))
+        << precision;
+    EXPECT_EQ(field(on_gpu, "steps"), field(on_cpu, "steps")) << precision;
+    EXPECT_EQ(field(on_gpu, "skipped_steps"), field(on_cpu, "skipped_steps")) << precision;
+    const double gpu_loss = on_gpu.at("final_loss"), cpu_loss = on_cpu.at("final_loss");
     const double tolerance = std::string(precision) == "amp" ? amp_tolerance : fp32_tolerance;
     EXPECT_TRUE(std::isfinite(gpu_loss)) << precision;
     EXPECT_LE(std::abs(gpu_loss - cpu_loss), tolerance * std::abs(cpu_loss))
@@ -72,20 +69,34 @@ TEST(GpuExamples, SineCompareOnCudaEndsWhereTheCpuRunDoes) {
   expect_compare_matches_cpu("sine", "--size 16 --hidden 32 --steps 30", 1e-3, 2e-2);
 }
 
-// The summary.json of this backend's `example` run with `args` into a fresh folder `name`.
+// The summary.json of this backend's `example` run with `args` into a fresh folder `name`; when
+// the run fails, one test failure with its output and an empty object.
 nlohmann::json summary_of_run(const std::string& example, const std::string& args,
                               const std::string& name) {
   const std::string out = fresh_dir(name);
   const ProgramRun run = run_program(example + MINAMP_EXAMPLE_SUFFIX, args + " --out " + out);
-  EXPECT_EQ(run.status, 0) << run.output;
-  return read_json(out + "/summary.json");
+  if (run.status == 0) return read_output_json(out + "/summary.json");
+  ADD_FAILURE() << example << MINAMP_EXAMPLE_SUFFIX << " " << args << " failed (status "
+                << run.status << "): " << run.output;
+  return nlohmann::json::object();
+}
+
+// A run that fails (here: a program that is not there) fails the test that reads its output,
+// naming what is missing, and leaves the other tests to run: it must not abort the test binary.
+TEST(GpuExamples, AFailedRunFailsItsTestAndNoOther) {
+  static nlohmann::json summary; // EXPECT_NONFATAL_FAILURE takes no local variables
+  EXPECT_NONFATAL_FAILURE(summary = summary_of_run("no_such_example", "--epochs 1", "no_run"),
+                          "no_such_example");
+  EXPECT_NONFATAL_FAILURE(field(summary, "device"), "no 'device' in {}");
+  EXPECT_NONFATAL_FAILURE(read_output_json(fresh_dir("no_run") + "/summary.json"),
+                          "no_run/summary.json");
 }
 
 TEST(GpuExamples, DeviceAutoTrainsOnTheGpuWhenThereIsOne) {
   MINAMP_REQUIRE_GPU();
   const nlohmann::json summary =
       summary_of_run("mlp", "--device auto --epochs 1 --batches 2", "mlp_device_auto");
-  EXPECT_EQ(summary["device"], "cuda");
+  EXPECT_EQ(field(summary, "device"), "cuda");
 }
 
 // Without --size, sine trains on the blog's 512x512 grid on a GPU and on 16x16 on the emulator.
@@ -93,7 +104,7 @@ TEST(GpuExamples, SineDefaultSizeFollowsTheDevice) {
   MINAMP_REQUIRE_GPU();
   const nlohmann::json summary =
       summary_of_run("sine", "--device cuda --hidden 8 --layers 0 --steps 1", "sine_default_size");
-  EXPECT_EQ(summary["config"]["size"], minamp::cuda_emulated() ? "16" : "512");
+  EXPECT_EQ(field(field(summary, "config"), "size"), minamp::cuda_emulated() ? "16" : "512");
 }
 
 // mlp and sine in every precision and mode bench/run-gpu.sh asks for, at a tiny size: the JSON
@@ -108,16 +119,16 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
                   "--profile 2 --cuda-graph --json " +
                       json);
   ASSERT_EQ(run.status, 0) << run.output;
-  const nlohmann::json report = read_json(json);
-  EXPECT_EQ(report["device"], "cuda");
+  const nlohmann::json report = read_output_json(json);
+  EXPECT_EQ(field(report, "device"), "cuda");
   std::map<std::string, double> final_loss;
-  for (const nlohmann::json& r : report["runs"]) {
+  for (const nlohmann::json& r : field(report, "runs")) {
     const std::string name =
-        r["model"].get<std::string>() + " " + r["precision"].get<std::string>() + " ";
-    const std::string mode = r["mode"];
-    final_loss[name + mode] = mode == "infer" ? 0.0 : r["final_loss"].get<double>();
+        r.at("model").get<std::string>() + " " + r.at("precision").get<std::string>() + " ";
+    const std::string mode = r.at("mode");
+    final_loss[name + mode] = mode == "infer" ? 0.0 : r.at("final_loss").get<double>();
     if (mode == "train") {
-      EXPECT_FALSE(r["profile"]["ops"].empty()) << name;
+      EXPECT_FALSE(field(field(r, "profile"), "ops").empty()) << name;
     }
   }
   EXPECT_EQ(final_loss.size(), 12u) << "mlp and sine x FP32 and AMP x train, infer, train-graph";
@@ -137,35 +148,36 @@ TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
   const ProgramRun run = run_program(std::string("bench_gemm") + MINAMP_EXAMPLE_SUFFIX,
                                      "--shapes tiny --wmma-sweep --json " + json);
   ASSERT_EQ(run.status, 0) << run.output;
-  const nlohmann::json report = read_json(json);
+  const nlohmann::json report = read_output_json(json);
   // 3 shapes x f16, f32 with the library's kernels; the first two f16 shapes also with each of
   // the sweep's 4 WMMA configurations, less those the device has too little shared memory for
   // (none on sm_80+ or on the emulator).
-  ASSERT_EQ(report["rows"].size(), 6u + 2u * 4u - report["wmma_sweep_skipped"].size());
+  ASSERT_EQ(field(report, "rows").size(),
+            6u + 2u * 4u - field(report, "wmma_sweep_skipped").size());
   std::set<std::string> configs;
-  for (const nlohmann::json& row : report["rows"]) {
-    const std::string what = row["shape"].get<std::string>() + " " + row["ab_dtype"].dump() + " " +
-                             row["config"].get<std::string>();
-    configs.insert(row["config"].get<std::string>());
-    EXPECT_TRUE(row["check"]["ok"].get<bool>()) << what << ": " << row["check"].dump();
+  for (const nlohmann::json& row : report.at("rows")) {
+    const std::string what = row.at("shape").get<std::string>() + " " + row.at("ab_dtype").dump() +
+                             " " + row.at("config").get<std::string>();
+    configs.insert(row.at("config").get<std::string>());
+    EXPECT_TRUE(row.at("check").at("ok").get<bool>()) << what << ": " << row.at("check").dump();
     ASSERT_TRUE(row.contains("ratio")) << what;
     // TFLOP/s is 2 M N K over the median time; the ratio is minamp's over cuBLAS's.
     const double flops =
-        2.0 * row["m"].get<double>() * row["n"].get<double>() * row["k"].get<double>();
+        2.0 * row.at("m").get<double>() * row.at("n").get<double>() * row.at("k").get<double>();
     for (const char* library : {"minamp", "cublas"}) {
-      const nlohmann::json& t = row[library];
-      const double median_ms = t["median_ms"].get<double>();
+      const nlohmann::json& t = row.at(library);
+      const double median_ms = t.at("median_ms").get<double>();
       EXPECT_GT(median_ms, 0.0) << what << " " << library;
-      EXPECT_LE(t["p10_ms"].get<double>(), median_ms) << what << " " << library;
-      EXPECT_GE(t["p90_ms"].get<double>(), median_ms) << what << " " << library;
+      EXPECT_LE(t.at("p10_ms").get<double>(), median_ms) << what << " " << library;
+      EXPECT_GE(t.at("p90_ms").get<double>(), median_ms) << what << " " << library;
       const double tflops = flops / (median_ms * 1e9);
-      EXPECT_NEAR(t["tflops"].get<double>(), tflops, 1e-9 * tflops) << what << " " << library;
+      EXPECT_NEAR(t.at("tflops").get<double>(), tflops, 1e-9 * tflops) << what << " " << library;
     }
     const double ratio =
-        row["minamp"]["tflops"].get<double>() / row["cublas"]["tflops"].get<double>();
-    EXPECT_NEAR(row["ratio"].get<double>(), ratio, 1e-12 * ratio) << what;
+        row.at("minamp").at("tflops").get<double>() / row.at("cublas").at("tflops").get<double>();
+    EXPECT_NEAR(row.at("ratio").get<double>(), ratio, 1e-12 * ratio) << what;
   }
-  if (report["wmma_sweep_skipped"].empty()) {
+  if (report.at("wmma_sweep_skipped").empty()) {
     EXPECT_EQ(configs.size(), 5u) << "library + 4 swept configurations";
   }
 }

@@ -16,9 +16,10 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
     require(grad && grad->defined() && grad->dtype() == DType::f32, "amp_unscale",
             "gradients must be defined f32 tensors, got ", describe(grad));
     float* g = grad->data<float>();
-    for (int64_t i = 0; i < grad->numel(); ++i) { // the scaled value is checked, as PyTorch
-      overflow = overflow || !std::isfinite(g[i]);
+    for (int64_t i = 0; i < grad->numel();
+         ++i) { // the unscaled g is checked (kernel_list.h says why)
       g[i] *= inv_scale;
+      overflow = overflow || !std::isfinite(g[i]);
     }
   }
   if (overflow) found_inf.data<float>()[0] = 1.0f; // set, never reset
