@@ -26,10 +26,11 @@ struct BatchNormParams {
   bool relu = false;
 };
 
+// amp_update_scale's factors (amp::GradScalerOptions holds PyTorch's defaults).
 struct ScalerParams {
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
-  int growth_interval = 2000;
+  float growth_factor;
+  float backoff_factor;
+  int growth_interval;
 };
 
 // The tensors of one parameter that an optimizer step touches. `half` and the state tensors may

@@ -181,6 +181,16 @@ TEST(MasterWeights, F16WeightsStallWhereFp32MastersKeepLearning) {
 
 // --- GradScaler ----------------------------------------------------------------------------
 
+// torch.amp.GradScaler()'s defaults: init_scale 2^16, growth 2, backoff 0.5, interval 2000.
+TEST(GradScaler, DefaultsArePyTorchs) {
+  const amp::GradScalerState state = *amp::GradScaler().state_dict();
+  EXPECT_EQ(state.scale, 65536.0f);
+  EXPECT_EQ(state.growth_factor, 2.0f);
+  EXPECT_EQ(state.backoff_factor, 0.5f);
+  EXPECT_EQ(state.growth_interval, 2000);
+  EXPECT_EQ(state.growth_tracker, 0);
+}
+
 TEST(GradScaler, ScaleMultipliesTheLossByTheInitialScale) {
   amp::GradScaler scaler;
   EXPECT_EQ(scaler.get_scale(), 65536.0f);
@@ -619,7 +629,7 @@ TEST(GradScaler, LoadStateDictRefusesWhatTheConstructorRefuses) {
        "_growth_tracker must be >= 0, got -1"},
   };
   for (const auto& [edit, message] : cases) {
-    amp::GradScalerState bad;
+    amp::GradScalerState bad = *scaler.state_dict();
     edit(bad);
     expect_error([&] { scaler.load_state_dict(bad); }, message);
   }

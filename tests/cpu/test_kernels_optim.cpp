@@ -2,6 +2,7 @@
 // three steps and Adam's first bias-corrected steps (both worked out by hand in double), the
 // overflow skip that leaves every tensor untouched, the f16 copies, amp_unscale's inf / NaN
 // detection, every branch of amp_update_scale, and zero_grads.
+#include "amp/grad_scaler.h"
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -248,11 +249,12 @@ TEST(CpuAmpUpdateScale, FollowsPyTorchInEveryBranch) {
   // Growth to a non-finite scale is refused, but the count restarts all the same.
   EXPECT_EQ(update(3e38f, 2, 0.0f, params), Result(3e38f, 0));
   // PyTorch's defaults: interval 2000, factor 2.
-  EXPECT_EQ(update(65536.0f, 1998, 0.0f, ScalerParams{}), Result(65536.0f, 1999));
-  EXPECT_EQ(update(65536.0f, 1999, 0.0f, ScalerParams{}), Result(131072.0f, 0));
-  EXPECT_EQ(update(65536.0f, 1999, 1.0f, ScalerParams{}), Result(32768.0f, 0));
+  const ScalerParams defaults = amp::update_params({});
+  EXPECT_EQ(update(65536.0f, 1998, 0.0f, defaults), Result(65536.0f, 1999));
+  EXPECT_EQ(update(65536.0f, 1999, 0.0f, defaults), Result(131072.0f, 0));
+  EXPECT_EQ(update(65536.0f, 1999, 1.0f, defaults), Result(32768.0f, 0));
   // Backoff is its own factor, not the inverse of growth.
-  ScalerParams uneven;
+  ScalerParams uneven = defaults;
   uneven.backoff_factor = 0.125f;
   EXPECT_EQ(update(65536.0f, 0, 1.0f, uneven), Result(8192.0f, 0));
 

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "amp/grad_scaler.h"
 #include "kernels/kernels.h"
 #include "test_util.h"
 
@@ -194,7 +195,7 @@ TEST(GpuAmp, UpdateScaleBacksOffBelowOne) {
   Tensor scale = gpu(Tensor::full({1}, 1.0f));
   Tensor tracker = gpu(Tensor::zeros({1}, DType::i32));
   for (float expected : {0.5f, 0.25f}) {
-    kernels::amp_update_scale(scale, tracker, gpu(Tensor::full({1}, 1.0f)), ScalerParams{});
+    kernels::amp_update_scale(scale, tracker, gpu(Tensor::full({1}, 1.0f)), amp::update_params({}));
     EXPECT_EQ(scale.item(), expected);
   }
 }
@@ -373,7 +374,7 @@ TEST(GpuOptim, OverflowSkipsTheStepAndBacksOffTheScale) {
   kernels::amp_unscale(grads, scale, found_inf);
   kernels::sgd_step(slots, SgdParams{0.1f, 0.9f, 1e-3f}, found_inf);
   kernels::adam_step(slots, AdamParams{}, step, found_inf);
-  kernels::amp_update_scale(scale, tracker, found_inf, ScalerParams{});
+  kernels::amp_update_scale(scale, tracker, found_inf, amp::update_params({}));
 
   EXPECT_EQ(found_inf.item(), 1.0f);
   EXPECT_EQ(step.item(), 7.0f);
