@@ -381,7 +381,7 @@ TEST(GradScaler, AnUnscaleThatFailedRecordsNoInfCheck) {
   amp::GradScaler scaler;
   scaler.scale(p.loss(true)).backward();
   p.model.parameters()[1]->grad() = Tensor(); // amp_unscale refuses an undefined gradient
-  expect_error([&] { scaler.unscale_(sgd); }, "every gradient must be a defined tensor");
+  expect_error([&] { scaler.unscale_(sgd); }, "gradients must be defined f32 tensors, got undefined");
   // As in PyTorch, where the optimizer's found_inf is only recorded once unscaling succeeded:
   // update() has nothing to decide on, rather than growing the scale on an unset flag.
   expect_error([&] { scaler.update(); }, "no inf checks were recorded");
