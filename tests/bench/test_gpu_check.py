@@ -4,8 +4,7 @@ report), and the test checks the summary's verdicts — every stage passes when 
 skipped GPU test fails the test stage; compute-sanitizer refusing the device is UNAVAILABLE,
 not pass; memcheck runs with the allocator's exact-size mode; ONLY runs the check stages it
 names and no other; a stage that hangs times out within the budget and the stages after it are
-skipped, not passed — and that $OUT holds at most the six logs the header promises (the device
-tool returns 8 files). Standard library only; ctest runs it as bench.gpu_check.
+skipped, not passed — and that $OUT holds at most the six logs the header promises. Standard library only; ctest runs it as bench.gpu_check.
 
 The same file is the stand-in tools: `test_gpu_check.py --tool NAME ARGS...`; the environment
 variables FAKE_SKIPPED_GPU_TEST, FAKE_TESTS_HANG and FAKE_SANITIZER_REFUSES choose their
