@@ -1,6 +1,7 @@
-// Why loss scaling: tiny gradients that flush to zero without it and survive with it, an absurd
-// initial scale backing off to a sane one, AMP training ending where FP32 does, and the fp16 range
-// diagnostics that show which regime a model is in.
+// Why loss scaling: tiny gradients that flush to zero without it and survive with it, scaled
+// weight gradients past f16's range that stay finite in fp32, an absurd initial scale backing off
+// to a sane one, AMP training ending where FP32 does, and the fp16 range diagnostics that show
+// which regime a model is in.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include "amp/diagnostics.h"
 #include "amp/grad_scaler.h"
 #include "amp_problem.h"
+#include "kernels/kernels.h"
 #include "optim/optimizer.h"
 #include "sine_data.h"
 
@@ -60,6 +62,32 @@ TEST(LossScaling, TinyGradientsFlushToZeroWithoutScalingAndSurviveWithIt) {
   const float last_bias_grad = scaled.model.parameters()[3]->grad().item();
   EXPECT_NEAR(last_bias_grad, expected, 0.05 * expected) << "the scaled gradient is right";
   EXPECT_NE(scaled.flat_parameters(), before) << "and updates the weights";
+}
+
+// Weight gradients are written in fp32 from the GEMM's accumulators, where PyTorch's autocast
+// first materialises them in fp16 (docs/tour.md): a scaled weight gradient past f16's range is a
+// finite number here, not an inf that would skip the step.
+TEST(LossScaling, ScaledWeightGradientsPastTheF16RangeStayFinite) {
+  Rng rng(8);
+  nn::Linear layer(1, 1, rng, /*bias=*/false);
+  kernels::fill(layer.weight.master(), 0.5f);
+  const Tensor x = Tensor::full({1, 1}, 4.0f);
+  const Tensor target = Tensor::full({1, 1}, 1.75f); // y = 2: dloss/dy = 2 (2 - 1.75) = 0.5
+  optim::SGD sgd(layer.parameters(), 0.0f);
+  amp::GradScaler scaler; // S = 65536: the activation gradient 32768 fits in f16
+  Var loss;
+  {
+    amp::Autocast autocast;
+    loss = ops::mse_loss(layer(Var(x)), target);
+  }
+  scaler.scale(loss).backward();
+  const float grad = layer.weight.grad().item(); // dy x S = 0.5 * 4 * 65536
+  EXPECT_EQ(grad, 131072.0f);
+  EXPECT_TRUE(std::isinf(round_to_half(grad))) << "held in f16, it would be inf";
+  scaler.step(sgd);
+  scaler.update();
+  EXPECT_FALSE(scaler.step_was_skipped(sgd));
+  EXPECT_EQ(scaler.get_scale(), 65536.0f);
 }
 
 TEST(LossScaling, AbsurdInitialScaleBacksOffSkipsAndConverges) {
