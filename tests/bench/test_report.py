@@ -1,4 +1,4 @@
-"""Tests of bench/report.py, the script that turns benchmark JSON into the README's tables and
+"""Tests of bench/report.py, the script that turns benchmark JSON into the results tables and
 decides met / missed: every verdict is computed from made-up runs whose ratios are known, on
 the CPU and GPU target lists, with missing and failed parts. Standard library only (ctest runs it
 as bench.report with the python3 that CMake found)."""

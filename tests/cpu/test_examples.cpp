@@ -64,7 +64,7 @@ TEST(Examples, HelpListsTheCommonOptions) {
           "--growth-interval", "--no-loss-scaling", "--save-weights", "--load-weights",
           "--checkpoint-every", "--resume"})
       EXPECT_NE(run.output.find(option), std::string::npos) << name << " --help lacks " << option;
-    // The README's learning rate: 1e-3 for all three (Adam for sine and classify, SGD for mlp).
+    // The default learning rate: 1e-3 for all three (Adam for sine and classify, SGD for mlp).
     EXPECT_NE(run.output.find("--lr FLOAT=0.001 "), std::string::npos)
         << name << ": " << run.output;
   }
