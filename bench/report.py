@@ -1,9 +1,9 @@
 """Merges one benchmark run — bench_train's JSON, the PyTorch peer's JSON and (on a GPU)
 bench_gemm's JSON — with where and when it ran (device, driver, commit, date), writes the
-combined JSON, prints the comparison table with the issue's targets and ratios, and writes the
-same table as Markdown for the README. A missing or unreadable input (a stage that failed or ran
-out of time) is listed as missing and the rest is still written; with no results at all it writes
-nothing and exits 1. Standard library only: it runs beside any Python."""
+combined JSON, prints the comparison table with the targets and ratios, and writes the
+same table as Markdown (bench/NOTES.md and the README quote it). A missing or unreadable input
+(a stage that failed or ran out of time) is listed as missing and the rest is still written; with
+no results at all it writes nothing and exits 1. Standard library only: it runs beside any Python."""
 
 import argparse
 import datetime

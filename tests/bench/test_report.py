@@ -1,4 +1,4 @@
-"""Tests of bench/report.py, the script that turns benchmark JSON into the README's tables and
+"""Tests of bench/report.py, the script that turns benchmark JSON into the results tables and
 decides met / missed: every verdict is computed from made-up runs whose ratios are known, on
 the CPU and GPU target lists, with missing and failed parts. Standard library only (ctest runs it
 as bench.report with the python3 that CMake found)."""
@@ -132,7 +132,7 @@ class CpuTargets(unittest.TestCase):
             target = report.targets()[f"{model} AMP final loss vs FP32 (last-10 mean)"]
             self.assertEqual(target["status"], "missed (loss not finite)", model)
 
-    def test_the_bounds_are_the_issues(self):
+    def test_the_bounds_are_the_targets(self):
         minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
         bounds = {t["target"]: t["bound"]
                   for t in Report(self, "cpu", minamp_result(minamp), None).combined()["targets"]}
@@ -258,7 +258,7 @@ class GpuTargets(unittest.TestCase):
             library["check"] = {"ok": False}
         return Report(self, "gpu", minamp_result(minamp, 512), pytorch_result(pytorch, 512), gemm)
 
-    def test_the_bounds_are_the_issues(self):
+    def test_the_bounds_are_the_targets(self):
         bounds = {t["target"]: t["bound"] for t in self.gpu_report().combined()["targets"]}
         self.assertEqual(bounds["GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"], 0.6)
         self.assertEqual(bounds["GEMM 1024^3 vs cublasGemmEx (TFLOP/s)"], 0.5)

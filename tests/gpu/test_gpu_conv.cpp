@@ -228,7 +228,7 @@ TEST(GpuConv, RejectsBadArguments) {
   GemmEpilogue with_bias;
   with_bias.bias = &bias_wrong;
   test::expect_error([&] { kernels::conv2d_forward(x, w, y, c.params(), with_bias); },
-                     "conv2d_forward", "bias must be f32 [4], got f32[5]");
+                     "conv2d_forward", "bias must be f32 with 4 elements, got f32[5]");
 
   Tensor dx;
   Tensor dw_f16 = test::poisoned(c.w_shape(), DType::f16, Device::cuda);
