@@ -60,7 +60,10 @@ struct BlockTile {
 // The configurations of the two kernel families (gemm_wmma.cuh and gemm_fp32.cu build theirs from
 // these, so the plans tested on the CPU are the ones the kernels run).
 constexpr BlockTile kWmmaLargeTile{128, 128, 32}, kWmmaSmallTile{64, 64, 32}; // v2, v3
-constexpr BlockTile kMmaLargeTile{128, 128, 32}, kMmaSmallTile{64, 64, 32};   // v4, v5
+constexpr BlockTile kMmaLargeTile{128, 128, 32}, kMmaSmallTile{64, 64, 32};   // v4
+// v5's large tile: 128x256 (8 warps of 64x64), the fastest of its configurations on the 4096^3
+// and sine GEMMs of an H200 (bench/NOTES.md); its small tile is v4's.
+constexpr BlockTile kMultistageLargeTile{128, 256, 32};
 constexpr BlockTile kSimtLargeTile{128, 128, 16}, kSimtSmallTile{64, 64, 16};
 
 enum class GemmTiles { large, small };

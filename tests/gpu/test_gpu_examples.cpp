@@ -169,19 +169,20 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
 }
 
 // bench_gemm's quick shapes (square and edge tiles, both transposes, f16 and f32 outputs): every
-// result passes its check against cuBLAS and an fp64 sum, and gets a time for both libraries.
+// result — the library's, each GEMM version's and each sweep configuration's — passes its check
+// against cuBLAS and an fp64 sum, and gets a time for both libraries.
 TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
   MINAMP_REQUIRE_GPU();
   const std::string json = fresh_dir("bench_gemm_cuda.json");
   const ProgramRun run = run_program(std::string("bench_gemm") + MINAMP_EXAMPLE_SUFFIX,
-                                     "--shapes tiny --wmma-sweep --json " + json);
+                                     "--shapes tiny --sweep --json " + json);
   ASSERT_EQ(run.status, 0) << run.output;
   const nlohmann::json report = read_output_json(json);
-  // 3 shapes x f16, f32 with the library's kernels; the first two f16 shapes also with each of
-  // the sweep's 4 WMMA configurations, less those the device has too little shared memory for
-  // (none on sm_80+ or on the emulator).
+  // 3 shapes x f16, f32 with the library's kernels, the f16 ones also with each of the 5 versions;
+  // the first two f16 shapes also with each of the sweep's 6 configurations, less those the
+  // device has too little shared memory for (none on sm_80+ or on the emulator).
   ASSERT_EQ(field(report, "rows").size(),
-            6u + 2u * 4u - field(report, "wmma_sweep_skipped").size());
+            6u + 3u * 5u + 2u * 6u - field(report, "sweep_skipped").size());
   std::set<std::string> configs;
   for (const nlohmann::json& row : report.at("rows")) {
     const std::string what = row.at("shape").get<std::string>() + " " + row.at("ab_dtype").dump() +
@@ -205,8 +206,8 @@ TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
         row.at("minamp").at("tflops").get<double>() / row.at("cublas").at("tflops").get<double>();
     EXPECT_NEAR(row.at("ratio").get<double>(), ratio, 1e-12 * ratio) << what;
   }
-  if (report.at("wmma_sweep_skipped").empty()) {
-    EXPECT_EQ(configs.size(), 5u) << "library + 4 swept configurations";
+  if (report.at("sweep_skipped").empty()) {
+    EXPECT_EQ(configs.size(), 12u) << "library + 5 versions + 6 swept configurations";
   }
 }
 

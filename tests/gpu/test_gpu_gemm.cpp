@@ -153,9 +153,11 @@ TEST(GpuGemm, FusedReluPassesNaN) {
   }
 }
 
-// Shapes with enough 128x128 tiles to select the large configuration (>= one block per SM on
-// an H100), with ragged edges: with K = 72 every operand but a transposed A (rows of M = 4099)
-// takes the 16-byte copy path, with K = 37 only an untransposed B (rows of N = 520) does.
+// Shapes with enough 128x128 tiles to select the large configuration of the SIMT kernel and of
+// the 128x128 tensor-core versions (>= one block per SM on an H100; the library's v5 takes its
+// 64x64 tiles here, its 128x256 ones in GpuGemmVersions.LargeTilesAndSplitK), with ragged edges:
+// with K = 72 every operand but a transposed A (rows of M = 4099) takes the 16-byte copy path,
+// with K = 37 only an untransposed B (rows of N = 520) does.
 TEST(GpuGemm, LargeTilesWithEdges) {
   MINAMP_REQUIRE_GPU();
   uint64_t seed = 5000;
@@ -260,6 +262,13 @@ TEST(GpuGemmVersions, LargeTilesAndSplitK) {
           GemmCase{40, 72, 8013, trans, !trans, DType::f16, DType::f32, 0.5f, -1.0f, true, true},
           ++seed);
   }
+  // v5's large tile is 128x256: 33 x 5 of them over C, ragged on both edges.
+  ScopedGemmVersion v5(GemmVersion::v5_multistage);
+  uint64_t seed = 9100;
+  for (bool trans : {false, true})
+    expect_matches_cpu(
+        GemmCase{4099, 1040, 72, trans, !trans, DType::f16, DType::f16, 1.0f, 0.5f, true, true},
+        ++seed);
 }
 
 // v1 and v3 take plain matrices only: a conv's gathered operand is refused, naming the version.
