@@ -717,10 +717,17 @@ inline void reduce_split_k(const float* partial, int splits, const GemmArgs& arg
 // ---------------------------------------------------------------------------------------------
 // The launcher.
 
+// Whether a kernel family has a third, medium tile configuration (Family::Medium).
+template <class Family, class = void> struct HasMediumTiles : std::false_type {};
+template <class Family>
+struct HasMediumTiles<Family, std::void_t<typename Family::Medium>> : std::true_type {};
+
 // The launch of one GEMM kernel family (WMMA or SIMT) for the operand pair OpA, OpB:
-// GemmLaunch<Family>::On<OpA, OpB>::run(args) launches the Large or Small configuration with K
-// split or not as plan_gemm says, and picks C's dtype. A Family provides
-//   using Large, Small;                                     the two tile configurations
+// GemmLaunch<Family>::On<OpA, OpB>::run(args) launches the Large, Medium (if the family has one)
+// or Small configuration with K split or not as plan_gemm says, and picks C's dtype. A Family
+// provides
+//   using Large, Small;                                     the tile configurations
+//   using Medium;                                           (optional) one between them
 //   static constexpr const char* kName;                     for launch errors
 //   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes();
 //   template <class Cfg, class OpA, class OpB, class CT> static auto kernel();
@@ -758,13 +765,23 @@ template <class Family> struct GemmLaunch {
       launch<Cfg, float>(args, partial.raw(), EpilogueArgs{}, split);
       reduce_split_k(ptr<float>(partial), split.splits, args);
     }
+    template <class Cfg> static BlockTile tile() { return {Cfg::BM, Cfg::BN, Cfg::BK}; }
+    template <class Cfg> static bool fits() {
+      return Family::template smem_bytes<Cfg, OpA, OpB>() <= max_dynamic_smem();
+    }
     static void run(const GemmArgs& args) {
       using Large = typename Family::Large;
       using Small = typename Family::Small;
-      constexpr int kLargeBytes = Family::template smem_bytes<Large, OpA, OpB>();
-      const GemmPlan plan = plan_gemm(args.m, args.n, args.k, {Large::BM, Large::BN, Large::BK},
-                                      {Small::BM, Small::BN, Small::BK},
-                                      kLargeBytes <= max_dynamic_smem(), sm_count());
+      GemmPlan plan;
+      if constexpr (HasMediumTiles<Family>::value) {
+        using Medium = typename Family::Medium;
+        plan = plan_gemm(args.m, args.n, args.k, tile<Large>(), tile<Medium>(), tile<Small>(),
+                         fits<Large>(), fits<Medium>(), sm_count());
+        if (plan.tiles == GemmTiles::medium) return whole_k<Medium>(args);
+      } else {
+        plan = plan_gemm(args.m, args.n, args.k, tile<Large>(), tile<Small>(), fits<Large>(),
+                         sm_count());
+      }
       if (plan.tiles == GemmTiles::large)
         whole_k<Large>(args);
       else if (plan.split.splits > 1)

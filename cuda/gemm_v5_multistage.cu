@@ -15,8 +15,9 @@
 // All STAGES buffers hold tiles in flight (v4 keeps one of them for the tile being read), and the
 // wait is cp.async.wait_group STAGES - 2 at every tile. BK must hold an even number of 16-wide
 // steps so that the double-buffered fragments line up from one tile to the next. The large tile
-// is 128x256, 8 warps of 64x64 in 3 stages; everything else (small tile, loaders, epilogue,
-// split K, conv views) is v4's.
+// is 128x256, 8 warps of 64x64 in 3 stages, with v4's 128x128 tile as a medium one for grids
+// too small for it; everything else (small tile, loaders, epilogue, split K, conv views) is
+// v4's.
 //
 // What it bought, measured (H200, bench_gemm, f16): on v4's 128x128 tiles, nothing — 4096^3 at
 // 320.6 TFLOP/s against v4's 329.0 (the barrier was not what held v4 back); with 8 warps on
@@ -33,9 +34,11 @@ namespace minamp::gpu {
 namespace {
 
 // 8 warps of 64x64 in 3 stages (one block per SM: 135 KB of shared memory for the epilogue's
-// staging tile), and v4's small configuration, 4 warps of 32x32 in 4 stages.
+// staging tile); v4's large configuration, 4 warps of 64x64 in 4 stages, for grids too small for
+// the 128x256 tiles (gemm_plan.h); and v4's small one, 4 warps of 32x32 in 4 stages.
 using MultistageLarge =
     MmaConfig<kMultistageLargeTile.bm, kMultistageLargeTile.bn, kMultistageLargeTile.bk, 2, 4, 3>;
+using MultistageMedium = MmaConfig<kMmaLargeTile.bm, kMmaLargeTile.bn, kMmaLargeTile.bk, 2, 2, 4>;
 using MultistageSmall = MmaConfig<kMmaSmallTile.bm, kMmaSmallTile.bn, kMmaSmallTile.bk, 2, 2, 4>;
 
 // The main loop over `k_tiles` tiles (see the top of the file); load_a(tile, kt) and
@@ -123,6 +126,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 // v5 for GemmLaunch.
 struct V5Family {
   using Large = MultistageLarge;
+  using Medium = MultistageMedium;
   using Small = MultistageSmall;
   static constexpr const char* kName = "gemm v5 (mma.sync, multistage)";
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
