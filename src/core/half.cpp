@@ -1,6 +1,6 @@
-// Bit-exact float <-> binary16 conversions with round-to-nearest-even: one value at a time in
-// integer arithmetic (the reference), and whole arrays with the CPU's conversion instructions
-// where it has them (x86 F16C), in parallel for large arrays.
+// Bit-exact float <-> binary16 and float <-> bfloat16 conversions with round-to-nearest-even: one
+// value at a time in integer arithmetic (the reference), and whole arrays with the CPU's
+// conversion instructions where it has them (x86 F16C), in parallel for large arrays.
 #include "core/half.h"
 
 #include <cstring>
@@ -64,6 +64,19 @@ float half_bits_to_float(uint16_t bits) {
   return sign ? -magnitude : magnitude;
 }
 
+// bfloat16 is float's upper half: rounding to nearest even adds just under half of the dropped
+// 16 bits' range (0x7fff), plus one when the kept part is odd, and truncates. The carry walks
+// into the exponent where it must: the largest finite bfloat16 plus half an ulp becomes inf, and
+// the largest subnormal plus half an ulp the smallest normal.
+uint16_t float_to_bfloat16_bits(float value) {
+  const uint32_t bits = float_bits(value);
+  if ((bits & 0x7fffffff) > 0x7f800000) // NaN: keep sign and top payload bits, make it quiet
+    return static_cast<uint16_t>((bits >> 16) | 0x0040);
+  return static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+
+float bfloat16_bits_to_float(uint16_t bits) { return bits_float(uint32_t(bits) << 16); }
+
 } // namespace minamp
 
 namespace minamp {
@@ -108,6 +121,18 @@ void float_to_half(const float* src, half* dst, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelConversion)
   for (int64_t v = 0; v < vectors; ++v) narrow_vector(src + v * kVector, dst + v * kVector);
   for (int64_t i = vectors * kVector; i < n; ++i) dst[i].bits = float_to_half_bits(src[i]);
+}
+
+// One element per iteration: the scalar conversions are branch-free integer arithmetic, which
+// the compiler turns into vector instructions.
+void bfloat16_to_float(const bfloat16* src, float* dst, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelConversion)
+  for (int64_t i = 0; i < n; ++i) dst[i] = bfloat16_bits_to_float(src[i].bits);
+}
+
+void float_to_bfloat16(const float* src, bfloat16* dst, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelConversion)
+  for (int64_t i = 0; i < n; ++i) dst[i].bits = float_to_bfloat16_bits(src[i]);
 }
 
 } // namespace minamp

@@ -47,6 +47,7 @@ Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape,
     switch (dtype) {
     case DType::f32: host.data<float>()[i] = values[i]; break;
     case DType::f16: host.data<half>()[i] = half(values[i]); break;
+    case DType::bf16: host.data<bfloat16>()[i] = bfloat16(values[i]); break;
     case DType::i32:
       require(fits_int32(values[i]), "Tensor::from_vector", "value ", values[i], " at ", i,
               " does not fit ", describe(host));
@@ -65,6 +66,7 @@ void* Tensor::raw() const {
 template <class T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<half>() { return DType::f16; }
+template <> constexpr DType dtype_of<bfloat16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 
 template <class T> T* Tensor::data() const {
@@ -77,6 +79,7 @@ template <class T> T* Tensor::data() const {
 }
 template float* Tensor::data<float>() const;
 template half* Tensor::data<half>() const;
+template bfloat16* Tensor::data<bfloat16>() const;
 template int32_t* Tensor::data<int32_t>() const;
 
 Tensor Tensor::reshape(const Shape& shape) const {
@@ -106,6 +109,7 @@ std::vector<float> Tensor::to_vector() const {
     switch (dtype_) {
     case DType::f32: values[i] = host.data<float>()[i]; break;
     case DType::f16: values[i] = static_cast<float>(host.data<half>()[i]); break;
+    case DType::bf16: values[i] = static_cast<float>(host.data<bfloat16>()[i]); break;
     case DType::i32: values[i] = static_cast<float>(host.data<int32_t>()[i]); break;
     }
   }
@@ -115,6 +119,12 @@ std::vector<float> Tensor::to_vector() const {
 float Tensor::item() const {
   require(numel() == 1, "Tensor::item", "expected one element, got ", describe(*this));
   return to_vector()[0];
+}
+
+DType parse_half_precision(const std::string& name) {
+  if (name == "f16") return DType::f16;
+  if (name == "bf16") return DType::bf16;
+  throw Error(cat("dtype: expected 'f16' or 'bf16', got '", name, "'"));
 }
 
 std::ostream& operator<<(std::ostream& out, const TensorDescription& description) {

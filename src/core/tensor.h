@@ -1,4 +1,4 @@
-// Tensor: a contiguous, row-major block of f32 / f16 / i32 values on one device, up to 4-D.
+// Tensor: a contiguous, row-major block of f32 / f16 / bf16 / i32 values on one device, up to 4-D.
 // Copies of a Tensor share storage (like a shared_ptr); `clone()` copies the values.
 #pragma once
 
@@ -22,7 +22,7 @@ public:
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu);
   static Tensor full(const Shape& shape, float value, DType dtype = DType::f32,
                      Device device = Device::cpu);
-  // From host values (converted to dtype: f16 rounds to nearest even, i32 truncates).
+  // From host values (converted to dtype: f16 and bf16 round to nearest even, i32 truncates).
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape,
                             DType dtype = DType::f32, Device device = Device::cpu);
 
@@ -36,14 +36,14 @@ public:
   // The storage's address on its device (for a cuda tensor, not readable on the host).
   void* raw() const;
   // Typed host access to a cpu tensor; checks the device and that T matches the dtype (float,
-  // half, int32_t).
+  // half, bfloat16, int32_t).
   template <class T> T* data() const;
 
   // Same storage, new shape with the same number of elements.
   Tensor reshape(const Shape& shape) const;
   // A copy of the values on `device` (a copy even when already there).
   Tensor to(Device device) const;
-  // A copy converted to `dtype` (rounds to nearest even into f16).
+  // A copy converted to `dtype` (rounds to nearest even into f16 and bf16).
   Tensor to(DType dtype) const;
   Tensor clone() const { return to(device_); }
   // Host copy of the values as floats.

@@ -133,10 +133,6 @@ Tensor to_file_layout(const Tensor& t) {
   return host.shape().rank() == 4 ? permute4(host, kToPytorch) : host;
 }
 
-const char* file_dtype(DType dtype) {
-  return dtype == DType::f32 ? "F32" : dtype == DType::f16 ? "F16" : "I32";
-}
-
 // ---- the entries of a model, an optimizer, a scaler, the progress ----
 
 std::vector<Entry> model_entries(nn::Module& model) {
@@ -249,7 +245,7 @@ LoadedValue read_tensor(const SafetensorsFile& file, const Entry& e, const char*
   require(file.has_tensor(e.name), op, file.path, ": missing entry '", e.name, "'");
   const Tensor& t = file.tensor(e.name);
   require(t.dtype() == e.tensor->dtype(), op, file.path, ": '", e.name, "' is ",
-          file_dtype(t.dtype()), ", expected ", file_dtype(e.tensor->dtype()));
+          safetensors_dtype(t.dtype()), ", expected ", safetensors_dtype(e.tensor->dtype()));
   const Shape expected = pytorch_shape(e.tensor->shape());
   require(t.shape() == expected, op, file.path, ": '", e.name, "' has shape ", t.shape(),
           ", expected ", expected);
@@ -262,7 +258,7 @@ LoadedValue read_tensor(const SafetensorsFile& file, const Entry& e, const char*
 LoadedValue read_counter(const SafetensorsFile& file, const Entry& e, const char* op) {
   if (file.has_tensor(e.name))
     throw Error(cat(op, ": ", file.path, ": '", e.name, "' is ",
-                    file_dtype(file.tensor(e.name).dtype()), ", expected a 0-d I64"));
+                    safetensors_dtype(file.tensor(e.name).dtype()), ", expected a 0-d I64"));
   require(file.has_int64s(e.name), op, file.path, ": missing entry '", e.name, "'");
   const NamedInt64s& ints = file.int64s_named(e.name);
   require(ints.shape.empty(), op, file.path, ": '", e.name, "' has ", ints.shape.size(),

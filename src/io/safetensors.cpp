@@ -31,25 +31,31 @@ void check_file(bool ok, const std::string& path, const Parts&... message) {
   require(ok, "load_safetensors", path, ": ", message...);
 }
 
+} // namespace
+
 const char* safetensors_dtype(DType dtype) {
   switch (dtype) {
   case DType::f32: return "F32";
   case DType::f16: return "F16";
+  case DType::bf16: return "BF16";
   case DType::i32: return "I32";
   }
   return "?";
 }
 
+namespace {
+
 // Bytes per element of a safetensors dtype name, or 0 when minamp does not read it.
 size_t element_size(const std::string& dtype) {
   if (dtype == "F32" || dtype == "I32") return 4;
-  if (dtype == "F16") return 2;
+  if (dtype == "F16" || dtype == "BF16") return 2;
   if (dtype == "I64") return 8;
   return 0;
 }
 
 DType minamp_dtype(const std::string& dtype) {
   if (dtype == "F16") return DType::f16;
+  if (dtype == "BF16") return DType::bf16;
   if (dtype == "I32") return DType::i32;
   return DType::f32;
 }
@@ -186,7 +192,7 @@ EntrySpec parse_entry(const std::string& path, const std::string& name, const js
   check_file(dtype != value.end() && dtype->is_string(), path, where, " has no string 'dtype'");
   spec.dtype = dtype->get<std::string>();
   check_file(element_size(spec.dtype) != 0, path, where, " has unsupported dtype '", spec.dtype,
-             "' (expected F32, F16, I32 or I64)");
+             "' (expected F32, F16, BF16, I32 or I64)");
 
   const auto shape = value.find("shape");
   check_file(shape != value.end() && shape->is_array(), path, where, " has no 'shape' array");

@@ -3,7 +3,7 @@
 //   N bytes   JSON: {"<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]},
 //                    ..., "__metadata__": {"key": "value", ...}}   (padded with spaces)
 //   the rest  raw little-endian values; offsets are relative to the start of this block.
-// minamp tensors hold F32 / F16 / I32 (at most 4-D). I64 entries (e.g. BatchNorm's
+// minamp tensors hold F32 / F16 / BF16 / I32 (at most 4-D). I64 entries (e.g. BatchNorm's
 // num_batches_tracked, a 0-d int64 in PyTorch) are kept apart as NamedInt64s, of any rank.
 #pragma once
 
@@ -50,7 +50,11 @@ struct SafetensorsFile {
 void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                       const Metadata& metadata = {}, const std::vector<NamedInt64s>& int64s = {});
 
-// Reads and validates a whole file: header length and JSON, names, dtypes (F32, F16, I32, I64),
+// The safetensors name of a dtype ("F32", "F16", "BF16", "I32").
+const char* safetensors_dtype(DType dtype);
+
+// Reads and validates a whole file: header length and JSON, names, dtypes (F32, F16, BF16, I32,
+// I64),
 // shapes, and that the data offsets match dtype * shape and tile the data block exactly (no
 // overlap, no gap, nothing after the last entry), as the safetensors library requires.
 // Throws Error naming the file and what is wrong.

@@ -29,6 +29,7 @@ std::string raw_bytes(const Tensor& t) {
 std::vector<NamedTensor> sample_tensors(Rng& rng) {
   return {{"linear.weight", test::random_tensor(rng, {3, 5})},
           {"linear.weight_f16", test::random_tensor(rng, {4}, DType::f16)},
+          {"linear.weight_bf16", test::random_tensor(rng, {5}, DType::bf16)},
           {"indices", test::random_tensor(rng, {2, 2, 3}, DType::i32, Device::cpu, -100, 100)},
           {"conv.weight", test::random_tensor(rng, {2, 3, 3, 1})},
           {"scalar", test::random_tensor(rng, {})},
@@ -106,6 +107,7 @@ TEST(Safetensors, WritesTheLayoutPyTorchReads) {
   EXPECT_EQ(header["bn.num_batches_tracked"]["dtype"], "I64");
   EXPECT_EQ(header["bn.num_batches_tracked"]["shape"], json::array());
   EXPECT_EQ(header["linear.weight_f16"]["dtype"], "F16");
+  EXPECT_EQ(header["linear.weight_bf16"]["dtype"], "BF16");
   EXPECT_EQ(header["indices"]["shape"], json({2, 2, 3}));
 
   // The entries tile the data block exactly: no gaps, no overlaps, nothing after the last.
@@ -197,8 +199,8 @@ TEST(Safetensors, SpecificCorruptionsNameTheFileAndTheProblem) {
       path, assemble({{"a", entry("F32", {3}, 0, 8)}, {"b", entry("F32", {2}, 8, 16)}}, data));
   expect_load_error(path, "entry 'a': 8 bytes do not hold F32");
 
-  test::write_bytes(path, assemble({{"w", entry("BF16", {8}, 0, 16)}}, data));
-  expect_load_error(path, "unsupported dtype 'BF16'");
+  test::write_bytes(path, assemble({{"w", entry("F8_E4M3", {16}, 0, 16)}}, data));
+  expect_load_error(path, "unsupported dtype 'F8_E4M3'");
 
   test::write_bytes(path, assemble({{"w", entry("F32", {8}, 0, 32)}}, data));
   expect_load_error(path, "lie outside");
