@@ -156,6 +156,7 @@ std::vector<MinampGemm> sweep(const GemmShape& s, json& skipped) {
                      gpu::GemmArgs args;
                      args.a = gpu::matrix_operand(x.a, false);
                      args.b = gpu::matrix_operand(x.b, shape.tb);
+                     args.ab_dtype = x.a.dtype();
                      args.c = x.c.raw();
                      args.c_dtype = x.c.dtype();
                      args.m = shape.m, args.n = shape.n, args.k = shape.k;

@@ -1,8 +1,10 @@
 // Shared helpers of the CUDA backend: checked CUDA calls and launches (errors name the op and
 // file:line), the one stream, launch-size helpers, typed pointers to tensor data, and loads and
-// stores that widen to float and round back, of one value or of a pack of four.
+// stores that widen to float and round back, of one value or of a pack of four, for the storage
+// types f32 (float), f16 (__half) and bf16 (__nv_bfloat16).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -23,24 +25,32 @@ cudaStream_t stream();
 int grid_for(int64_t n, int threads);
 
 template <class T> T* ptr(const Tensor& t) { return static_cast<T*>(t.raw()); }
-inline __half* half_ptr(const Tensor& t) { return static_cast<__half*>(t.raw()); }
 
 // Converts between storage types in device code: every load widens to float, every store
 // rounds to the storage type (cvt.rn: round to nearest even).
 __device__ __forceinline__ float load_f(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float load_f(const __half* p, int64_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float load_f(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
 __device__ __forceinline__ void store_f(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f(__half* p, int64_t i, float v) {
   p[i] = __float2half_rn(v);
 }
+__device__ __forceinline__ void store_f(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
 
-// The same for four consecutive values at once, one 16-byte (f32) or 8-byte (f16) access: p + i
-// must be aligned for it (aligned_for_pack on the base pointer, i a multiple of 4).
+// The same for four consecutive values at once, one 16-byte (f32) or 8-byte (f16, bf16) access:
+// p + i must be aligned for it (aligned_for_pack on the base pointer, i a multiple of 4).
 struct Float4 {
   float v[4];
 };
 struct alignas(8) Half4 {
   __half2 lo, hi;
+};
+struct alignas(8) Bfloat164 {
+  __nv_bfloat162 lo, hi;
 };
 template <class T> bool aligned_for_pack(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
@@ -54,12 +64,21 @@ __device__ __forceinline__ Float4 load4(const __half* p, int64_t i) {
   const float2 lo = __half22float2(q.lo), hi = __half22float2(q.hi);
   return {{lo.x, lo.y, hi.x, hi.y}};
 }
+__device__ __forceinline__ Float4 load4(const __nv_bfloat16* p, int64_t i) {
+  const Bfloat164 q = *reinterpret_cast<const Bfloat164*>(p + i);
+  const float2 lo = __bfloat1622float2(q.lo), hi = __bfloat1622float2(q.hi);
+  return {{lo.x, lo.y, hi.x, hi.y}};
+}
 __device__ __forceinline__ void store4(float* p, int64_t i, const Float4& f) {
   *reinterpret_cast<float4*>(p + i) = make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
 }
 __device__ __forceinline__ void store4(__half* p, int64_t i, const Float4& f) {
   *reinterpret_cast<Half4*>(p + i) = {__floats2half2_rn(f.v[0], f.v[1]),
                                       __floats2half2_rn(f.v[2], f.v[3])};
+}
+__device__ __forceinline__ void store4(__nv_bfloat16* p, int64_t i, const Float4& f) {
+  *reinterpret_cast<Bfloat164*>(p + i) = {__floats2bfloat162_rn(f.v[0], f.v[1]),
+                                          __floats2bfloat162_rn(f.v[2], f.v[3])};
 }
 
 // kPack (1 or 4) consecutive values from p + i into v, and back: for kernels templated on how

@@ -1,4 +1,5 @@
-// 2-D convolution over NHWC activations on the GEMM kernels (f16 -> WMMA, f32 -> SIMT).
+// 2-D convolution over NHWC activations on the GEMM kernels (f16 and bf16 -> tensor cores, f32 ->
+// SIMT).
 //   forward:  y[N*Ho*Wo, Cout] = im2col(x)[N*Ho*Wo, kh*kw*Cin] @ w[Cout, kh*kw*Cin]^T, bias and
 //             ReLU fused in the epilogue. Implicit GEMM: the A tiles are gathered from x on the
 //             fly by the GEMM loader (padding reads as zero); im2col(x) is never materialised.
@@ -11,7 +12,8 @@
 //             dx element, no atomics. With stride s, all but 1/s^2 of the col2im entries are
 //             zeros the tensor cores still multiply.
 // A 1x1, stride-1, unpadded conv is a plain GEMM on x viewed as [N*H*W, Cin] in all three.
-// Operands of mixed dtypes (allowed, as on the CPU) are converted to f32 first.
+// Operands of mixed dtypes (allowed, as on the CPU) are converted to f32 first, and so are 16-bit
+// operands whose 16-bit output is in the other format.
 #include <initializer_list>
 
 #include "device.cuh"
@@ -37,11 +39,16 @@ ConvGeometry conv_geometry(const char* op, const ConvDims& d, const Tensor& x, c
   return g;
 }
 
-// The dtype the GEMM runs in: f16 when every operand is f16, f32 otherwise.
-DType common_dtype(std::initializer_list<const Tensor*> operands) {
+// The dtype the GEMM runs in: the 16-bit format (f16 or bf16) of every operand when they share
+// one and the output (nullptr: none) is f32 or in it too (gemm's C is f32 or its operands'
+// dtype), f32 otherwise.
+DType common_dtype(std::initializer_list<const Tensor*> operands, const Tensor* output) {
+  const DType first = (*operands.begin())->dtype();
+  if (!is_half_precision(first)) return DType::f32;
   for (const Tensor* t : operands)
-    if (t->dtype() != DType::f16) return DType::f32;
-  return DType::f16;
+    if (t->dtype() != first) return DType::f32;
+  if (output && output->dtype() != DType::f32 && output->dtype() != first) return DType::f32;
+  return first;
 }
 
 // `t` itself when it already has `dtype`, else a converted copy on the device.
@@ -94,12 +101,11 @@ Tensor taps_first(const Tensor& w, const ConvGeometry& g) {
   const int64_t total = w.numel();
   if (total == 0) return w_t;
   const int blocks = grid_for(total, kThreads);
-  if (w.dtype() == DType::f16)
-    taps_first_kernel<<<blocks, kThreads, 0, stream()>>>(half_ptr(w), g.out_channels, taps,
-                                                         g.channels, half_ptr(w_t), total);
-  else
-    taps_first_kernel<<<blocks, kThreads, 0, stream()>>>(ptr<float>(w), g.out_channels, taps,
-                                                         g.channels, ptr<float>(w_t), total);
+  visit_floating(w, "conv2d_backward", [&](auto type) {
+    using T = typename decltype(type)::type;
+    taps_first_kernel<<<blocks, kThreads, 0, stream()>>>(ptr<const T>(w), g.out_channels, taps,
+                                                         g.channels, ptr<T>(w_t), total);
+  });
   CUDA_CHECK_LAUNCH("conv2d_backward: moving the weight's taps first");
   return w_t;
 }
@@ -107,6 +113,7 @@ Tensor taps_first(const Tensor& w, const ConvGeometry& g) {
 // dx[N, H, W, Cin] from dy [N, Ho, Wo, Cout] and w [Cout, kh, kw, Cin].
 void input_gradient(const Tensor& w, const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
   GemmArgs args;
+  args.ab_dtype = dy.dtype();
   args.c = dx.raw();
   args.c_dtype = dx.dtype();
   args.m = g.in_pixels(), args.n = g.channels;
@@ -114,14 +121,14 @@ void input_gradient(const Tensor& w, const Tensor& dy, const ConvGeometry& g, Te
     args.a = output_grad_operand(dy, false);
     args.b = weight_operand(w, false);
     args.k = g.out_channels;
-    run_gemm(args, dy.dtype());
+    run_gemm(args);
     return;
   }
   const Tensor w_t = taps_first(w, g);
   args.a = col2im_operand(dy, g);      // [N*H*W, kh*kw*Cout]
   args.b = matrix_operand(w_t, false); // [kh*kw*Cout, Cin]
   args.k = g.out_patch();
-  run_gemm(args, dy.dtype());
+  run_gemm(args);
 }
 
 // dw[Cout, K] += dy^T @ im2col(x).
@@ -129,11 +136,12 @@ void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, T
   GemmArgs args;
   args.a = output_grad_operand(dy, true); // dy^T: [Cout, N*Ho*Wo]
   args.b = input_operand(x, g);           // [N*Ho*Wo, K]
+  args.ab_dtype = x.dtype();
   args.c = dw.raw();
   args.c_dtype = DType::f32;
   args.m = dw.shape()[0], args.n = g.patch(), args.k = g.out_pixels();
   args.epilogue.beta = 1.0f; // accumulate
-  run_gemm(args, x.dtype());
+  run_gemm(args);
 }
 
 } // namespace
@@ -145,24 +153,25 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
   const int64_t out_channels = d.cout;
   const Tensor* bias = epilogue.bias;
 
-  const DType dtype = common_dtype({&x, &w});
+  const DType dtype = common_dtype({&x, &w}, &y);
   const Tensor x_in = as_dtype(x, dtype), w_in = as_dtype(w, dtype);
   GemmArgs args;
   args.a = input_operand(x_in, g);     // [N*Ho*Wo, K]
   args.b = weight_operand(w_in, true); // w^T: [K, Cout]
+  args.ab_dtype = dtype;
   args.c = y.raw();
   args.c_dtype = y.dtype();
   args.m = g.out_pixels(), args.n = out_channels, args.k = g.patch();
   args.epilogue.bias = bias ? ptr<float>(*bias) : nullptr; // alpha/beta are not used by conv
   args.epilogue.relu = epilogue.relu;
-  run_gemm(args, dtype);
+  run_gemm(args);
 }
 
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
                      const ConvParams& conv) {
   const ConvGeometry g =
       conv_geometry("conv2d_backward", require_conv2d_backward(x, w, dy, dx, dw, conv), x, w);
-  const DType dtype = common_dtype({&x, &w, &dy});
+  const DType dtype = common_dtype({&x, &w, &dy}, dx.defined() ? &dx : nullptr);
   const Tensor dy_in = as_dtype(dy, dtype);
   if (dx.defined()) input_gradient(as_dtype(w, dtype), dy_in, g, dx);
   if (dw.defined()) weight_gradient(as_dtype(x, dtype), dy_in, g, dw);

@@ -34,13 +34,24 @@ namespace minamp::gpu {
 // A type carried as a value, so that a generic host lambda can learn which type to launch with.
 template <class T> struct TypeTag { using type = T; };
 
-// Calls f(TypeTag<float>) or f(TypeTag<__half>) for a floating dtype; throws Error naming `op`
-// for any other dtype.
+// Calls f(TypeTag<__half>) or f(TypeTag<__nv_bfloat16>) for a 16-bit float dtype; throws Error
+// naming `op` for any other dtype.
+template <class F> void visit_half_precision(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+  case DType::f16: f(TypeTag<__half>{}); return;
+  case DType::bf16: f(TypeTag<__nv_bfloat16>{}); return;
+  default: throw Error(cat(op, ": expected f16 or bf16, got ", dtype));
+  }
+}
+
+// Calls f(TypeTag<float>), f(TypeTag<__half>) or f(TypeTag<__nv_bfloat16>) for a floating dtype;
+// throws Error naming `op` for any other dtype.
 template <class F> void visit_floating(const Tensor& t, const char* op, F&& f) {
   switch (t.dtype()) {
   case DType::f32: f(TypeTag<float>{}); return;
   case DType::f16: f(TypeTag<__half>{}); return;
-  default: throw Error(cat(op, ": expected an f32 or f16 tensor, got ", describe(t)));
+  case DType::bf16: f(TypeTag<__nv_bfloat16>{}); return;
+  default: throw Error(cat(op, ": expected an f32, f16 or bf16 tensor, got ", describe(t)));
   }
 }
 

@@ -1,10 +1,11 @@
 // CUDA elementwise kernels: fill, cast, add_inplace, mul_scalar, ReLU, average pooling, and the
-// small reductions bias_backward, sum_squares, clip_coefficient and fp16_range_counts.
+// small reductions bias_backward, sum_squares, clip_coefficient and range_counts.
 //
 // Every map goes through one generic kernel (map_kernel): four elements at a time with 16-byte
-// (f32, i32) or 8-byte (f16) accesses when every pointer is aligned for it, one at a time for the
-// tail and for unaligned pointers, so any size (0 included) is handled.
+// (f32, i32) or 8-byte (f16, bf16) accesses when every pointer is aligned for it, one at a time for
+// the tail and for unaligned pointers, so any size (0 included) is handled.
 #include <cmath>
+#include <type_traits>
 
 #include "common.cuh"
 #include "device.cuh"
@@ -13,7 +14,7 @@
 
 namespace minamp::gpu {
 
-// ---- Loads and stores of one value and of four values for i32 (f32 and f16 come from
+// ---- Loads and stores of one value and of four values for i32 (f32, f16 and bf16 come from
 // common.cuh). They sit beside common.cuh's, outside the anonymous namespace, so that they
 // overload rather than hide them.
 
@@ -65,13 +66,10 @@ void launch_map(const char* op_name, TOut* out, int64_t n, const Op& op, const T
   CUDA_CHECK_LAUNCH(op_name);
 }
 
-// Calls f(TypeTag<T>) for the storage type of any dtype (f32, f16, i32).
+// Calls f(TypeTag<T>) for the storage type of any dtype (f32, f16, bf16, i32).
 template <class F> void visit_storage(const Tensor& t, F&& f) {
-  switch (t.dtype()) {
-  case DType::f32: f(TypeTag<float>{}); return;
-  case DType::f16: f(TypeTag<__half>{}); return;
-  case DType::i32: f(TypeTag<int32_t>{}); return;
-  }
+  if (t.dtype() == DType::i32) return f(TypeTag<int32_t>{});
+  visit_floating(t, "visit_storage", f);
 }
 
 // ---- The per-element operations.
@@ -264,19 +262,24 @@ struct AddToScalar { // out[0] += total
   __device__ void operator()(float (&total)[1]) const { out[0] += total[0]; }
 };
 
-// The five counts of fp16_range_counts for one value (see kernel_list.h), as 0 or 1.
-template <class T> struct Fp16Range {
+// The five counts of range_counts for one value (see kernel_list.h), as 0 or 1, for values of x
+// (stored as T) rounded to Format (__half or __nv_bfloat16).
+template <class T, class Format> struct FormatRange {
   const T* x;
   float scale;
   __device__ void operator()(int64_t i, float (&v)[5]) const {
+    constexpr float kMinNormal =
+        std::is_same_v<Format, __half> ? kHalfMinNormal : kBfloat16MinNormal;
     const float value = load_f(x, i);
     const bool finite = isfinite(value);
     const bool nonzero = finite && value != 0.0f;
-    const float scaled = __half2float(__float2half_rn(value * scale));
+    Format rounded;
+    store_f(&rounded, 0, value * scale);
+    const float scaled = load_f(&rounded, 0);
     const bool flushed = nonzero && scaled == 0.0f;
     const bool overflowed = nonzero && isinf(scaled);
     v[0] = flushed;
-    v[1] = nonzero && !flushed && !overflowed && fabsf(scaled) < kHalfMinNormal;
+    v[1] = nonzero && !flushed && !overflowed && fabsf(scaled) < kMinNormal;
     v[2] = overflowed;
     v[3] = nonzero;
     v[4] = !finite;
@@ -324,12 +327,15 @@ void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef) {
 }
 
 // Counts are summed as floats: exact while every count stays below 2^24.
-void fp16_range_counts(const Tensor& x, float scale, Tensor& counts) {
-  require_fp16_range_counts(x, counts);
-  visit_floating(x, "fp16_range_counts", [&](auto type) {
-    using T = typename decltype(type)::type;
-    reduce_all<5>(x.numel(), Fp16Range<T>{ptr<const T>(x), scale}, AddCounts{ptr<float>(counts)},
-                  "fp16_range_counts");
+void range_counts(const Tensor& x, float scale, DType format, Tensor& counts) {
+  require_range_counts(x, format, counts);
+  visit_floating(x, "range_counts", [&](auto type) {
+    visit_half_precision(format, "range_counts", [&](auto format_type) {
+      using T = typename decltype(type)::type;
+      using Format = typename decltype(format_type)::type;
+      reduce_all<5>(x.numel(), FormatRange<T, Format>{ptr<const T>(x), scale},
+                    AddCounts{ptr<float>(counts)}, "range_counts");
+    });
   });
 }
 

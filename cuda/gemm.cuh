@@ -94,24 +94,25 @@ struct EpilogueArgs {
 };
 
 struct GemmArgs {
-  GemmOperand a, b; // A and B share a dtype: f16 for the WMMA kernel, f32 for the SIMT one
+  GemmOperand a, b;            // A and B share ab_dtype
+  DType ab_dtype = DType::f32; // f16 or bf16 for the tensor cores, f32 for the SIMT kernel
   void* c = nullptr;
-  DType c_dtype = DType::f32; // f32 or f16, [M, N] row-major
+  DType c_dtype = DType::f32; // f32, or A's 16-bit dtype (f32 A and B may give f16 or bf16 C)
   int64_t m = 0, n = 0, k = 0;
   EpilogueArgs epilogue;
 };
 
-// Launch one GEMM on stream(): A and B f16 (tensor cores) / f32 (SIMT). Supported operand
+// Launch one GEMM on stream(): A and B f16 or bf16 (tensor cores) / f32 (SIMT). Supported operand
 // pairs: any of matrix/transposed for both, (im2col, transposed) for the conv forward,
 // (transposed, im2col) for the conv weight gradient and (col2im, matrix) for its input gradient.
 // tensor_core_gemm runs the version gemm_version() names, or the one the planner picks for
-// `automatic` (gemm_plan.h); a version that cannot run the GEMM (v1 and v3 take plain matrices
-// only, v4 and v5 need sm_80) is an error naming it.
+// `automatic` (gemm_plan.h); a version that cannot run the GEMM (v1 and v3 take plain f16
+// matrices only; v4, v5 and bf16 need sm_80) is an error naming it.
 void tensor_core_gemm(const GemmArgs& args);
 void simt_gemm(const GemmArgs& args);
 
 // The tensor-core GEMM versions (cuda/gemm_v*.cu), each on its own; v1 and v3 take the
-// matrix/transposed pairs only, v4 and v5 need sm_80.
+// matrix/transposed pairs of f16 only, v2, v4 and v5 f16 and bf16; v4, v5 and bf16 need sm_80.
 void gemm_v1_naive(const GemmArgs& args);
 void gemm_v2_wmma(const GemmArgs& args);
 void gemm_v3_interior(const GemmArgs& args);
@@ -143,8 +144,8 @@ GemmKernelInfo gemm_v4_kernel_info();
 GemmKernelInfo gemm_v5_kernel_info();
 
 // Picks the kernel from the operands' dtype.
-inline void run_gemm(const GemmArgs& args, DType ab_dtype) {
-  if (ab_dtype == DType::f16)
+inline void run_gemm(const GemmArgs& args) {
+  if (is_half_precision(args.ab_dtype))
     tensor_core_gemm(args);
   else
     simt_gemm(args);
@@ -211,18 +212,21 @@ template <class T> Col2imView<T> col2im_view(const GemmOperand& op) {
 }
 
 // Maps OperandKind to the view type a kernel is instantiated with, and whether it is used
-// transposed. The gathered views (im2col, col2im) are never transposed.
+// transposed. The gathered views (im2col, col2im) are never transposed. Elem is the element type.
 template <class T, OperandKind kKind> struct OperandTraits {
+  using Elem = T;
   using View = MatrixView<T>;
   static constexpr bool kTransposed = kKind == OperandKind::transposed;
   static View view(const GemmOperand& op) { return matrix_view<T>(op); }
 };
 template <class T> struct OperandTraits<T, OperandKind::im2col> {
+  using Elem = T;
   using View = Im2colView<T>;
   static constexpr bool kTransposed = false;
   static View view(const GemmOperand& op) { return im2col_view<T>(op); }
 };
 template <class T> struct OperandTraits<T, OperandKind::col2im> {
+  using Elem = T;
   using View = Col2imView<T>;
   static constexpr bool kTransposed = false;
   static View view(const GemmOperand& op) { return col2im_view<T>(op); }
@@ -254,6 +258,14 @@ void dispatch_operands(const GemmArgs& args, const char* kernel) {
   }
   throw Error(cat(kernel, ": takes plain (or transposed) matrices only, not a convolution's "
                           "gathered im2col/col2im operand"));
+}
+
+// dispatch_operands for a tensor-core version that takes f16 and bf16 operands (args.ab_dtype).
+template <template <class, class> class Launch>
+void dispatch_half_operands(const GemmArgs& args, const char* kernel) {
+  visit_half_precision(args.ab_dtype, kernel, [&](auto type) {
+    dispatch_operands<typename decltype(type)::type, Launch>(args, kernel);
+  });
 }
 
 // The most dynamic shared memory one block may opt in to on the current device (read once).
@@ -319,6 +331,9 @@ template <int kPending> __device__ __forceinline__ void cp_async_wait() {
 template <class T> __device__ __forceinline__ T zero_value();
 template <> __device__ __forceinline__ float zero_value<float>() { return 0.0f; }
 template <> __device__ __forceinline__ __half zero_value<__half>() { return __float2half_rn(0.0f); }
+template <> __device__ __forceinline__ __nv_bfloat16 zero_value<__nv_bfloat16>() {
+  return __float2bfloat16_rn(0.0f);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory tiles. A tile keeps the orientation the operand has in global memory, so every
@@ -342,13 +357,15 @@ template <class T, bool kKContiguous_, int kOuter_, int kBK_> struct TileShape {
 };
 
 // The shared memory of a tensor-core GEMM configuration Cfg (BM, BN, BK, STAGES, kStagingLd) for
-// one pair of operand orientations: STAGES stages of [A tile, B tile] of halves for the main
-// loop, reused afterwards as the epilogue's fp32 staging tile [BM][kStagingLd].
-template <class Cfg, bool kTransA, bool kTransB> struct GemmSmem {
-  using TileA = TileShape<__half, !kTransA, Cfg::BM, Cfg::BK>;
-  using TileB = TileShape<__half, kTransB, Cfg::BN, Cfg::BK>;
+// one pair of operands OpA, OpB (OperandTraits: their element type T, f16 or bf16, and
+// orientations): STAGES stages of [A tile, B tile] of T for the main loop, reused afterwards as
+// the epilogue's fp32 staging tile [BM][kStagingLd].
+template <class Cfg, class OpA, class OpB> struct GemmSmem {
+  using T = typename OpA::Elem;
+  using TileA = TileShape<T, !OpA::kTransposed, Cfg::BM, Cfg::BK>;
+  using TileB = TileShape<T, OpB::kTransposed, Cfg::BN, Cfg::BK>;
   static constexpr int kStageElems = TileA::kElems + TileB::kElems;
-  static constexpr int kPipelineBytes = Cfg::STAGES * kStageElems * int(sizeof(__half));
+  static constexpr int kPipelineBytes = Cfg::STAGES * kStageElems * int(sizeof(T));
   static constexpr int kStagingBytes = Cfg::BM * Cfg::kStagingLd * int(sizeof(float));
   static constexpr int kBytes = kPipelineBytes > kStagingBytes ? kPipelineBytes : kStagingBytes;
 };
@@ -564,7 +581,7 @@ __device__ __forceinline__ void with_tile_loaders(const ViewA& a, const ViewB& b
                                                   const BlockShare& share, Run&& run) {
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
-  using T = __half;
+  using T = typename Smem::T;
   if constexpr (std::is_same_v<ViewA, MatrixView<T>> && std::is_same_v<ViewB, MatrixView<T>>) {
     if (whole_tiles_inside<TileA>(a, share.m0, share) &&
         whole_tiles_inside<TileB>(b, share.n0, share)) {
@@ -599,7 +616,8 @@ __device__ __forceinline__ void store_output(CT* c, int n, int row, int col, flo
   store_f(c, at, v);
 }
 
-// 16 bytes of C: 8 halves or 4 floats, widened to / rounded from fp32 (p 16-byte aligned).
+// 16 bytes of C: 8 halves (f16 or bf16) or 4 floats, widened to / rounded from fp32 (p 16-byte
+// aligned).
 template <class CT> constexpr int kPackElems = 16 / int(sizeof(CT));
 __device__ __forceinline__ void load_pack16(const float* p, float (&v)[4]) {
   const float4 q = *reinterpret_cast<const float4*>(p);
@@ -619,6 +637,18 @@ __device__ __forceinline__ void load_pack16(const __half* p, float (&v)[8]) {
     v[2 * i] = f.x, v[2 * i + 1] = f.y;
   }
 }
+__device__ __forceinline__ void load_pack16(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __nv_bfloat162_raw raw;
+    raw.x = static_cast<unsigned short>(words[i] & 0xffffu);
+    raw.y = static_cast<unsigned short>(words[i] >> 16);
+    const float2 f = __bfloat1622float2(__nv_bfloat162(raw));
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
 __device__ __forceinline__ void store_pack16(float* p, const float (&v)[4]) {
   *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }
@@ -627,6 +657,15 @@ __device__ __forceinline__ void store_pack16(__half* p, const float (&v)[8]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const __half2_raw raw = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+    words[i] = uint32_t(raw.x) | (uint32_t(raw.y) << 16);
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+__device__ __forceinline__ void store_pack16(__nv_bfloat16* p, const float (&v)[8]) {
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162_raw raw = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
     words[i] = uint32_t(raw.x) | (uint32_t(raw.y) << 16);
   }
   *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
@@ -701,16 +740,25 @@ __global__ void split_k_reduce_kernel(const float* __restrict__ partial, int spl
   }
 }
 
-inline void reduce_split_k(const float* partial, int splits, const GemmArgs& args) {
+// Calls f(TypeTag<CT>) for the storage type CT of C: float, or for a 16-bit C the tensor-core
+// operands' type T (C is never the other 16-bit format: see GemmArgs::c_dtype), or for the SIMT
+// kernel's f32 operands whichever 16-bit format C is in.
+template <class T, class F> void visit_output(const GemmArgs& args, F&& f) {
+  if (args.c_dtype == DType::f32) return f(TypeTag<float>{});
+  if constexpr (std::is_same_v<T, float>)
+    visit_half_precision(args.c_dtype, "gemm", f);
+  else
+    f(TypeTag<T>{});
+}
+
+template <class T> void reduce_split_k(const float* partial, int splits, const GemmArgs& args) {
   constexpr int kThreads = 256;
   const int blocks = grid_for(args.m * args.n, kThreads);
-  const int m = int(args.m), n = int(args.n);
-  if (args.c_dtype == DType::f16)
+  visit_output<T>(args, [&](auto type) {
+    using CT = typename decltype(type)::type;
     split_k_reduce_kernel<<<blocks, kThreads, 0, stream()>>>(
-        partial, splits, static_cast<__half*>(args.c), m, n, args.epilogue);
-  else
-    split_k_reduce_kernel<<<blocks, kThreads, 0, stream()>>>(
-        partial, splits, static_cast<float*>(args.c), m, n, args.epilogue);
+        partial, splits, static_cast<CT*>(args.c), int(args.m), int(args.n), args.epilogue);
+  });
   CUDA_CHECK_LAUNCH("gemm: split-K reduction");
 }
 
@@ -724,7 +772,8 @@ struct HasMediumTiles<Family, std::void_t<typename Family::Medium>> : std::true_
 
 // The launch of one GEMM kernel family (WMMA or SIMT) for the operand pair OpA, OpB:
 // GemmLaunch<Family>::On<OpA, OpB>::run(args) launches the Large, Medium (if the family has one)
-// or Small configuration with K split or not as plan_gemm says, and picks C's dtype. A Family
+// or Small configuration with K split or not as plan_gemm says, and picks C's storage type
+// (visit_output). A Family
 // provides
 //   using Large, Small;                                     the tile configurations
 //   using Medium;                                           (optional) one between them
@@ -751,11 +800,9 @@ template <class Family> struct GemmLaunch {
     }
     // One pass: each block sums all of K for its tile and applies the epilogue.
     template <class Cfg> static void whole_k(const GemmArgs& args) {
-      const KSplit whole{1, args.k};
-      if (args.c_dtype == DType::f16)
-        launch<Cfg, __half>(args, args.c, args.epilogue, whole);
-      else
-        launch<Cfg, float>(args, args.c, args.epilogue, whole);
+      visit_output<typename OpA::Elem>(args, [&](auto type) {
+        launch<Cfg, typename decltype(type)::type>(args, args.c, args.epilogue, KSplit{1, args.k});
+      });
     }
     // Two passes: fp32 partial sums [splits, M, N] (no epilogue), then their sum in slice
     // order with the epilogue. The partials come from the caching allocator.
@@ -763,7 +810,7 @@ template <class Family> struct GemmLaunch {
       const Tensor partial =
           Tensor::empty({split.splits, args.m, args.n}, DType::f32, Device::cuda);
       launch<Cfg, float>(args, partial.raw(), EpilogueArgs{}, split);
-      reduce_split_k(ptr<float>(partial), split.splits, args);
+      reduce_split_k<typename OpA::Elem>(ptr<float>(partial), split.splits, args);
     }
     template <class Cfg> static BlockTile tile() { return {Cfg::BM, Cfg::BN, Cfg::BK}; }
     template <class Cfg> static bool fits() {
@@ -805,8 +852,8 @@ template <class Family, class Cfg> GemmCandidate sweep_candidate(const char* ver
   out.run = [](const GemmArgs& args) {
     require(args.a.kind == OperandKind::matrix &&
                 (args.b.kind == OperandKind::matrix || args.b.kind == OperandKind::transposed) &&
-                args.c_dtype == DType::f16,
-            Family::kName, "a sweep configuration takes A untransposed and f16 C");
+                args.ab_dtype == DType::f16 && args.c_dtype == DType::f16,
+            Family::kName, "a sweep configuration takes f16 A untransposed and f16 C");
     const KSplit whole{1, args.k};
     if (args.b.kind == OperandKind::transposed)
       GemmLaunch<Family>::template On<OpA, OpB>::template launch<Cfg, __half>(args, args.c,

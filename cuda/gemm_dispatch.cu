@@ -1,4 +1,4 @@
-// The public gpu::gemm and the choice of tensor-core GEMM version: f16 operands go to the
+// The public gpu::gemm and the choice of tensor-core GEMM version: f16 and bf16 operands go to the
 // version gemm_version() names, or for `automatic` to the one plan_version picks (gemm_plan.h),
 // f32 operands to the SIMT kernel (gemm_fp32.cu). The versions are cuda/gemm_v1_naive.cu ...
 // cuda/gemm_v5_multistage.cu, each opening with what it changes and what that bought.
@@ -12,18 +12,14 @@ namespace minamp::gpu {
 void tensor_core_gemm(const GemmArgs& args) {
   if (args.m == 0 || args.n == 0) return;
   const GemmVersion version = plan_version(gemm_version(), compute_capability());
+  const std::string refusal = gemm_refusal(version, args.ab_dtype, compute_capability());
+  if (!refusal.empty()) throw Error(refusal);
   switch (version) {
   case GemmVersion::v1_naive: return gemm_v1_naive(args);
   case GemmVersion::v2_wmma: return gemm_v2_wmma(args);
   case GemmVersion::v3_interior: return gemm_v3_interior(args);
-  case GemmVersion::v4_mma:
-  case GemmVersion::v5_multistage:
-    if (compute_capability() < kMmaSyncCapability)
-      throw Error(cat("gemm ", gemm_version_name(version),
-                      ": needs mma.sync (compute capability 8.0 or later); this GPU is ",
-                      compute_capability() / 10, ".", compute_capability() % 10,
-                      " (MINAMP_GEMM_VERSION=v2 or auto runs there)"));
-    return version == GemmVersion::v4_mma ? gemm_v4_mma(args) : gemm_v5_multistage(args);
+  case GemmVersion::v4_mma: return gemm_v4_mma(args);
+  case GemmVersion::v5_multistage: return gemm_v5_multistage(args);
   case GemmVersion::automatic: break;
   }
   throw Error("gemm: no version planned (internal error)");
@@ -39,12 +35,13 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   GemmArgs args;
   args.a = matrix_operand(a, trans_a);
   args.b = matrix_operand(b, trans_b);
+  args.ab_dtype = a.dtype();
   args.c = c.raw();
   args.c_dtype = c.dtype();
   args.m = s.m, args.n = s.n, args.k = s.k;
   args.epilogue = {epilogue.alpha, epilogue.beta,
                    epilogue.bias ? ptr<float>(*epilogue.bias) : nullptr, epilogue.relu};
-  run_gemm(args, a.dtype());
+  run_gemm(args);
 }
 
 } // namespace minamp::gpu

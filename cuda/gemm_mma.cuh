@@ -2,7 +2,9 @@
 // gemm_v5_multistage.cu): the tile configuration, where each lane's ldmatrix row addresses lie in
 // the padded shared tiles, a warp's A and B fragments for one 16-wide k-step (ldmatrix.x4 from
 // either orientation of tile), the MMAs of one k-step, and the accumulators' way to the
-// epilogue's fp32 staging tile. The instructions themselves are in mma.cuh.
+// epilogue's fp32 staging tile. The instructions themselves are in mma.cuh. Everything takes f16
+// or bf16 elements alike (ldmatrix moves 16-bit words whatever they hold); only the MMA
+// instruction names the type.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -51,16 +53,16 @@ template <class Tile, bool kIsA> struct LdmatrixLane {
   }
 };
 
-template <class Cfg> struct Fragments {
+// A warp's A and B fragments of one k-step, pairs of T (f16 or bf16) packed in 32-bit registers.
+template <class Cfg, class T> struct Fragments {
   uint32_t a[Cfg::MMA_M][4];
   uint32_t b[Cfg::MMA_N][2];
 };
 
 // The warp's A and B fragments for the 16-wide k-step at kk of the tiles in shared memory.
-template <class Cfg, class TileA, class TileB>
-__device__ __forceinline__ void load_fragments(Fragments<Cfg>& f, const __half* tile_a,
-                                               const __half* tile_b, int a_lane, int b_lane,
-                                               int kk) {
+template <class Cfg, class TileA, class TileB, class T>
+__device__ __forceinline__ void load_fragments(Fragments<Cfg, T>& f, const T* tile_a,
+                                               const T* tile_b, int a_lane, int b_lane, int kk) {
 #pragma unroll
   for (int i = 0; i < Cfg::MMA_M; ++i)
     ldmatrix_x4<!TileA::kKContiguous>(f.a[i], tile_a + a_lane + TileA::offset(i * 16, kk));
@@ -73,13 +75,13 @@ __device__ __forceinline__ void load_fragments(Fragments<Cfg>& f, const __half* 
 }
 
 // The MMAs of one k-step: acc[i][j] += A fragment i @ B fragment j.
-template <class Cfg>
-__device__ __forceinline__ void mma_step(const Fragments<Cfg>& f,
+template <class Cfg, class T>
+__device__ __forceinline__ void mma_step(const Fragments<Cfg, T>& f,
                                          float (&acc)[Cfg::MMA_M][Cfg::MMA_N][4]) {
 #pragma unroll
   for (int i = 0; i < Cfg::MMA_M; ++i)
 #pragma unroll
-    for (int j = 0; j < Cfg::MMA_N; ++j) mma_m16n8k16(acc[i][j], f.a[i], f.b[j]);
+    for (int j = 0; j < Cfg::MMA_N; ++j) mma_m16n8k16<T>(acc[i][j], f.a[i], f.b[j]);
 }
 
 // Stores a warp's accumulators into the block's fp32 staging tile [BM][kStagingLd] at the warp's

@@ -5,7 +5,8 @@
 // Versions. The tensor-core GEMM exists as a ladder of versions (kernels/gemm_version.h); the
 // library runs v5 (ldmatrix + mma.sync, multistage) wherever the GPU has mma.sync.m16n8k16
 // (sm_80 and later), and v2 (WMMA) below that. v1, v3 and v4 are steps of the ladder; they run
-// only when asked for.
+// only when asked for. bf16 operands need sm_80 too (the first tensor cores with bf16 inputs),
+// and one of the versions written for both 16-bit formats: v2, v4 or v5 (gemm_refusal).
 //
 // Tiles. Each kernel family (WMMA, SIMT) has a large configuration (128 x 128 block tiles) for
 // big outputs and a small one (64 x 64) for outputs that would leave SMs idle with the large
@@ -21,7 +22,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
+#include "core/dtype.h"
 #include "kernels/gemm_version.h"
 
 namespace minamp::gpu {
@@ -114,6 +117,27 @@ constexpr int kMmaSyncCapability = 80;
 inline GemmVersion plan_version(GemmVersion requested, int capability) {
   if (requested != GemmVersion::automatic) return requested;
   return capability >= kMmaSyncCapability ? GemmVersion::v5_multistage : GemmVersion::v2_wmma;
+}
+
+// Why `version` (a planned one, not `automatic`) cannot run a GEMM of `dtype` (f16 or bf16)
+// operands on a GPU of compute capability `capability`, as the launcher's error says it; empty
+// when it can. v4 and v5 need mma.sync, bf16 needs tensor cores that take it (both sm_80); v1 and
+// v3 are written for f16 only.
+inline std::string gemm_refusal(GemmVersion version, DType dtype, int capability) {
+  const std::string gpu =
+      "this GPU is " + std::to_string(capability / 10) + "." + std::to_string(capability % 10);
+  const std::string name = std::string("gemm ") + gemm_version_name(version);
+  const bool mma_sync = version == GemmVersion::v4_mma || version == GemmVersion::v5_multistage;
+  if (mma_sync && capability < kMmaSyncCapability)
+    return name + ": needs mma.sync (compute capability 8.0 or later); " + gpu +
+           " (MINAMP_GEMM_VERSION=v2 or auto runs there)";
+  if (dtype != DType::bf16) return "";
+  if (version == GemmVersion::v1_naive || version == GemmVersion::v3_interior)
+    return name + ": takes f16 operands only, not bf16 (v2, v4, v5 and auto take bf16)";
+  if (capability < kMmaSyncCapability)
+    return "gemm: bf16 operands need tensor cores of compute capability 8.0 or later; " + gpu +
+           " (f16 runs there)";
+  return "";
 }
 
 } // namespace minamp::gpu

@@ -62,11 +62,12 @@ template <class Cfg, class OpA, class OpB, class CT>
 __global__ void __launch_bounds__(Cfg::kThreads)
     gemm_v2_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
                    int k_per_split, EpilogueArgs ep) {
-  using Smem = WmmaSmem<Cfg, OpA::kTransposed, OpB::kTransposed>;
+  using Smem = WmmaSmem<Cfg, OpA, OpB>;
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
+  using T = typename Smem::T;
   extern __shared__ __align__(128) unsigned char smem_bytes[];
-  __half* smem = reinterpret_cast<__half*>(smem_bytes);
+  T* smem = reinterpret_cast<T*>(smem_bytes);
 
   const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
   const int warp = threadIdx.x / 32;
@@ -79,7 +80,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
     for (int j = 0; j < Cfg::FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-  const auto consume = [&](const __half* tile_a, const __half* tile_b) {
+  const auto consume = [&](const T* tile_a, const T* tile_b) {
     mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, warp_row, warp_col, acc);
   };
   gemm_pipeline<Cfg, Smem>(smem, a, b, share, consume);
@@ -103,7 +104,7 @@ struct V2Family {
   using Small = WmmaSmall;
   static constexpr const char* kName = "gemm v2 (wmma)";
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
-    return WmmaSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
+    return WmmaSmem<Cfg, OpA, OpB>::kBytes;
   }
   template <class Cfg, class OpA, class OpB, class CT> static auto kernel() {
     return gemm_v2_kernel<Cfg, OpA, OpB, CT>;
@@ -117,7 +118,7 @@ GemmKernelInfo gemm_v2_kernel_info() {
 }
 
 void gemm_v2_wmma(const GemmArgs& args) {
-  dispatch_operands<__half, GemmLaunch<V2Family>::On>(args, V2Family::kName);
+  dispatch_half_operands<GemmLaunch<V2Family>::On>(args, V2Family::kName);
 }
 
 } // namespace minamp::gpu

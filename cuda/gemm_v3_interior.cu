@@ -25,7 +25,7 @@ template <class Cfg, class OpA, class OpB, class CT>
 __global__ void __launch_bounds__(Cfg::kThreads)
     gemm_v3_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
                    int k_per_split, EpilogueArgs ep) {
-  using Smem = WmmaSmem<Cfg, OpA::kTransposed, OpB::kTransposed>;
+  using Smem = WmmaSmem<Cfg, OpA, OpB>;
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
   extern __shared__ __align__(128) unsigned char smem_bytes[];
@@ -61,7 +61,7 @@ struct V3Family {
   using Small = WmmaSmall;
   static constexpr const char* kName = "gemm v3 (wmma, interior loads, packed epilogue)";
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
-    return WmmaSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
+    return WmmaSmem<Cfg, OpA, OpB>::kBytes;
   }
   template <class Cfg, class OpA, class OpB, class CT> static auto kernel() {
     return gemm_v3_kernel<Cfg, OpA, OpB, CT>;

@@ -33,18 +33,18 @@ using MmaLarge = MmaConfig<kMmaLargeTile.bm, kMmaLargeTile.bn, kMmaLargeTile.bk,
 using MmaSmall = MmaConfig<kMmaSmallTile.bm, kMmaSmallTile.bn, kMmaSmallTile.bk, 2, 2, 4>;
 
 // One BK tile: BK / 16 steps of MMA_M x MMA_N mma.sync, the next step's fragments loaded first.
-template <class Cfg, class TileA, class TileB>
-__device__ __forceinline__ void mma_tile(const __half* tile_a, const __half* tile_b, int a_lane,
-                                         int b_lane, float (&acc)[Cfg::MMA_M][Cfg::MMA_N][4]) {
+template <class Cfg, class TileA, class TileB, class T>
+__device__ __forceinline__ void mma_tile(const T* tile_a, const T* tile_b, int a_lane, int b_lane,
+                                         float (&acc)[Cfg::MMA_M][Cfg::MMA_N][4]) {
   constexpr int kSteps = Cfg::BK / 16;
-  Fragments<Cfg> frags[2];
+  Fragments<Cfg, T> frags[2];
   load_fragments<Cfg, TileA, TileB>(frags[0], tile_a, tile_b, a_lane, b_lane, 0);
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
     if (step + 1 < kSteps)
       load_fragments<Cfg, TileA, TileB>(frags[(step + 1) % 2], tile_a, tile_b, a_lane, b_lane,
                                         (step + 1) * 16);
-    mma_step<Cfg>(frags[step % 2], acc);
+    mma_step(frags[step % 2], acc);
   }
 }
 
@@ -53,11 +53,12 @@ template <class Cfg, class OpA, class OpB, class CT>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     gemm_v4_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
                    int k_per_split, EpilogueArgs ep) {
-  using Smem = GemmSmem<Cfg, OpA::kTransposed, OpB::kTransposed>;
+  using Smem = GemmSmem<Cfg, OpA, OpB>;
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
+  using T = typename Smem::T;
   extern __shared__ __align__(128) unsigned char smem_bytes[];
-  __half* smem = reinterpret_cast<__half*>(smem_bytes);
+  T* smem = reinterpret_cast<T*>(smem_bytes);
 
   const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int b_lane = LdmatrixLane<TileB, false>::offset(lane, warp_col, 0);
 
   float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
-  const auto consume = [&](const __half* tile_a, const __half* tile_b) {
+  const auto consume = [&](const T* tile_a, const T* tile_b) {
     mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, a_lane, b_lane, acc);
   };
   gemm_pipeline_interior<Cfg, Smem>(smem, a, b, share, consume);
@@ -87,7 +88,7 @@ struct V4Family {
   using Small = MmaSmall;
   static constexpr const char* kName = "gemm v4 (ldmatrix + mma.sync)";
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
-    return GemmSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
+    return GemmSmem<Cfg, OpA, OpB>::kBytes;
   }
   template <class Cfg, class OpA, class OpB, class CT> static auto kernel() {
     return gemm_v4_kernel<Cfg, OpA, OpB, CT>;
@@ -101,7 +102,7 @@ GemmKernelInfo gemm_v4_kernel_info() {
 }
 
 void gemm_v4_mma(const GemmArgs& args) {
-  dispatch_operands<__half, GemmLaunch<V4Family>::On>(args, V4Family::kName);
+  dispatch_half_operands<GemmLaunch<V4Family>::On>(args, V4Family::kName);
 }
 
 std::vector<GemmCandidate> gemm_v4_sweep() {

@@ -44,9 +44,9 @@ using MultistageSmall = MmaConfig<kMmaSmallTile.bm, kMmaSmallTile.bn, kMmaSmallT
 // The main loop over `k_tiles` tiles (see the top of the file); load_a(tile, kt) and
 // load_b(tile, kt) issue the copies of K tile kt.
 template <class Cfg, class Smem, class LoadA, class LoadB>
-__device__ __forceinline__ void multistage_loop(__half* smem, int k_tiles, const LoadA& load_a,
-                                                const LoadB& load_b, int a_lane, int b_lane,
-                                                float (&acc)[Cfg::MMA_M][Cfg::MMA_N][4]) {
+__device__ __forceinline__ void
+multistage_loop(typename Smem::T* smem, int k_tiles, const LoadA& load_a, const LoadB& load_b,
+                int a_lane, int b_lane, float (&acc)[Cfg::MMA_M][Cfg::MMA_N][4]) {
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
   constexpr int kStages = Cfg::STAGES, kSteps = Cfg::BK / 16;
@@ -66,14 +66,14 @@ __device__ __forceinline__ void multistage_loop(__half* smem, int k_tiles, const
   for (int s = 0; s < kStages; ++s) load_stage(s, s);
   cp_async_wait<kStages - 1>();
   __syncthreads();
-  Fragments<Cfg> frags[2];
+  Fragments<Cfg, typename Smem::T> frags[2];
   load_fragments<Cfg, TileA, TileB>(frags[0], stage_a(0), stage_b(0), a_lane, b_lane, 0);
 
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int s = kt % kStages;
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
-      Fragments<Cfg>& next = frags[(step + 1) % 2];
+      Fragments<Cfg, typename Smem::T>& next = frags[(step + 1) % 2];
       if (step + 1 < kSteps) {
         load_fragments<Cfg, TileA, TileB>(next, stage_a(s), stage_b(s), a_lane, b_lane,
                                           (step + 1) * 16);
@@ -85,7 +85,7 @@ __device__ __forceinline__ void multistage_loop(__half* smem, int k_tiles, const
         load_fragments<Cfg, TileA, TileB>(next, stage_a(s_next), stage_b(s_next), a_lane, b_lane,
                                           0);
       }
-      mma_step<Cfg>(frags[step % 2], acc);
+      mma_step(frags[step % 2], acc);
     }
   }
   cp_async_wait<0>(); // only empty groups can remain
@@ -96,11 +96,12 @@ template <class Cfg, class OpA, class OpB, class CT>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     gemm_v5_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
                    int k_per_split, EpilogueArgs ep) {
-  using Smem = GemmSmem<Cfg, OpA::kTransposed, OpB::kTransposed>;
+  using Smem = GemmSmem<Cfg, OpA, OpB>;
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
+  using T = typename Smem::T;
   extern __shared__ __align__(128) unsigned char smem_bytes[];
-  __half* smem = reinterpret_cast<__half*>(smem_bytes);
+  T* smem = reinterpret_cast<T*>(smem_bytes);
 
   const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -130,7 +131,7 @@ struct V5Family {
   using Small = MultistageSmall;
   static constexpr const char* kName = "gemm v5 (mma.sync, multistage)";
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
-    return GemmSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
+    return GemmSmem<Cfg, OpA, OpB>::kBytes;
   }
   template <class Cfg, class OpA, class OpB, class CT> static auto kernel() {
     return gemm_v5_kernel<Cfg, OpA, OpB, CT>;
@@ -144,7 +145,7 @@ GemmKernelInfo gemm_v5_kernel_info() {
 }
 
 void gemm_v5_multistage(const GemmArgs& args) {
-  dispatch_operands<__half, GemmLaunch<V5Family>::On>(args, V5Family::kName);
+  dispatch_half_operands<GemmLaunch<V5Family>::On>(args, V5Family::kName);
 }
 
 std::vector<GemmCandidate> gemm_v5_sweep() {

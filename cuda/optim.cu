@@ -1,8 +1,8 @@
 // CUDA optimizer steps as fused multi-tensor kernels: SGD (momentum, L2 weight decay) and Adam
-// (bias-corrected, L2 weight decay), in fp32 on the master weights, rewriting the f16 working
-// copy in the same pass (store_master); and zero_grad's zeroing of every gradient in one launch.
-// Every thread reads found_inf[0] on the device and does nothing when it is set, so a skipped
-// step costs no host-device synchronisation.
+// (bias-corrected, L2 weight decay), in fp32 on the master weights, rewriting the f16 or bf16
+// working copy in the same pass (store_master); and zero_grad's zeroing of every gradient in one
+// launch. Every thread reads found_inf[0] on the device and does nothing when it is set, so a
+// skipped step costs no host-device synchronisation.
 #include <algorithm>
 
 #include "common.cuh"
@@ -16,12 +16,13 @@ namespace {
 constexpr int kThreads = 256;
 
 // Up to kChunkElements consecutive values of one parameter: its fp32 master and gradient and its
-// f16 working copy (nullptr when it has none).
+// 16-bit working copy (nullptr when it has none; bf16 when `half_is_bf16`, else f16).
 struct ParamValues {
   float* master;
   const float* grad;
-  __half* half;
+  void* half;
   int numel;
+  bool half_is_bf16;
 };
 // The same values with the state each step reads at that offset, named as torch.optim names it.
 struct SgdChunk {
@@ -48,11 +49,15 @@ __global__ void __launch_bounds__(kThreads) zero_kernel(FloatChunkList list) {
 }
 
 // The last move of the mixed-precision step, fused into the update: the new fp32 master is stored
-// and the f16 working copy that the next forward reads under autocast is rewritten from it,
-// rounded to nearest even.
+// and the f16 or bf16 working copy that the next forward reads under autocast is rewritten from
+// it, rounded to nearest even.
 __device__ __forceinline__ void store_master(const ParamValues& p, int i, float w) {
   p.master[i] = w;
-  if (p.half) p.half[i] = __float2half_rn(w);
+  if (!p.half) return;
+  if (p.half_is_bf16)
+    store_f(static_cast<__nv_bfloat16*>(p.half), i, w);
+  else
+    store_f(static_cast<__half*>(p.half), i, w);
 }
 
 // Block b updates chunk b (PyTorch SGD, dampening 0; the momentum buffer starts at zero, so the
@@ -124,7 +129,8 @@ void for_each_chunk_list(const std::vector<ParamSlot>& params, MakeChunk make_ch
       ParamValues values;
       values.master = ptr<float>(*slot.master) + offset;
       values.grad = ptr<const float>(*slot.grad) + offset;
-      values.half = has_half ? half_ptr(*slot.half) + offset : nullptr;
+      values.half = has_half ? static_cast<char*>(slot.half->raw()) + 2 * offset : nullptr;
+      values.half_is_bf16 = has_half && slot.half->dtype() == DType::bf16;
       values.numel = int(std::min(kChunkElements, n - offset));
       batcher.push(make_chunk(slot, offset, values));
     }

@@ -82,7 +82,7 @@ inline double worst_line_error(const std::vector<float>& out, const std::vector<
 }
 
 // Values that land exactly on the edges of the f16 ranges once multiplied by 1024
-// (fp16_range_counts' classes, with round to nearest even), and what each counts as.
+// (range_counts' classes, with round to nearest even), and what each counts as.
 inline const std::vector<float> kFp16RangeEdgesAt1024 = {
     0x1p-24f,            // 2^-14, the smallest normal: normal
     0x1p-24f - 0x1p-34f, // 2^-14 - 2^-24, the largest subnormal: subnormal
@@ -91,18 +91,40 @@ inline const std::vector<float> kFp16RangeEdgesAt1024 = {
     0x1p-35f,            // 2^-25, halfway to the smallest subnormal: rounds to 0: flushed
     0x1p-35f + 0x1p-45f, // just above it: rounds to 2^-24: subnormal
 };
+// The same for bf16 (float's range: the edges lie among float's own subnormals and at its top).
+inline const std::vector<float> kBf16RangeEdgesAt1024 = {
+    0x1p-136f,             // 2^-126, the smallest normal: normal
+    0x1p-136f - 0x1p-143f, // 2^-126 - 2^-133, the largest subnormal: subnormal
+    0x1.fep127f / 1024.0f, // (2 - 2^-7) 2^127, the largest finite bf16: normal
+    0x1.ffp127f / 1024.0f, // halfway from it to 2^128: rounds (to even) to inf: overflow
+    0x1p-144f,             // 2^-134, halfway to the smallest subnormal: flushed
+    0x1p-144f + 0x1p-149f, // just above it: rounds to 2^-133: subnormal
+};
+
+// `value` stored in `dtype` and read back: f16 and bf16 round to nearest even, f32 keeps it.
+inline float round_to(DType dtype, float value) {
+  if (dtype == DType::f16) return round_to_half(value);
+  return dtype == DType::bf16 ? round_to_bfloat16(value) : value;
+}
 
 // The tolerance for comparing a kernel against the fp32 CPU reference: ~1e-6 for fp32 math
 // (5e-6: the largest error of any fp32 GPU test on the CPU emulator, which runs the kernels' own
-// summation orders, is 6.5e-7), 2e-3 when inputs or outputs are f16.
-inline double tolerance_for(DType dtype) { return dtype == DType::f16 ? 2e-3 : 5e-6; }
-// The same by the inputs' and the output's dtype. f16 inputs with an f32 output get 1e-4: the
-// products of f16 values are exact in fp32 and only the fp32 sums may differ (tensor cores round
-// their partial sums their own way), while a result that went through f16 on its way to the f32
-// output (an error near 3e-4) must fail.
+// summation orders, is 6.5e-7), about four units of the last place when inputs or outputs are
+// 16-bit: 2e-3 for f16 (2^-11 = 4.9e-4), 1.6e-2 for bf16 (2^-8 = 3.9e-3).
+inline double tolerance_for(DType dtype) {
+  switch (dtype) {
+  case DType::f16: return 2e-3;
+  case DType::bf16: return 1.6e-2;
+  default: return 5e-6;
+  }
+}
+// The same by the inputs' and the output's dtype. 16-bit inputs with an f32 output get 1e-4: the
+// products of f16 or bf16 values are exact in fp32 and only the fp32 sums may differ (tensor cores
+// round their partial sums their own way), while a result that went through the 16-bit format on
+// its way to the f32 output (an error near 3e-4 for f16, 2e-3 for bf16) must fail.
 inline double tolerance_for(DType inputs, DType output) {
-  if (output == DType::f16) return tolerance_for(DType::f16);
-  return inputs == DType::f16 ? 1e-4 : tolerance_for(DType::f32);
+  if (is_half_precision(output)) return tolerance_for(output);
+  return is_half_precision(inputs) ? 1e-4 : tolerance_for(DType::f32);
 }
 
 // Every GPU-vs-CPU comparison made through expect_within records its error as a fraction of its

@@ -15,10 +15,12 @@
 //     (one writes what another still reads) gives a wrong result in some block or phase.
 //     Blocks run one at a time, the even ones upwards and then the odd ones downwards, so a
 //     block that depends on a neighbouring block's writes fails too;
-//   - nvcuda::wmma fragments hold their whole 16x16 tile in every lane (the API hides how the
-//     tile is spread over the warp, so no correct kernel can tell), with the API's alignment
-//     rules checked; mma_sync sums like a tensor core, truncating (detail::tensor_core_sum);
-//   - ldmatrix and mma.sync.m16n8k16 (mma.cuh's helpers call them below) run lane by lane, with
+//   - nvcuda::wmma fragments (f16 or bf16 inputs) hold their whole 16x16 tile in every lane (the
+//     API hides how the tile is spread over the warp, so no correct kernel can tell), with the
+//     API's alignment rules checked; mma_sync sums like a tensor core, truncating
+//     (detail::tensor_core_sum);
+//   - ldmatrix and mma.sync.m16n8k16 (f16 or bf16; mma.cuh's helpers call them below) run lane
+//     by lane, with
 //     each lane's registers holding exactly the elements the PTX ISA gives that lane: a kernel
 //     that hands a fragment to the wrong lane, or addresses a row the wrong lane should give,
 //     computes a wrong result; a misaligned ldmatrix row, or one outside the block's dynamic
@@ -42,6 +44,7 @@
 // what the GPU run and compute-sanitizer's racecheck are for.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h> // empty for a host compiler; included first so the sources' include is a no-op
@@ -178,6 +181,9 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ::minamp::emu::warp_exchange(nullptr, 0);
 }
 
+// A kernel's trap (code a launcher must never reach) is a fault.
+inline void __trap() { ::minamp::emu::report_fault("__trap: the kernel trapped"); }
+
 // float -> int rounding toward zero, saturating; NaN gives 0 (cvt.rzi.s32.f32).
 inline int __float2int_rz(float x) {
   if (std::isnan(x)) return 0;
@@ -192,7 +198,7 @@ using std::isnan;
 using std::max;
 using std::min;
 
-// ---- nvcuda::wmma for 16x16x16 fp16 fragments with fp32 accumulators.
+// ---- nvcuda::wmma for 16x16x16 f16 and bf16 fragments with fp32 accumulators.
 namespace nvcuda::wmma {
 
 struct matrix_a {};
@@ -202,7 +208,8 @@ struct row_major {};
 struct col_major {};
 enum layout_t { mem_row_major, mem_col_major };
 
-// The whole 16x16 tile, in fp32 (f16 inputs convert exactly), row-major: v[row * 16 + col].
+// The whole 16x16 tile, in fp32 (f16 and bf16 inputs convert exactly), row-major:
+// v[row * 16 + col].
 template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
   static_assert(M == 16 && N == 16 && K == 16, "the emulator provides 16x16x16 fragments");
   float v[256];
@@ -222,6 +229,14 @@ inline float to_float(__half x) {
 #else
   return __half2float(x);
 #endif
+}
+inline float to_float(__nv_bfloat16 x) { // float's upper half: exact by a shift
+  uint16_t pattern;
+  std::memcpy(&pattern, &x, sizeof pattern);
+  const uint32_t bits = uint32_t(pattern) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
 }
 } // namespace detail
 
@@ -249,13 +264,14 @@ void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, float value) {
 }
 
 namespace detail {
-// Products of f16 values added to an fp32 accumulator the way tensor cores are measured to do
-// it (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021), not as an FMA chain: the
-// products are exact; a group of kTensorCoreTerms of them and the accumulator are aligned to the
-// largest exponent among them, every bit below that term's 24-bit significand is dropped
-// (truncation, no guard bits) and the exact sum of what is left is rounded toward zero to fp32.
-// This errs on the pessimistic side (the hardware may keep guard bits or take more terms at
-// once), so a tolerance that holds here holds on a GPU.
+// Products of f16 (or bf16) values added to an fp32 accumulator the way tensor cores are measured
+// to do it (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021), not as an FMA chain:
+// the products are exact (11 + 11 or 8 + 8 significant bits fit a double, and a float); a group of
+// kTensorCoreTerms of them and the accumulator are aligned to the largest exponent among them,
+// every bit below that term's 24-bit significand is dropped (truncation, no guard bits) and the
+// exact sum of what is left is rounded toward zero to fp32. This errs on the pessimistic side (the
+// hardware may keep guard bits or take more terms at once), so a tolerance that holds here holds on
+// a GPU.
 constexpr int kTensorCoreTerms = 8;
 
 inline float round_toward_zero(double x) {
@@ -324,7 +340,7 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 
 } // namespace nvcuda::wmma
 
-// ---- ldmatrix and mma.sync.m16n8k16 (f16 inputs, fp32 accumulators), lane by lane.
+// ---- ldmatrix and mma.sync.m16n8k16 (f16 or bf16 inputs, fp32 accumulators), lane by lane.
 namespace minamp::emu {
 
 namespace detail {
@@ -333,28 +349,30 @@ inline int lane_id() {
   return int((c.thread_idx.x + c.block_dim.x * (c.thread_idx.y + c.block_dim.y * c.thread_idx.z)) %
              32);
 }
-inline uint32_t half_bits(const __half& h) { return __half_raw(h).x; }
-inline float half_value(uint32_t bits) {
-  __half_raw raw;
+// The value of the 16-bit pattern `bits` as a T (__half or __nv_bfloat16).
+template <class T> float element_value(uint32_t bits) {
+  using Raw = std::conditional_t<std::is_same_v<T, __half>, __half_raw, __nv_bfloat16_raw>;
+  Raw raw;
   raw.x = static_cast<unsigned short>(bits);
-  return nvcuda::wmma::detail::to_float(__half(raw));
+  return nvcuda::wmma::detail::to_float(T(raw));
 }
 } // namespace detail
 
 // ldmatrix.sync.aligned.m8n8.x{matrices}[.trans].shared.b16: lanes 8j .. 8j + 7 give the
 // addresses of the 8 rows (16 bytes each) of matrix j; lane l receives in register j the two
-// halves at row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix j (lower half first), or
-// with .trans those of its transpose: column l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1.
+// 16-bit elements at row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix j (lower half
+// first), or with .trans those of its transpose: column l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1.
+// It moves bits: f16 and bf16 alike.
 inline void ldmatrix(uint32_t* regs, int matrices, bool trans, const void* row) {
   const uint64_t address = reinterpret_cast<uintptr_t>(row);
   const unsigned char* slots = warp_exchange(&address, sizeof(address));
   const auto row_of = [&](int lane) {
     uint64_t at = 0;
     std::memcpy(&at, slots + size_t(lane) * kWarpExchangeBytes, sizeof(at));
-    return reinterpret_cast<const __half*>(uintptr_t(at));
+    return reinterpret_cast<const uint16_t*>(uintptr_t(at));
   };
   for (int lane = 0; lane < 8 * matrices; ++lane) {
-    const __half* r = row_of(lane);
+    const uint16_t* r = row_of(lane);
     if (reinterpret_cast<uintptr_t>(r) % 16 != 0 || !in_dynamic_shared_memory(r, 16)) {
       report_fault("ldmatrix: a row address is not 16-byte aligned or not in the block's dynamic "
                    "shared memory");
@@ -364,19 +382,21 @@ inline void ldmatrix(uint32_t* regs, int matrices, bool trans, const void* row) 
   }
   const int l = detail::lane_id(), g = l / 4, t = l % 4;
   for (int j = 0; j < matrices; ++j) {
-    const __half lo = trans ? row_of(8 * j + 2 * t)[g] : row_of(8 * j + g)[2 * t];
-    const __half hi = trans ? row_of(8 * j + 2 * t + 1)[g] : row_of(8 * j + g)[2 * t + 1];
-    regs[j] = detail::half_bits(lo) | (detail::half_bits(hi) << 16);
+    const uint32_t lo = trans ? row_of(8 * j + 2 * t)[g] : row_of(8 * j + g)[2 * t];
+    const uint32_t hi = trans ? row_of(8 * j + 2 * t + 1)[g] : row_of(8 * j + g)[2 * t + 1];
+    regs[j] = lo | (hi << 16);
   }
 }
 
-// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: D[16, 8] = A[16, 16] @ B[16, 8] + C, the
-// fragments spread over the warp as the PTX ISA lays them out (g = lane / 4, t = lane % 4):
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 (T = __half or
+// __nv_bfloat16): D[16, 8] = A[16, 16] @ B[16, 8] + C, the fragments spread over the warp as the
+// PTX ISA lays them out (g = lane / 4, t = lane % 4):
 //   a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8,
 //   2t+9] b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g] c[0], c[1] = C[g][2t, 2t+1], c[2], c[3] =
 //   C[g+8][2t, 2t+1] (and d likewise)
 // summed as the WMMA emulation sums (tensor_core_sum, groups of kTensorCoreTerms products).
-inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const float* c) {
+template <class T>
+void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const float* c) {
   struct Fragments {
     uint32_t a[4], b[2];
   } mine;
@@ -391,11 +411,11 @@ inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const f
   // A[row][k] and B[k][col] as held by the lane the layout above gives them to.
   const auto a_at = [&](int row, int k) {
     const uint32_t reg = lane_fragments((row % 8) * 4 + (k % 8) / 2).a[(row / 8) + 2 * (k / 8)];
-    return detail::half_value(k % 2 ? reg >> 16 : reg & 0xffff);
+    return detail::element_value<T>(k % 2 ? reg >> 16 : reg & 0xffff);
   };
   const auto b_at = [&](int k, int col) {
     const uint32_t reg = lane_fragments(col * 4 + (k % 8) / 2).b[k / 8];
-    return detail::half_value(k % 2 ? reg >> 16 : reg & 0xffff);
+    return detail::element_value<T>(k % 2 ? reg >> 16 : reg & 0xffff);
   };
   using nvcuda::wmma::detail::kTensorCoreTerms;
   const int l = detail::lane_id(), g = l / 4, t = l % 4;

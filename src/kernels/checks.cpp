@@ -7,7 +7,7 @@ namespace minamp {
 
 void require_floating(const char* op, const char* name, const Tensor& tensor) {
   require(tensor.defined() && is_floating(tensor.dtype()), op, name,
-          " must be a defined f32 or f16 tensor, got ", describe(tensor));
+          " must be a defined f32, f16 or bf16 tensor, got ", describe(tensor));
 }
 
 void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel) {
@@ -63,6 +63,8 @@ GemmDims require_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans
   require_floating("gemm", "C", c);
   require(a.dtype() == b.dtype(), "gemm", "A and B must share a floating dtype, got ", a.dtype(),
           " and ", b.dtype());
+  require(!is_half_precision(a.dtype()) || c.dtype() == DType::f32 || c.dtype() == a.dtype(),
+          "gemm", "C must be f32 or the dtype of A and B (", a.dtype(), "), got ", describe(c));
   const GemmDims d{trans_a ? a.shape().last() : a.shape().rows(),
                    trans_b ? b.shape().rows() : b.shape().last(),
                    trans_a ? a.shape().rows() : a.shape().last()};
@@ -102,11 +104,11 @@ namespace {
 // Checks x [N, H, W, Cin], w [Cout, kh, kw, Cin] and the conv parameters; returns the dims.
 ConvDims conv_dims(const char* op, const Tensor& x, const Tensor& w, const ConvParams& conv) {
   require(x.defined() && x.shape().rank() == 4 && is_floating(x.dtype()), op,
-          "expects x f32/f16 [N, H, W, Cin], got ", describe(x));
+          "expects x f32/f16/bf16 [N, H, W, Cin], got ", describe(x));
   require(w.defined() && w.shape().rank() == 4 && w.shape()[3] == x.shape()[3] &&
               is_floating(w.dtype()),
-          op, "expects w f32/f16 [Cout, kh, kw, Cin] with the Cin of x ", describe(x), ", got ",
-          describe(w));
+          op, "expects w f32/f16/bf16 [Cout, kh, kw, Cin] with the Cin of x ", describe(x),
+          ", got ", describe(w));
   require(conv.stride >= 1 && conv.pad >= 0, op, "expects stride >= 1 and pad >= 0, got stride ",
           conv.stride, ", pad ", conv.pad);
   ConvDims d{};
@@ -123,8 +125,8 @@ ConvDims conv_dims(const char* op, const Tensor& x, const Tensor& w, const ConvP
 // Unless `y` is a floating [N, Ho, Wo, Cout] tensor for these dims.
 void require_conv_output(const char* op, const char* name, const Tensor& y, const ConvDims& d) {
   require(y.defined() && is_floating(y.dtype()) && y.shape() == Shape{d.n, d.ho, d.wo, d.cout}, op,
-          "expects ", name, " f32/f16 [", d.n, ", ", d.ho, ", ", d.wo, ", ", d.cout, "] (stride ",
-          d.stride, ", pad ", d.pad, "), got ", describe(y));
+          "expects ", name, " f32/f16/bf16 [", d.n, ", ", d.ho, ", ", d.wo, ", ", d.cout,
+          "] (stride ", d.stride, ", pad ", d.pad, "), got ", describe(y));
 }
 
 } // namespace
@@ -319,9 +321,11 @@ void require_amp_update_scale(const Tensor& scale, const Tensor& growth_tracker,
           op, "growth_tracker must be i32 with 1 element, got ", describe(growth_tracker));
 }
 
-void require_fp16_range_counts(const Tensor& x, const Tensor& counts) {
-  require_floating("fp16_range_counts", "x", x);
-  require_f32("fp16_range_counts", "counts", counts, 5);
+void require_range_counts(const Tensor& x, DType format, const Tensor& counts) {
+  require_floating("range_counts", "x", x);
+  require(is_half_precision(format), "range_counts", "the format must be f16 or bf16, got ",
+          format);
+  require_f32("range_counts", "counts", counts, 5);
 }
 
 void require_zero_grads(const std::vector<Tensor*>& grads) {
@@ -330,8 +334,8 @@ void require_zero_grads(const std::vector<Tensor*>& grads) {
 
 namespace {
 
-// Unless the slot has master and grad f32 of one size, and an f16 copy of that size when it has
-// one.
+// Unless the slot has master and grad f32 of one size, and an f16 or bf16 copy of that size when
+// it has one.
 void require_param_slot(const char* op, const ParamSlot& slot) {
   require(slot.master && slot.master->defined(), op, "every parameter needs a master tensor");
   const int64_t n = slot.master->numel();
@@ -339,8 +343,9 @@ void require_param_slot(const char* op, const ParamSlot& slot) {
   require(slot.grad != nullptr, op, "parameter ", describe(*slot.master), " has no gradient");
   require_f32(op, "grad", *slot.grad, n);
   if (slot.half && slot.half->defined())
-    require(slot.half->dtype() == DType::f16 && slot.half->numel() == n, op, "the f16 copy of ",
-            describe(*slot.master), " must be f16 of the same size, got ", describe(*slot.half));
+    require(is_half_precision(slot.half->dtype()) && slot.half->numel() == n, op,
+            "the working copy of ", describe(*slot.master),
+            " must be f16 or bf16 of the same size, got ", describe(*slot.half));
 }
 
 // Unless the optimizer state `name` of the slot is f32 of the master's size.

@@ -85,7 +85,7 @@ void require_amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale,
                          const Tensor& found_inf);
 void require_amp_update_scale(const Tensor& scale, const Tensor& growth_tracker,
                               const Tensor& found_inf);
-void require_fp16_range_counts(const Tensor& x, const Tensor& counts);
+void require_range_counts(const Tensor& x, DType format, const Tensor& counts);
 
 void require_zero_grads(const std::vector<Tensor*>& grads);
 void require_sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd,

@@ -220,9 +220,9 @@ void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Ten
   MINAMP_DISPATCH("adam_step", device, adam_step(params, adam, step, found_inf));
 }
 
-void fp16_range_counts(const Tensor& x, float scale, Tensor& counts) {
-  MINAMP_DISPATCH("fp16_range_counts", common_device("fp16_range_counts", {&x, &counts}),
-                  fp16_range_counts(x, scale, counts));
+void range_counts(const Tensor& x, float scale, DType format, Tensor& counts) {
+  MINAMP_DISPATCH("range_counts", common_device("range_counts", {&x, &counts}),
+                  range_counts(x, scale, format, counts));
 }
 
 } // namespace minamp::kernels

@@ -3,13 +3,13 @@
 // reference) and minamp::gpu (the CUDA backend) — so the three always agree.
 //
 // Conventions: tensors are contiguous and row-major; a tensor of rank > 2 passed where a matrix
-// is expected is viewed as [rows, last]. Floating inputs may be f32 or f16; math is fp32 and an
-// f16 output is rounded to nearest even. "+=" marks outputs that accumulate (weight gradients);
-// every other output is overwritten. Backward kernels write fresh gradients.
+// is expected is viewed as [rows, last]. Floating inputs may be f32, f16 or bf16; math is fp32 and
+// an f16 or bf16 output is rounded to nearest even. "+=" marks outputs that accumulate (weight
+// gradients); every other output is overwritten. Backward kernels write fresh gradients.
 
 // dst = value everywhere (any dtype).
 void fill(Tensor& dst, float value);
-// dst = src converted to dst's dtype (same shape; f32 <-> f16 rounds to nearest even).
+// dst = src converted to dst's dtype (same shape; into f16 or bf16 rounds to nearest even).
 void cast(const Tensor& src, Tensor& dst);
 // dst += alpha * src (same numel; math in fp32, result rounded to dst's dtype).
 void add_inplace(Tensor& dst, const Tensor& src, float alpha);
@@ -19,7 +19,8 @@ void mul_scalar(const Tensor& src, const Tensor& scale, Tensor& dst);
 
 // C[M, N] = alpha * op(A) @ op(B) + beta * C, then + bias[N], then ReLU, per `epilogue`.
 // op(A) is [M, K] (A is [K, M] when trans_a); op(B) is [K, N] (B is [N, K] when trans_b).
-// A and B share a dtype (f32 or f16); C is f32 or f16; bias is f32. Accumulation is fp32.
+// A and B share a dtype (f32, f16 or bf16); C is f32 or A's dtype (or any floating dtype for f32
+// A and B); bias is f32. Accumulation is fp32.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           const GemmEpilogue& epilogue);
 // db[N] += sum over rows of dy[rows, N] (db f32).
@@ -104,7 +105,8 @@ void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const 
 void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Tensor& step,
                const Tensor& found_inf);
 
-// counts[0..4] (f32 [5], +=) over the finite values v of x, with s = v * scale rounded to f16:
-// [0] v != 0 but s flushes to zero, [1] s is subnormal (0 < |s| < 2^-14), [2] s overflows to
-// inf, [3] v != 0 (the total); and [4] the number of values of x that are inf or NaN.
-void fp16_range_counts(const Tensor& x, float scale, Tensor& counts);
+// counts[0..4] (f32 [5], +=) over the finite values v of x, with s = v * scale rounded to
+// `format` (f16 or bf16): [0] v != 0 but s flushes to zero, [1] s is subnormal (0 < |s| <
+// 2^-14 in f16, 2^-126 in bf16), [2] s overflows to inf, [3] v != 0 (the total); and [4] the
+// number of values of x that are inf or NaN.
+void range_counts(const Tensor& x, float scale, DType format, Tensor& counts);

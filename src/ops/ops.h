@@ -10,13 +10,13 @@
 
 namespace minamp::ops {
 
-// x converted to `dtype` (f32 <-> f16, rounding to nearest even); the gradient is cast back.
+// x converted to `dtype` (into f16 or bf16 rounding to nearest even); the gradient is cast back.
 Var cast(const Var& x, DType dtype);
 // The same values viewed with another shape.
 Var reshape(const Var& x, const Shape& shape);
 
 // y[rows, out] = x[rows, in] @ weight[out, in]^T + bias[out], then ReLU when `relu`.
-// Autocast: matmul class (f16 operands and result, fp32 accumulation).
+// Autocast: matmul class (16-bit operands and result, fp32 accumulation).
 Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu = false);
 // y[N, Ho, Wo, Cout] = conv2d(x[N, H, W, Cin], weight[Cout, kh, kw, Cin]) + bias, ReLU if `relu`.
 Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& conv,

@@ -1,7 +1,7 @@
 // The launch plan of the CUDA GEMM (cuda/gemm_plan.h, plain C++): the tile configuration each
 // shape of the GPU tests is meant to exercise is the one it gets on an H100, and split-K slices
 // are whole BK tiles, none empty, together covering K, cut only when C's tiles alone would leave
-// SMs idle and K is long enough to share out.
+// SMs idle and K is long enough to share out; and which versions refuse which GEMMs on which GPUs.
 #include <gtest/gtest.h>
 
 #include "gemm_plan.h"
@@ -152,6 +152,36 @@ TEST(GemmPlan, MultistageTakesItsMediumTilesWhereTheLargeOnesLeaveSmsIdle) {
   EXPECT_EQ(thin.tiles, GemmTiles::small);
   EXPECT_EQ(thin.split.splits,
             plan_gemm(256, 64, 262144, kMmaLargeTile, kMmaSmallTile, true, kH100Sms).split.splits);
+}
+
+// What each planned version refuses, by operand dtype and GPU: the launcher throws these words.
+TEST(GemmPlan, VersionsRefuseWhatTheyCannotRunNamingWhy) {
+  const GemmVersion all[] = {GemmVersion::v1_naive, GemmVersion::v2_wmma, GemmVersion::v3_interior,
+                             GemmVersion::v4_mma, GemmVersion::v5_multistage};
+  for (GemmVersion v : all) {
+    EXPECT_EQ(gemm_refusal(v, DType::f16, 90), "") << gemm_version_name(v);
+    const bool mma_sync = v == GemmVersion::v4_mma || v == GemmVersion::v5_multistage;
+    EXPECT_EQ(gemm_refusal(v, DType::f16, 75).empty(), !mma_sync) << gemm_version_name(v);
+  }
+  EXPECT_EQ(gemm_refusal(GemmVersion::v4_mma, DType::f16, 75),
+            "gemm v4: needs mma.sync (compute capability 8.0 or later); this GPU is 7.5 "
+            "(MINAMP_GEMM_VERSION=v2 or auto runs there)");
+  // bf16: v2, v4, v5 on sm_80 and later; v1 and v3 never; nothing below sm_80, not even v2,
+  // whose WMMA has no bf16 fragments there.
+  for (GemmVersion v : {GemmVersion::v2_wmma, GemmVersion::v4_mma, GemmVersion::v5_multistage}) {
+    EXPECT_EQ(gemm_refusal(v, DType::bf16, 80), "") << gemm_version_name(v);
+    EXPECT_EQ(gemm_refusal(v, DType::bf16, 90), "") << gemm_version_name(v);
+  }
+  EXPECT_EQ(gemm_refusal(GemmVersion::v1_naive, DType::bf16, 90),
+            "gemm v1: takes f16 operands only, not bf16 (v2, v4, v5 and auto take bf16)");
+  EXPECT_EQ(gemm_refusal(GemmVersion::v3_interior, DType::bf16, 90),
+            "gemm v3: takes f16 operands only, not bf16 (v2, v4, v5 and auto take bf16)");
+  EXPECT_EQ(gemm_refusal(GemmVersion::v2_wmma, DType::bf16, 75),
+            "gemm: bf16 operands need tensor cores of compute capability 8.0 or later; this GPU "
+            "is 7.5 (f16 runs there)");
+  // What auto plans on a Turing GPU (v2) refuses bf16 too: never a wrong answer.
+  EXPECT_NE(gemm_refusal(plan_version(GemmVersion::automatic, 75), DType::bf16, 75), "");
+  EXPECT_EQ(gemm_refusal(plan_version(GemmVersion::automatic, 80), DType::bf16, 80), "");
 }
 
 } // namespace

@@ -256,31 +256,34 @@ TEST(CpuBatchNorm, ManyRowBlocksMatchReferencesOnAnyThreadCount) {
   EXPECT_LT(relative_error_to(outputs[5], grads.dbeta), kF32Tolerance);
 }
 
-// f16 x: y and dx are the fp32 results on the widened values rounded to f16; the statistics
-// and parameter gradients stay fp32 and equal the fp32 path.
-TEST(CpuBatchNorm, F16ActivationsUseFp32Statistics) {
+// f16 or bf16 x: y and dx are the fp32 results on the widened values rounded to the 16-bit
+// format; the statistics and parameter gradients stay fp32 and equal the fp32 path.
+TEST(CpuBatchNorm, HalfPrecisionActivationsUseFp32Statistics) {
   Rng rng(34);
-  BatchNormLayer layer(rng, {2, 4, 4, 6}, DType::f16);
-  const Tensor x32 = layer.x.to(DType::f32);
-  const Tensor dy16 = random_tensor(rng, layer.x.shape(), DType::f16);
-  const Tensor dy32 = dy16.to(DType::f32);
-  auto run = [&](const Tensor& x, const Tensor& dy, DType dtype) {
-    Tensor y = poisoned(x.shape(), dtype), dx = poisoned(x.shape(), dtype);
-    Tensor mean = poisoned({6}), invstd = poisoned({6});
-    Tensor rm = layer.running_mean.clone(), rv = layer.running_var.clone();
-    Tensor dgamma = Tensor::zeros({6}), dbeta = Tensor::zeros({6});
-    cpu::batchnorm_forward(x, layer.gamma, layer.beta, y, mean, invstd, rm, rv, params(true, true));
-    cpu::batchnorm_backward(x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma, dbeta,
-                            params(true, true));
-    return std::vector<Tensor>{y, dx, mean, invstd, rm, rv, dgamma, dbeta};
-  };
-  const std::vector<Tensor> half_run = run(layer.x, dy16, DType::f16);
-  const std::vector<Tensor> float_run = run(x32, dy32, DType::f32);
-  EXPECT_EQ(half_run[0].dtype(), DType::f16);
-  EXPECT_EQ(half_run[0].to_vector(), float_run[0].to(DType::f16).to_vector()); // y
-  EXPECT_EQ(half_run[1].to_vector(), float_run[1].to(DType::f16).to_vector()); // dx
-  for (size_t i = 2; i < half_run.size(); ++i)
-    EXPECT_EQ(half_run[i].to_vector(), float_run[i].to_vector()) << "output " << i;
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    BatchNormLayer layer(rng, {2, 4, 4, 6}, dtype);
+    const Tensor x32 = layer.x.to(DType::f32);
+    const Tensor dy16 = random_tensor(rng, layer.x.shape(), dtype);
+    const Tensor dy32 = dy16.to(DType::f32);
+    auto run = [&](const Tensor& x, const Tensor& dy, DType dtype) {
+      Tensor y = poisoned(x.shape(), dtype), dx = poisoned(x.shape(), dtype);
+      Tensor mean = poisoned({6}), invstd = poisoned({6});
+      Tensor rm = layer.running_mean.clone(), rv = layer.running_var.clone();
+      Tensor dgamma = Tensor::zeros({6}), dbeta = Tensor::zeros({6});
+      cpu::batchnorm_forward(x, layer.gamma, layer.beta, y, mean, invstd, rm, rv,
+                             params(true, true));
+      cpu::batchnorm_backward(x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma, dbeta,
+                              params(true, true));
+      return std::vector<Tensor>{y, dx, mean, invstd, rm, rv, dgamma, dbeta};
+    };
+    const std::vector<Tensor> half_run = run(layer.x, dy16, dtype);
+    const std::vector<Tensor> float_run = run(x32, dy32, DType::f32);
+    EXPECT_EQ(half_run[0].dtype(), dtype);
+    EXPECT_EQ(half_run[0].to_vector(), float_run[0].to(dtype).to_vector()) << dtype; // y
+    EXPECT_EQ(half_run[1].to_vector(), float_run[1].to(dtype).to_vector()) << dtype; // dx
+    for (size_t i = 2; i < half_run.size(); ++i)
+      EXPECT_EQ(half_run[i].to_vector(), float_run[i].to_vector()) << dtype << " output " << i;
+  }
 }
 
 // Eval mode with the fused ReLU and one NaN in x: as BatchNorm then ReLU in PyTorch, y is NaN

@@ -163,28 +163,29 @@ TEST(CpuConv, BackwardComputesOnlyTheDefinedGradients) {
   EXPECT_EQ(dw.to_vector(), both_dw.to_vector());
 }
 
-// f16 x and w: the result equals the fp32 conv of the widened values, rounded to f16 (y) or
-// kept in f32 (dw); dx in f16 is the rounded fp32 input gradient.
-TEST(CpuConv, F16EqualsFp32OfRoundedInputs) {
+// f16 or bf16 x and w: the result equals the fp32 conv of the widened values, rounded to the
+// 16-bit format (y) or kept in f32 (dw); dx in 16 bits is the rounded fp32 input gradient.
+TEST(CpuConv, HalfPrecisionEqualsFp32OfRoundedInputs) {
   Rng rng(25);
-  for (const ConvCase& c : {kCases[1], kCases[2]}) {
-    const Tensor x16 = random_tensor(rng, c.x_shape(), DType::f16);
-    const Tensor w16 = random_tensor(rng, c.w_shape(), DType::f16);
-    const Tensor dy16 = random_tensor(rng, c.y_shape(), DType::f16);
-    const Tensor x32 = x16.to(DType::f32), w32 = w16.to(DType::f32), dy32 = dy16.to(DType::f32);
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (const ConvCase& c : {kCases[1], kCases[2]}) {
+      const Tensor x16 = random_tensor(rng, c.x_shape(), dtype);
+      const Tensor w16 = random_tensor(rng, c.w_shape(), dtype);
+      const Tensor dy16 = random_tensor(rng, c.y_shape(), dtype);
+      const Tensor x32 = x16.to(DType::f32), w32 = w16.to(DType::f32), dy32 = dy16.to(DType::f32);
 
-    Tensor y32 = poisoned(c.y_shape()), y16 = poisoned(c.y_shape(), DType::f16);
-    cpu::conv2d_forward(x32, w32, y32, params(c), {});
-    cpu::conv2d_forward(x16, w16, y16, params(c), {});
-    Tensor dx32 = poisoned(c.x_shape()), dx16 = poisoned(c.x_shape(), DType::f16);
-    Tensor dw32 = Tensor::zeros(c.w_shape()), dw_from16 = Tensor::zeros(c.w_shape());
-    cpu::conv2d_backward(x32, w32, dy32, dx32, dw32, params(c));
-    cpu::conv2d_backward(x16, w16, dy16, dx16, dw_from16, params(c));
+      Tensor y32 = poisoned(c.y_shape()), y16 = poisoned(c.y_shape(), dtype);
+      cpu::conv2d_forward(x32, w32, y32, params(c), {});
+      cpu::conv2d_forward(x16, w16, y16, params(c), {});
+      Tensor dx32 = poisoned(c.x_shape()), dx16 = poisoned(c.x_shape(), dtype);
+      Tensor dw32 = Tensor::zeros(c.w_shape()), dw_from16 = Tensor::zeros(c.w_shape());
+      cpu::conv2d_backward(x32, w32, dy32, dx32, dw32, params(c));
+      cpu::conv2d_backward(x16, w16, dy16, dx16, dw_from16, params(c));
 
-    EXPECT_EQ(y16.to_vector(), y32.to(DType::f16).to_vector()) << name(c);
-    EXPECT_EQ(dx16.to_vector(), dx32.to(DType::f16).to_vector()) << name(c);
-    EXPECT_EQ(dw_from16.to_vector(), dw32.to_vector()) << name(c);
-  }
+      EXPECT_EQ(y16.to_vector(), y32.to(dtype).to_vector()) << dtype << " " << name(c);
+      EXPECT_EQ(dx16.to_vector(), dx32.to(dtype).to_vector()) << dtype << " " << name(c);
+      EXPECT_EQ(dw_from16.to_vector(), dw32.to_vector()) << dtype << " " << name(c);
+    }
 }
 
 // An empty batch gives an empty output and leaves dw as it was.
@@ -211,13 +212,13 @@ TEST(CpuConv, RejectsWrongRanksAndShapes) {
   ConvParams same;
   same.pad = 1;
   expect_error([&] { cpu::conv2d_forward(x2d, w, y, same, {}); }, "conv2d_forward",
-               "expects x f32/f16 [N, H, W, Cin], got f32[4, 3]");
+               "expects x f32/f16/bf16 [N, H, W, Cin], got f32[4, 3]");
   const Tensor w_bad_cin = random_tensor(rng, {2, 3, 3, 4});
   expect_error([&] { cpu::conv2d_forward(x, w_bad_cin, y, same, {}); }, "conv2d_forward",
                "[Cout, kh, kw, Cin]");
   Tensor y_wrong = poisoned({1, 3, 3, 2}); // the unpadded size, but pad is 1
   expect_error([&] { cpu::conv2d_forward(x, w, y_wrong, same, {}); }, "conv2d_forward",
-               "expects y f32/f16 [1, 5, 5, 2]");
+               "expects y f32/f16/bf16 [1, 5, 5, 2]");
   ConvParams bad_stride;
   bad_stride.stride = 0;
   expect_error([&] { cpu::conv2d_forward(x, w, y, bad_stride, {}); }, "conv2d_forward", "stride");

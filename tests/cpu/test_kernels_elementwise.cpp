@@ -1,7 +1,7 @@
 // Tests of the CPU elementwise and pooling kernels: fill, cast (round to nearest even),
 // add_inplace and mul_scalar with mixed dtypes, ReLU and global average pooling (forward against
 // double references, backward by finite differences), sum_squares / clip_coefficient and
-// fp16_range_counts.
+// range_counts in f16 and bf16.
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -77,14 +77,14 @@ TEST(CpuElementwise, AddInplaceMixesDtypesInFp32) {
 TEST(CpuElementwise, MulScalarReadsScaleTensorAndMayWorkInPlace) {
   Rng rng(42);
   const Tensor scale = Tensor::from_vector({0.375f}, {1});
-  for (DType dtype : {DType::f32, DType::f16}) {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     const Tensor src = random_tensor(rng, {5, 9}, dtype);
     Tensor in_place = src.clone();
     cpu::mul_scalar(in_place, scale, in_place);
     const std::vector<float> before = src.to_vector(), after = in_place.to_vector();
     for (size_t i = 0; i < after.size(); ++i) {
       const float product = before[i] * 0.375f;
-      ASSERT_EQ(after[i], dtype == DType::f16 ? round_to_half(product) : product) << dtype;
+      ASSERT_EQ(after[i], round_to(dtype, product)) << dtype;
     }
   }
   Tensor dst = poisoned({3});
@@ -137,7 +137,7 @@ TEST(CpuRelu, ForwardPropagatesNaN) {
 // As PyTorch's threshold_backward: the gradient is zeroed where y <= 0 and passes elsewhere,
 // a NaN output included (an overflow is not hidden from the loss scaler's check).
 TEST(CpuRelu, BackwardPassesTheGradientWhereTheOutputIsNaN) {
-  for (DType dtype : {DType::f32, DType::f16}) {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     const Tensor y = Tensor::from_vector({std::nanf(""), 0.0f, 2.0f}, {3}).to(dtype);
     const Tensor dy = Tensor::from_vector({3.0f, 4.0f, 5.0f}, {3}).to(dtype);
     Tensor dx = poisoned({3}, dtype);
@@ -210,7 +210,7 @@ TEST(CpuGradientNorm, SumSquaresAccumulatesAndClipCoefficientClamps) {
 }
 
 // Each value is built to land in one class once multiplied by the scale 1024.
-TEST(CpuFp16RangeCounts, ClassifiesScaledValues) {
+TEST(CpuRangeCounts, ClassifiesScaledValuesInF16) {
   const float scale = 1024.0f;
   const std::vector<float> values = {
       0.0f,          // zero: counted nowhere
@@ -225,13 +225,37 @@ TEST(CpuFp16RangeCounts, ClassifiesScaledValues) {
       1e36f,         // the product itself overflows float: overflows
   };
   Tensor counts = Tensor::from_vector({1, 2, 3, 4, 5}, {5}); // accumulates onto these
-  cpu::fp16_range_counts(Tensor::from_vector(values, {10}), scale, counts);
+  cpu::range_counts(Tensor::from_vector(values, {10}), scale, DType::f16, counts);
   EXPECT_EQ(counts.to_vector(), (std::vector<float>{1 + 1, 2 + 2, 3 + 3, 4 + 7, 5 + 2}));
 
   // On the edges: flushed, subnormal, overflow, nonzero, nonfinite.
   Tensor edges = Tensor::zeros({5});
-  cpu::fp16_range_counts(Tensor::from_vector(kFp16RangeEdgesAt1024, {6}), scale, edges);
+  cpu::range_counts(Tensor::from_vector(kFp16RangeEdgesAt1024, {6}), scale, DType::f16, edges);
   EXPECT_EQ(edges.to_vector(), (std::vector<float>{1, 2, 1, 6, 0}));
+}
+
+// bf16 has float's range: what flushes or overflows in f16 (1e-9, 1e30) is normal in bf16, and
+// only values near float's own ends flush, turn subnormal or overflow.
+TEST(CpuRangeCounts, ClassifiesValuesInBf16) {
+  const std::vector<float> values = {
+      0.0f,          // zero: counted nowhere
+      1e-45f,        // float's smallest subnormal, 2^-149: flushes to zero in bf16
+      1e-39f,        // below 2^-126: subnormal
+      1e-9f,         // flushes in f16 (subnormal at scale 1024), normal in bf16
+      1e30f,         // overflows f16, normal in bf16
+      3.4e38f,       // past the tie between bf16's largest finite value and 2^128: overflows
+      INFINITY,      // not finite
+      std::nanf(""), // not finite
+  };
+  Tensor counts = Tensor::zeros({5});
+  cpu::range_counts(Tensor::from_vector(values, {8}), 1.0f, DType::bf16, counts);
+  EXPECT_EQ(counts.to_vector(), (std::vector<float>{1, 1, 1, 5, 2}));
+
+  Tensor edges = Tensor::zeros({5});
+  cpu::range_counts(Tensor::from_vector(kBf16RangeEdgesAt1024, {6}), 1024.0f, DType::bf16, edges);
+  EXPECT_EQ(edges.to_vector(), (std::vector<float>{1, 2, 1, 6, 0}));
+  test::expect_error([&] { cpu::range_counts(Tensor::zeros({1}), 1.0f, DType::f32, counts); },
+                     "range_counts", "the format must be f16 or bf16, got f32");
 }
 
 } // namespace

@@ -86,45 +86,47 @@ TEST(CpuGemm, ViewsHigherRankTensorsAsRowsByLastDimension) {
       kF32Tolerance);
 }
 
-// f16 emulation: the f16 GEMM must equal the fp32 GEMM of the (exactly widened) f16 inputs,
-// rounded once to nearest even when C is f16, and unrounded when C is f32.
-TEST(CpuGemm, F16InputsEqualFp32ProductOfRoundedInputs) {
+// f16 and bf16 emulation: the 16-bit GEMM must equal the fp32 GEMM of the (exactly widened)
+// 16-bit inputs, rounded once to nearest even when C is 16-bit, and unrounded when C is f32.
+TEST(CpuGemm, HalfPrecisionInputsEqualFp32ProductOfRoundedInputs) {
   Rng rng(14);
-  for (const GemmCase& g : {GemmCase{19, 40, 23, false, false}, GemmCase{16, 17, 8, true, true},
-                            GemmCase{7, 64, 33, false, true}}) {
-    const Tensor a16 = random_tensor(rng, g.a_shape(), DType::f16, Device::cpu, -4.0f, 4.0f);
-    const Tensor b16 = random_tensor(rng, g.b_shape(), DType::f16, Device::cpu, -4.0f, 4.0f);
-    const Tensor bias = random_tensor(rng, {g.n});
-    GemmEpilogue epilogue;
-    epilogue.bias = &bias;
-    Tensor c32 = poisoned({g.m, g.n});
-    cpu::gemm(a16.to(DType::f32), g.trans_a, b16.to(DType::f32), g.trans_b, c32, epilogue);
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (const GemmCase& g : {GemmCase{19, 40, 23, false, false}, GemmCase{16, 17, 8, true, true},
+                              GemmCase{7, 64, 33, false, true}}) {
+      const Tensor a16 = random_tensor(rng, g.a_shape(), dtype, Device::cpu, -4.0f, 4.0f);
+      const Tensor b16 = random_tensor(rng, g.b_shape(), dtype, Device::cpu, -4.0f, 4.0f);
+      const Tensor bias = random_tensor(rng, {g.n});
+      GemmEpilogue epilogue;
+      epilogue.bias = &bias;
+      Tensor c32 = poisoned({g.m, g.n});
+      cpu::gemm(a16.to(DType::f32), g.trans_a, b16.to(DType::f32), g.trans_b, c32, epilogue);
 
-    Tensor c16 = poisoned({g.m, g.n}, DType::f16);
-    cpu::gemm(a16, g.trans_a, b16, g.trans_b, c16, epilogue);
-    ASSERT_EQ(c16.dtype(), DType::f16);
-    const std::vector<float> exact = c32.to_vector(), rounded = c16.to_vector();
-    int changed_by_rounding = 0;
-    for (size_t i = 0; i < exact.size(); ++i) {
-      ASSERT_EQ(rounded[i], round_to_half(exact[i])) << name(g) << " at " << i;
-      changed_by_rounding += rounded[i] != exact[i];
+      Tensor c16 = poisoned({g.m, g.n}, dtype);
+      cpu::gemm(a16, g.trans_a, b16, g.trans_b, c16, epilogue);
+      ASSERT_EQ(c16.dtype(), dtype);
+      const std::vector<float> exact = c32.to_vector(), rounded = c16.to_vector();
+      int changed_by_rounding = 0;
+      for (size_t i = 0; i < exact.size(); ++i) {
+        ASSERT_EQ(rounded[i], round_to(dtype, exact[i])) << dtype << " " << name(g) << " at " << i;
+        changed_by_rounding += rounded[i] != exact[i];
+      }
+      EXPECT_GT(changed_by_rounding, 0) << "the fp32 results were all " << dtype << " values";
+
+      Tensor mixed = poisoned({g.m, g.n}); // f16 inputs, f32 C: no rounding of the output
+      cpu::gemm(a16, g.trans_a, b16, g.trans_b, mixed, epilogue);
+      EXPECT_EQ(mixed.to_vector(), exact) << name(g);
+
+      // beta reads the old f16 C, widened exactly, then the sum is rounded once.
+      epilogue.beta = -0.5f;
+      const Tensor old16 = random_tensor(rng, {g.m, g.n}, dtype);
+      Tensor with_old32 = old16.to(DType::f32), with_old16 = old16.clone();
+      cpu::gemm(a16.to(DType::f32), g.trans_a, b16.to(DType::f32), g.trans_b, with_old32, epilogue);
+      cpu::gemm(a16, g.trans_a, b16, g.trans_b, with_old16, epilogue);
+      const std::vector<float> sum = with_old32.to_vector(), sum16 = with_old16.to_vector();
+      for (size_t i = 0; i < sum.size(); ++i)
+        ASSERT_EQ(sum16[i], round_to(dtype, sum[i]))
+            << dtype << " " << name(g) << " beta -0.5 at " << i;
     }
-    EXPECT_GT(changed_by_rounding, 0) << "the fp32 results were all f16 values: a weak test";
-
-    Tensor mixed = poisoned({g.m, g.n}); // f16 inputs, f32 C: no rounding of the output
-    cpu::gemm(a16, g.trans_a, b16, g.trans_b, mixed, epilogue);
-    EXPECT_EQ(mixed.to_vector(), exact) << name(g);
-
-    // beta reads the old f16 C, widened exactly, then the sum is rounded once.
-    epilogue.beta = -0.5f;
-    const Tensor old16 = random_tensor(rng, {g.m, g.n}, DType::f16);
-    Tensor with_old32 = old16.to(DType::f32), with_old16 = old16.clone();
-    cpu::gemm(a16.to(DType::f32), g.trans_a, b16.to(DType::f32), g.trans_b, with_old32, epilogue);
-    cpu::gemm(a16, g.trans_a, b16, g.trans_b, with_old16, epilogue);
-    const std::vector<float> sum = with_old32.to_vector(), sum16 = with_old16.to_vector();
-    for (size_t i = 0; i < sum.size(); ++i)
-      ASSERT_EQ(sum16[i], round_to_half(sum[i])) << name(g) << " beta -0.5 at " << i;
-  }
 }
 
 // A Linear layer y = x W^T + b and its backward, as the layer drives the kernels:

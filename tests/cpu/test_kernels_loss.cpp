@@ -43,7 +43,7 @@ Tensor labels_tensor(const std::vector<int>& labels) {
 
 TEST(CpuMse, ForwardAndBackwardMatchReference) {
   Rng rng(51);
-  for (DType dtype : {DType::f32, DType::f16}) {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     const Tensor pred = random_tensor(rng, {9, 17}, dtype);
     const Tensor target = random_tensor(rng, {9, 17});
     Tensor loss = poisoned({1});
@@ -82,7 +82,7 @@ TEST(CpuCrossEntropy, ForwardMatchesReferenceEvenForHugeLogits) {
 
 TEST(CpuCrossEntropy, BackwardMatchesFiniteDifferences) {
   Rng rng(53);
-  for (DType dtype : {DType::f32, DType::f16}) {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     const int64_t rows = 6, classes = 11;
     const Tensor logits = random_tensor(rng, {rows, classes}, dtype, Device::cpu, -3.0f, 3.0f);
     const std::vector<int> labels = random_labels(rng, rows, classes);

@@ -11,12 +11,13 @@ namespace {
 
 constexpr double kF32Tolerance = 1e-6;
 
-// The tensors of one parameter for an optimizer test, random except the zero optimizer state.
+// The tensors of one parameter for an optimizer test, random except the zero optimizer state;
+// its working copy is f16 or bf16 (`copy`).
 struct Param {
   Tensor master, grad, half, momentum_buffer, exp_avg, exp_avg_sq;
-  Param(Rng& rng, const Shape& shape)
+  Param(Rng& rng, const Shape& shape, DType copy = DType::f16)
       : master(random_tensor(rng, shape)), grad(random_tensor(rng, shape)),
-        half(poisoned(shape, DType::f16)), momentum_buffer(Tensor::zeros(shape)),
+        half(poisoned(shape, copy)), momentum_buffer(Tensor::zeros(shape)),
         exp_avg(Tensor::zeros(shape)), exp_avg_sq(Tensor::zeros(shape)) {}
   ParamSlot slot() { return {&master, &grad, &half, &momentum_buffer, &exp_avg, &exp_avg_sq}; }
   std::vector<std::vector<float>> values() const {
@@ -25,17 +26,18 @@ struct Param {
   }
 };
 
-// The f16 copy must be the master rounded to nearest even.
+// The 16-bit copy must be the master rounded to nearest even.
 void expect_half_copy(const Param& p) {
   const std::vector<float> master = p.master.to_vector(), copy = p.half.to_vector();
-  for (size_t i = 0; i < master.size(); ++i) ASSERT_EQ(copy[i], round_to_half(master[i]));
+  for (size_t i = 0; i < master.size(); ++i)
+    ASSERT_EQ(copy[i], round_to(p.half.dtype(), master[i])) << p.half.dtype();
 }
 
 Tensor flag(float value) { return Tensor::from_vector({value}, {1}); }
 
 TEST(CpuSgd, MomentumAndWeightDecayOverThreeSteps) {
   Rng rng(61);
-  Param a(rng, {4, 5}), b(rng, {7});
+  Param a(rng, {4, 5}), b(rng, {7}, DType::bf16);
   SgdParams sgd;
   sgd.lr = 0.1f;
   sgd.momentum = 0.9f;
@@ -159,7 +161,8 @@ TEST(CpuOptimizers, RejectMismatchedState) {
   q.half = Tensor::zeros({3}, DType::f16);
   const std::vector<float> master = q.master.to_vector();
   expect_error([&] { cpu::sgd_step({q.slot()}, SgdParams{}, Tensor()); }, "sgd_step",
-               "the f16 copy of f32[4] on cpu must be f16 of the same size, got f16[3] on cpu");
+               "the working copy of f32[4] on cpu must be f16 or bf16 of the same size, got f16[3] "
+               "on cpu");
   EXPECT_EQ(q.master.to_vector(), master);
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -384,12 +385,22 @@ TEST(Emulator, PinnedMemoryACopyMayStillReadIsNotToBeWrittenOrFreed) {
   (void)cudaGetLastError(); // the errors above are this test's
 }
 
-// C = A @ B for one 16x16x16 tile, A stored as `a_layout`, B as `b_layout`, C row-major.
-template <class ALayout, class BLayout>
-__global__ void wmma_tile_kernel(const __half* a, const __half* b, float* c) {
+// `value` rounded to T (__half or __nv_bfloat16), and a T widened to float.
+template <class T> T to_element(float value) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(value);
+  else
+    return __float2bfloat16_rn(value);
+}
+float element_float(__half x) { return __half2float(x); }
+float element_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// C = A @ B for one 16x16x16 tile of T, A stored as `a_layout`, B as `b_layout`, C row-major.
+template <class ALayout, class BLayout, class T>
+__global__ void wmma_tile_kernel(const T* a, const T* b, float* c) {
   namespace wmma = nvcuda::wmma;
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, ALayout> fa;
-  wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, BLayout> fb;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, ALayout> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, T, BLayout> fb;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
   wmma::fill_fragment(acc, 1.0f);
   wmma::load_matrix_sync(fa, a, 16);
@@ -398,19 +409,20 @@ __global__ void wmma_tile_kernel(const __half* a, const __half* b, float* c) {
   wmma::store_matrix_sync(c, acc, 16, wmma::mem_row_major);
 }
 
-template <class ALayout, class BLayout> void check_wmma_layouts() {
+// `scale` moves A's values by a power of two (exact in both formats while in range).
+template <class ALayout, class BLayout, class T> void check_wmma_layouts(float scale = 1.0f) {
   constexpr bool kAColumns = std::is_same_v<ALayout, nvcuda::wmma::col_major>;
   constexpr bool kBColumns = std::is_same_v<BLayout, nvcuda::wmma::col_major>;
   std::vector<float> a(256), b(256);
-  std::vector<__half> a_stored(256), b_stored(256);
+  std::vector<T> a_stored(256), b_stored(256);
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c) {
-      a[r * 16 + c] = float((r * 3 + c) % 7) - 3.0f;
+      a[r * 16 + c] = (float((r * 3 + c) % 7) - 3.0f) * scale;
       b[r * 16 + c] = float((r + 2 * c) % 5) - 2.0f;
-      a_stored[kAColumns ? c * 16 + r : r * 16 + c] = __float2half_rn(a[r * 16 + c]);
-      b_stored[kBColumns ? c * 16 + r : r * 16 + c] = __float2half_rn(b[r * 16 + c]);
+      a_stored[kAColumns ? c * 16 + r : r * 16 + c] = to_element<T>(a[r * 16 + c]);
+      b_stored[kBColumns ? c * 16 + r : r * 16 + c] = to_element<T>(b[r * 16 + c]);
     }
-  DeviceBuffer<__half> da(256), db(256);
+  DeviceBuffer<T> da(256), db(256);
   DeviceBuffer<float> dc(256);
   da.upload(a_stored);
   db.upload(b_stored);
@@ -427,10 +439,20 @@ template <class ALayout, class BLayout> void check_wmma_layouts() {
 
 TEST(Emulator, WmmaFragmentsFollowTheirLayouts) {
   namespace wmma = nvcuda::wmma;
-  check_wmma_layouts<wmma::row_major, wmma::row_major>();
-  check_wmma_layouts<wmma::row_major, wmma::col_major>();
-  check_wmma_layouts<wmma::col_major, wmma::row_major>();
-  check_wmma_layouts<wmma::col_major, wmma::col_major>();
+  check_wmma_layouts<wmma::row_major, wmma::row_major, __half>();
+  check_wmma_layouts<wmma::row_major, wmma::col_major, __half>();
+  check_wmma_layouts<wmma::col_major, wmma::row_major, __half>();
+  check_wmma_layouts<wmma::col_major, wmma::col_major, __half>();
+}
+
+// bf16 fragments are read as bf16 (the same bits as f16 would be other values): products of
+// values far outside f16's range, 2^100 x small integers, come out exact.
+TEST(Emulator, WmmaBf16FragmentsFollowTheirLayouts) {
+  namespace wmma = nvcuda::wmma;
+  check_wmma_layouts<wmma::row_major, wmma::row_major, __nv_bfloat16>();
+  check_wmma_layouts<wmma::row_major, wmma::col_major, __nv_bfloat16>(0x1p100f);
+  check_wmma_layouts<wmma::col_major, wmma::row_major, __nv_bfloat16>(0x1p-100f);
+  check_wmma_layouts<wmma::col_major, wmma::col_major, __nv_bfloat16>();
 }
 
 // mma_sync adds like a tensor core (emulator.h): exact products, bits below the largest term's
@@ -459,7 +481,7 @@ TEST(Emulator, WmmaOnAMisalignedPointerIsAFault) {
   a.upload(std::vector<__half>(264, __float2half_rn(1.0f)));
   b.upload(std::vector<__half>(256, __float2half_rn(1.0f)));
   const __half* misaligned = a.data + 8; // 16 bytes past a 256-byte boundary
-  wmma_tile_kernel<nvcuda::wmma::row_major, nvcuda::wmma::row_major>
+  wmma_tile_kernel<nvcuda::wmma::row_major, nvcuda::wmma::row_major, __half>
       <<<1, 32>>>(misaligned, b.data, c.data);
   EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
 }
@@ -519,13 +541,18 @@ TEST(Emulator, LdmatrixOnAMisalignedRowIsAFault) {
   EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
 }
 
-// One warp: D[16, 8] = A[16, 16] @ B[16, 8] + C from row-major A, B and C in global memory, each
-// lane packing the elements the PTX layout gives it (mma.cuh); with `swap` lanes hand over a[1]
-// and a[2] in each other's places, the mistake of a kernel that misreads the layout.
-__global__ void mma_kernel(const __half* a, const __half* b, const float* c, float* d, bool swap) {
+// One warp: D[16, 8] = A[16, 16] @ B[16, 8] + C from row-major A, B (T: f16 or bf16) and C in
+// global memory, each lane packing the elements the PTX layout gives it (mma.cuh); with `swap`
+// lanes hand over a[1] and a[2] in each other's places, the mistake of a kernel that misreads the
+// layout.
+template <class T>
+__global__ void mma_kernel(const T* a, const T* b, const float* c, float* d, bool swap) {
   const int lane = int(threadIdx.x), g = lane / 4, t = lane % 4;
-  const auto pack = [](__half lo, __half hi) {
-    return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
+  const auto pack = [](T lo, T hi) {
+    uint16_t lo_bits, hi_bits;
+    std::memcpy(&lo_bits, &lo, 2);
+    std::memcpy(&hi_bits, &hi, 2);
+    return uint32_t(lo_bits) | (uint32_t(hi_bits) << 16);
   };
   const auto a_pair = [&](int row, int k) { return pack(a[row * 16 + k], a[row * 16 + k + 1]); };
   const auto b_pair = [&](int k, int col) { return pack(b[k * 8 + col], b[(k + 1) * 8 + col]); };
@@ -535,23 +562,24 @@ __global__ void mma_kernel(const __half* a, const __half* b, const float* c, flo
   const uint32_t fb[2] = {b_pair(2 * t, g), b_pair(2 * t + 8, g)};
   float acc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
                   c[(g + 8) * 8 + 2 * t + 1]};
-  minamp::gpu::mma_m16n8k16(acc, fa, fb);
+  minamp::gpu::mma_m16n8k16<T>(acc, fa, fb);
   d[g * 8 + 2 * t] = acc[0], d[g * 8 + 2 * t + 1] = acc[1];
   d[(g + 8) * 8 + 2 * t] = acc[2], d[(g + 8) * 8 + 2 * t + 1] = acc[3];
 }
 
-TEST(Emulator, MmaSyncFollowsThePtxFragmentLayout) {
-  std::vector<__half> a(256), b(128);
+// `a_scale` moves A's values by a power of two (exact in the format while in its range).
+template <class T> void check_mma_layout(float a_scale) {
+  std::vector<T> a(256), b(128);
   std::vector<float> c(128);
   // Small integers: every product and sum is exact, so D is exactly A @ B + C.
-  for (int i = 0; i < 256; ++i) a[size_t(i)] = __float2half_rn(float((i * 7) % 11 - 5));
-  for (int i = 0; i < 128; ++i) b[size_t(i)] = __float2half_rn(float((i * 5) % 9 - 4));
-  for (int i = 0; i < 128; ++i) c[size_t(i)] = float(i % 13);
-  DeviceBuffer<__half> da(256), db(128);
+  for (int i = 0; i < 256; ++i) a[size_t(i)] = to_element<T>(float((i * 7) % 11 - 5) * a_scale);
+  for (int i = 0; i < 128; ++i) b[size_t(i)] = to_element<T>(float((i * 5) % 9 - 4));
+  for (int i = 0; i < 128; ++i) c[size_t(i)] = float(i % 13) * a_scale;
+  DeviceBuffer<T> da(256), db(128);
   DeviceBuffer<float> dc(128), dd(128);
   da.upload(a), db.upload(b), dc.upload(c);
   for (bool swap : {false, true}) {
-    mma_kernel<<<1, 32>>>(da.data, db.data, dc.data, dd.data, swap);
+    mma_kernel<T><<<1, 32>>>(da.data, db.data, dc.data, dd.data, swap);
     ASSERT_EQ(cudaGetLastError(), cudaSuccess);
     const std::vector<float> d = dd.download();
     int wrong = 0;
@@ -559,7 +587,7 @@ TEST(Emulator, MmaSyncFollowsThePtxFragmentLayout) {
       for (int col = 0; col < 8; ++col) {
         float want = c[size_t(r * 8 + col)];
         for (int k = 0; k < 16; ++k)
-          want += __half2float(a[size_t(r * 16 + k)]) * __half2float(b[size_t(k * 8 + col)]);
+          want += element_float(a[size_t(r * 16 + k)]) * element_float(b[size_t(k * 8 + col)]);
         wrong += d[size_t(r * 8 + col)] != want;
       }
     if (swap)
@@ -567,6 +595,36 @@ TEST(Emulator, MmaSyncFollowsThePtxFragmentLayout) {
     else
       EXPECT_EQ(wrong, 0) << "elements of D differ from A @ B + C";
   }
+}
+
+TEST(Emulator, MmaSyncFollowsThePtxFragmentLayout) { check_mma_layout<__half>(1.0f); }
+
+// mma.sync.m16n8k16 with bf16 inputs decodes its registers as bf16: the same layout, and values
+// (2^90 x small integers) only bf16 can hold.
+TEST(Emulator, MmaSyncBf16FollowsThePtxFragmentLayout) {
+  check_mma_layout<__nv_bfloat16>(1.0f);
+  check_mma_layout<__nv_bfloat16>(0x1p90f);
+}
+
+// The tensor-core sum of bf16 products truncates as it does for f16: products of bf16 values are
+// exact (8 + 8 significant bits), and what falls below the largest term's 24-bit significand is
+// dropped, where an fp32 FMA chain would keep it.
+TEST(Emulator, MmaSyncBf16SumsTruncateLikeTensorCores) {
+  std::vector<__nv_bfloat16> a(256, to_element<__nv_bfloat16>(0.0f)), b(128);
+  std::vector<float> c(128, 1.0f);
+  // Row 0 of A: 1.5 * 2^-24 in the first 8 columns; B all ones. Each product is 3/4 of 1.0f's
+  // last bit (2^-23); their exact sum with C = 1 is 1 + 12 * 2^-24 = 1 + 3 * 2^-22, an fp32 value
+  // a tensor core does not reach: it drops each product's bits below 2^-23.
+  for (int k = 0; k < 8; ++k) a[size_t(k)] = to_element<__nv_bfloat16>(1.5f * 0x1p-24f);
+  for (auto& v : b) v = to_element<__nv_bfloat16>(1.0f);
+  DeviceBuffer<__nv_bfloat16> da(256), db(128);
+  DeviceBuffer<float> dc(128), dd(128);
+  da.upload(a), db.upload(b), dc.upload(c);
+  mma_kernel<__nv_bfloat16><<<1, 32>>>(da.data, db.data, dc.data, dd.data, false);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> d = dd.download();
+  for (int col = 0; col < 8; ++col) EXPECT_EQ(d[size_t(col)], 1.0f) << "column " << col;
+  EXPECT_EQ(d[8], 1.0f); // row 1: A is zero there, D = C
 }
 
 __global__ void write_kernel(int* out, int value) { out[threadIdx.x] = value; }

@@ -1,6 +1,7 @@
 // GPU conv2d (implicit GEMMs: forward, input gradient and weight gradient) against the CPU
 // reference: 1x1, 3x3 stride 1 and 2, 5x5, batch 1, Cin 1 and 3, odd spatial sizes, input pixels
-// no tap reads, gathers on the large tiles, weight gradients long enough to split K, f16 and f32.
+// no tap reads, gathers on the large tiles, weight gradients long enough to split K, f16, bf16 and
+// f32.
 // y and dx start as NaN poison; dw starts random because it accumulates.
 #include <string>
 #include <vector>
@@ -123,6 +124,23 @@ TEST(GpuConv, Backward) {
     for (DType dtype : {DType::f16, DType::f32}) check_backward(c, dtype, true, true, ++seed);
 }
 
+// bf16 convs on the tensor cores (v5, and v2 below): every case but the last, the widest.
+TEST(GpuConv, Bf16ForwardAndBackward) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 320;
+  for (GemmVersion version : {GemmVersion::automatic, GemmVersion::v2_wmma}) {
+    ScopedGemmVersion scope(version);
+    for (size_t i = 0; i + 1 < kCases.size(); ++i) {
+      check_forward(kCases[i], DType::bf16, DType::bf16, true, ++seed);
+      check_backward(kCases[i], DType::bf16, true, true, ++seed);
+    }
+  }
+  // bf16 x and w into an f32 y, and into an f16 y (through f32: gemm writes no other 16-bit
+  // format than its operands').
+  check_forward(kCases[2], DType::bf16, DType::f32, true, ++seed);
+  check_forward(kCases[2], DType::bf16, DType::f16, true, ++seed);
+}
+
 // The f16 convs run on the tensor-core GEMM the library picks (v4 on sm_80+); v2 is the one it
 // picks below sm_80, so its gathers are checked here too, on every case.
 TEST(GpuConv, ForwardAndBackwardOnGemmV2) {
@@ -213,7 +231,7 @@ TEST(GpuConv, RejectsBadArguments) {
                      "conv2d_forward", "expects y f32/f16 [1, 5, 5, 4]", "f16[1, 4, 5, 4]");
   const Tensor x_rank3 = test::random_tensor(rng, {5, 5, 3}, DType::f16, Device::cuda);
   test::expect_error([&] { kernels::conv2d_forward(x_rank3, w, y, c.params(), {}); },
-                     "conv2d_forward", "expects x f32/f16 [N, H, W, Cin]", "f16[5, 5, 3]");
+                     "conv2d_forward", "expects x f32/f16/bf16 [N, H, W, Cin]", "f16[5, 5, 3]");
   test::expect_error(
       [&] {
         kernels::conv2d_forward(x, w, y, ConvParams{0, 1}, {});

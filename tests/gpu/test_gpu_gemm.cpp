@@ -1,7 +1,8 @@
-// GPU GEMM (the tensor-core versions for f16, the SIMT kernel for f32) against the CPU reference:
-// every transpose combination, edge shapes (M, N, K not multiples of any tile), f16 and f32
-// outputs, the fused alpha/beta/bias/ReLU epilogue, both tile configurations and split K — with
-// the version the library picks, and then each version of the ladder (cuda/gemm_v*.cu) forced.
+// GPU GEMM (the tensor-core versions for f16 and bf16, the SIMT kernel for f32) against the CPU
+// reference: every transpose combination, edge shapes (M, N, K not multiples of any tile), 16-bit
+// and f32 outputs, the fused alpha/beta/bias/ReLU epilogue, both tile configurations and split
+// K — with the version the library picks, and then each version of the ladder (cuda/gemm_v*.cu)
+// forced, bf16 on the versions that take it (v2, v4, v5).
 // Outputs start as NaN poison; each C must match as a whole and row by row and column by column.
 #include <cmath>
 #include <string>
@@ -55,8 +56,11 @@ void expect_matches_cpu(const GemmCase& g, uint64_t seed) {
 struct DTypePair {
   DType ab, c;
 };
-const std::vector<DTypePair> kDTypePairs = {
-    {DType::f16, DType::f16}, {DType::f16, DType::f32}, {DType::f32, DType::f32}};
+const std::vector<DTypePair> kDTypePairs = {{DType::f16, DType::f16},
+                                            {DType::f16, DType::f32},
+                                            {DType::bf16, DType::bf16},
+                                            {DType::bf16, DType::f32},
+                                            {DType::f32, DType::f32}};
 
 TEST(GpuGemm, SquareShapes) {
   MINAMP_REQUIRE_GPU();
@@ -91,6 +95,31 @@ TEST(GpuGemm, EdgeShapesAllTransposesF16ToF16) {
 TEST(GpuGemm, EdgeShapesAllTransposesF16ToF32) {
   MINAMP_REQUIRE_GPU();
   check_edge_shapes({DType::f16, DType::f32}, 2000);
+}
+
+TEST(GpuGemm, EdgeShapesAllTransposesBf16ToBf16) {
+  MINAMP_REQUIRE_GPU();
+  check_edge_shapes({DType::bf16, DType::bf16}, 1500);
+}
+
+TEST(GpuGemm, EdgeShapesAllTransposesBf16ToF32) {
+  MINAMP_REQUIRE_GPU();
+  check_edge_shapes({DType::bf16, DType::f32}, 2500);
+}
+
+// f32 A and B may write any floating C (the SIMT kernel rounds its epilogue into f16 or bf16);
+// 16-bit A and B write f32 or their own dtype, never the other 16-bit format.
+TEST(GpuGemm, OutputDtypes) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 2800;
+  for (DType c : {DType::f16, DType::bf16})
+    expect_matches_cpu(GemmCase{33, 70, 45, false, true, DType::f32, c, 0.5f, -0.75f, true, true},
+                       ++seed);
+  Rng rng(2900);
+  const Tensor a = test::random_tensor(rng, {4, 8}, DType::bf16, Device::cuda);
+  Tensor c = Tensor::empty({4, 4}, DType::f16, Device::cuda);
+  test::expect_error([&] { kernels::gemm(a, false, a, true, c, GemmEpilogue{}); }, "gemm",
+                     "C must be f32 or the dtype of A and B (bf16), got f16[4, 4] on cuda");
 }
 
 TEST(GpuGemm, EdgeShapesAllTransposesF32ToF32) {
@@ -208,25 +237,35 @@ const GemmVersion kVersions[] = {GemmVersion::v1_naive, GemmVersion::v2_wmma,
                                  GemmVersion::v3_interior, GemmVersion::v4_mma,
                                  GemmVersion::v5_multistage};
 
-// Edge shapes, every transpose, both output dtypes, and the fused epilogue.
+// The versions that take bf16 operands besides f16 (gemm_plan.h's gemm_refusal).
+const GemmVersion kBf16Versions[] = {GemmVersion::v2_wmma, GemmVersion::v4_mma,
+                                     GemmVersion::v5_multistage};
+
+// Edge shapes, every transpose, both output dtypes, and the fused epilogue, for operands of `ab`.
+void check_version_edges_and_epilogues(GemmVersion version, DType ab) {
+  ScopedGemmVersion scope(version);
+  SCOPED_TRACE(cat(gemm_version_name(version), " ", ab));
+  uint64_t seed = 8000;
+  for (DType c : {ab, DType::f32})
+    for (int64_t m : {1, 17, 100})
+      for (int64_t k : {7, 40})
+        for (int64_t n : {17, 130})
+          for (bool trans_a : {false, true})
+            for (bool trans_b : {false, true})
+              expect_matches_cpu(GemmCase{m, n, k, trans_a, trans_b, ab, c}, ++seed);
+  for (DType c : {ab, DType::f32})
+    for (float beta : {0.0f, -0.75f})
+      expect_matches_cpu(GemmCase{33, 70, 45, false, true, ab, c, 0.5f, beta, true, true}, ++seed);
+}
+
 TEST(GpuGemmVersions, EdgeShapesAndEpilogues) {
   MINAMP_REQUIRE_GPU();
-  for (GemmVersion version : kVersions) {
-    ScopedGemmVersion scope(version);
-    SCOPED_TRACE(gemm_version_name(version));
-    uint64_t seed = 8000;
-    for (DType c : {DType::f16, DType::f32})
-      for (int64_t m : {1, 17, 100})
-        for (int64_t k : {7, 40})
-          for (int64_t n : {17, 130})
-            for (bool trans_a : {false, true})
-              for (bool trans_b : {false, true})
-                expect_matches_cpu(GemmCase{m, n, k, trans_a, trans_b, DType::f16, c}, ++seed);
-    for (DType c : {DType::f16, DType::f32})
-      for (float beta : {0.0f, -0.75f})
-        expect_matches_cpu(GemmCase{33, 70, 45, false, true, DType::f16, c, 0.5f, beta, true, true},
-                           ++seed);
-  }
+  for (GemmVersion version : kVersions) check_version_edges_and_epilogues(version, DType::f16);
+}
+
+TEST(GpuGemmVersions, Bf16EdgeShapesAndEpilogues) {
+  MINAMP_REQUIRE_GPU();
+  for (GemmVersion version : kBf16Versions) check_version_edges_and_epilogues(version, DType::bf16);
 }
 
 // Square shapes whose sizes are whole tiles: v1 loads every fragment straight from global memory,
@@ -241,6 +280,11 @@ TEST(GpuGemmVersions, WholeTiles) {
       for (bool trans : {false, true})
         expect_matches_cpu(GemmCase{size, size, size, trans, !trans, DType::f16, DType::f16},
                            ++seed);
+  }
+  for (GemmVersion version : kBf16Versions) {
+    ScopedGemmVersion scope(version);
+    SCOPED_TRACE(cat(gemm_version_name(version), " bf16"));
+    expect_matches_cpu(GemmCase{256, 256, 256, false, true, DType::bf16, DType::bf16}, 8600);
   }
 }
 
@@ -262,6 +306,17 @@ TEST(GpuGemmVersions, LargeTilesAndSplitK) {
           GemmCase{40, 72, 8013, trans, !trans, DType::f16, DType::f32, 0.5f, -1.0f, true, true},
           ++seed);
   }
+  for (GemmVersion version : kBf16Versions) {
+    ScopedGemmVersion scope(version);
+    SCOPED_TRACE(cat(gemm_version_name(version), " bf16"));
+    uint64_t seed = 9050;
+    expect_matches_cpu(
+        GemmCase{4099, 520, 72, false, true, DType::bf16, DType::bf16, 1.0f, 0.5f, true, true},
+        ++seed);
+    expect_matches_cpu(
+        GemmCase{40, 72, 8013, true, false, DType::bf16, DType::bf16, 0.5f, -1.0f, true, true},
+        ++seed);
+  }
   // v5's large tile is 128x256: 33 x 5 of them over C, ragged on both edges.
   ScopedGemmVersion v5(GemmVersion::v5_multistage);
   uint64_t seed = 9100;
@@ -269,6 +324,20 @@ TEST(GpuGemmVersions, LargeTilesAndSplitK) {
     expect_matches_cpu(
         GemmCase{4099, 1040, 72, trans, !trans, DType::f16, DType::f16, 1.0f, 0.5f, true, true},
         ++seed);
+}
+
+// v1 and v3 take f16 only: bf16 operands are refused, naming the version and those that take them.
+TEST(GpuGemmVersions, F16OnlyVersionsRefuseBf16) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(9400);
+  const Tensor a = test::random_tensor(rng, {16, 16}, DType::bf16, Device::cuda);
+  Tensor c = Tensor::empty({16, 16}, DType::bf16, Device::cuda);
+  for (GemmVersion version : {GemmVersion::v1_naive, GemmVersion::v3_interior}) {
+    ScopedGemmVersion scope(version);
+    test::expect_error([&] { kernels::gemm(a, false, a, false, c, GemmEpilogue{}); },
+                       cat("gemm ", gemm_version_name(version)),
+                       "takes f16 operands only, not bf16 (v2, v4, v5 and auto take bf16)");
+  }
 }
 
 // v1 and v3 take plain matrices only: a conv's gathered operand is refused, naming the version.

@@ -21,14 +21,14 @@ using test::random_tensor;
 using test::tolerance_for;
 
 const std::vector<int64_t> kSizes = {1, 17, 1000, 65539};
-const std::vector<DType> kFloating = {DType::f32, DType::f16};
+const std::vector<DType> kFloating = {DType::f32, DType::f16, DType::bf16};
 
 Tensor gpu(const Tensor& t) { return t.to(Device::cuda); }
 
 // The tolerance for an output of dtype `output` computed from inputs of dtypes `inputs`.
 double tolerance(std::initializer_list<DType> inputs, DType output) {
-  const bool f16_input = std::find(inputs.begin(), inputs.end(), DType::f16) != inputs.end();
-  return tolerance_for(f16_input ? DType::f16 : DType::f32, output);
+  const bool half_input = std::any_of(inputs.begin(), inputs.end(), is_half_precision);
+  return tolerance_for(half_input ? DType::f16 : DType::f32, output);
 }
 
 // Expects the GPU output to match the CPU reference within `tol` (NaN never passes).
@@ -48,24 +48,26 @@ void expect_equal(const Tensor& on_gpu, const Tensor& on_cpu, const std::string&
   }
 }
 
-// The spacing of f16 values at |v| (2^-24 among the subnormals).
-double f16_spacing(double v) {
-  const double magnitude = std::max(std::abs(v), std::ldexp(1.0, -14));
-  return std::ldexp(1.0, std::ilogb(magnitude) - 10);
+// The spacing of f16 or bf16 values at |v| (2^-24 or 2^-133 among the subnormals).
+double spacing(DType dtype, double v) {
+  const bool f16 = dtype == DType::f16;
+  const double magnitude = std::max(std::abs(v), std::ldexp(1.0, f16 ? -14 : -126));
+  return std::ldexp(1.0, std::ilogb(magnitude) - (f16 ? 10 : 7));
 }
 
-// For f16 outputs of the same fp32 math on both devices: each GPU value is the CPU's or one of
-// its f16 neighbours, and neighbours are rare (an fp32 result a few bits from a rounding tie,
+// For f16 or bf16 outputs of the same fp32 math on both devices: each GPU value is the CPU's or
+// one of its neighbours, and neighbours are rare (an fp32 result a few bits from a rounding tie,
 // e.g. through a fused multiply-add on one side). A GPU rounding other than to nearest even
 // would differ in about half of the elements.
 void expect_rounded_alike(const Tensor& on_gpu, const Tensor& on_cpu, const std::string& what) {
-  ASSERT_EQ(on_gpu.dtype(), DType::f16) << what;
+  ASSERT_TRUE(is_half_precision(on_gpu.dtype())) << what;
   const std::vector<float> g = on_gpu.to_vector(), c = on_cpu.to_vector();
   ASSERT_EQ(g.size(), c.size()) << what;
   size_t neighbours = 0;
   for (size_t i = 0; i < g.size(); ++i) {
     if (g[i] == c[i]) continue;
-    ASSERT_LE(std::abs(double(g[i]) - c[i]), f16_spacing(std::max(std::abs(g[i]), std::abs(c[i]))))
+    ASSERT_LE(std::abs(double(g[i]) - c[i]),
+              spacing(on_gpu.dtype(), std::max(std::abs(g[i]), std::abs(c[i]))))
         << what << ": element " << i << " is " << g[i] << " on gpu, " << c[i] << " on cpu";
     ++neighbours;
   }
@@ -82,7 +84,7 @@ std::string label(const char* op, int64_t n, DType a, DType b) {
 TEST(GpuElementwise, FillEveryDtype) {
   MINAMP_REQUIRE_GPU();
   for (int64_t n : kSizes)
-    for (DType dtype : {DType::f32, DType::f16, DType::i32}) {
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16, DType::i32}) {
       Tensor out = dtype == DType::i32 ? Tensor::full({n}, 7.0f, dtype, Device::cuda)
                                        : poisoned({n}, dtype, Device::cuda);
       kernels::fill(out, -3.75f);
@@ -114,7 +116,7 @@ TEST(GpuElementwise, CastRoundsLikeTheReference) {
   Rng rng(11);
   for (int64_t n : kSizes)
     for (DType from : kFloating)
-      for (DType to : {DType::f32, DType::f16, DType::i32}) {
+      for (DType to : {DType::f32, DType::f16, DType::bf16, DType::i32}) {
         // Past 65504 an f16 rounds to inf; i32 targets get finite values only.
         const float range = to == DType::i32 ? 1000.0f : 70000.0f;
         const Tensor src = random_tensor(rng, {n}, from, Device::cpu, -range, range);
@@ -148,7 +150,7 @@ TEST(GpuElementwise, AddInplaceMixedDtypes) {
         kernels::add_inplace(ref, src, -0.7f);
         expect_close(out, ref, tolerance({dst_type, src_type}, dst_type),
                      label("add_inplace", n, src_type, dst_type));
-        if (dst_type == DType::f16)
+        if (is_half_precision(dst_type))
           expect_rounded_alike(out, ref, label("add_inplace", n, src_type, dst_type));
       }
 }
@@ -167,7 +169,7 @@ TEST(GpuElementwise, MulScalarReadsTheScaleOnTheDeviceAndMayAlias) {
         kernels::mul_scalar(src, scale, ref);
         expect_close(out, ref, tolerance({src_type}, dst_type),
                      label("mul_scalar", n, src_type, dst_type));
-        if (dst_type == DType::f16)
+        if (is_half_precision(dst_type))
           expect_rounded_alike(out, ref, label("mul_scalar", n, src_type, dst_type));
       }
   const Tensor src = random_tensor(rng, {1000}, DType::f32);
@@ -220,11 +222,54 @@ TEST(GpuElementwise, MapsPastOnePassOfTheGrid) {
 TEST(GpuElementwise, SizesNotAMultipleOfFourUseTheScalarTail) {
   MINAMP_REQUIRE_GPU();
   Rng rng(15);
-  for (int64_t n : {2, 3, 5, 6, 7, 9}) {
-    const Tensor x = random_tensor(rng, {n}, DType::f16);
-    Tensor y = poisoned({n}, DType::f32, Device::cuda);
-    kernels::cast(gpu(x), y);
-    expect_equal(y, x.to(DType::f32), label("cast", n, DType::f16, DType::f32));
+  for (int64_t n : {2, 3, 5, 6, 7, 9})
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      const Tensor x = random_tensor(rng, {n}, dtype);
+      Tensor y = poisoned({n}, DType::f32, Device::cuda);
+      kernels::cast(gpu(x), y);
+      expect_equal(y, x.to(DType::f32), label("cast", n, dtype, DType::f32));
+    }
+}
+
+// The device's conversions are the host's, bit for bit: every f16 and bf16 bit pattern widens to
+// the same float (NaN to a NaN), and floats round to the same pattern — the ties between
+// neighbours of both formats, the overflow and subnormal edges, signed zeros, infinities, NaN.
+TEST(GpuElementwise, ConversionsMatchTheHostOnEveryBitPatternAndTie) {
+  MINAMP_REQUIRE_GPU();
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    Tensor patterns = Tensor::empty({65536}, dtype);
+    uint16_t* bits = static_cast<uint16_t*>(patterns.raw());
+    for (uint32_t b = 0; b < 65536; ++b) bits[b] = uint16_t(b);
+    Tensor wide = poisoned({65536}, DType::f32, Device::cuda);
+    kernels::cast(gpu(patterns), wide);
+    expect_equal(wide, patterns.to(DType::f32), cat("cast of every ", dtype, " pattern to f32"));
+
+    // Each pattern's value, the midpoints to its upper neighbour, and the floats next to those.
+    const std::vector<float> values = wide.to_vector();
+    std::vector<float> inputs;
+    for (uint32_t b = 0; b + 1 < 65536; ++b) {
+      const float lo = values[b], hi = values[b + 1];
+      if (!std::isfinite(lo) || !std::isfinite(hi) || std::signbit(lo) != std::signbit(hi))
+        continue;
+      const float tie = float((double(lo) + double(hi)) / 2); // exact in float for both formats
+      for (float x : {lo, tie, std::nextafter(tie, 0.0f), std::nextafter(tie, INFINITY)})
+        inputs.push_back(x);
+    }
+    const float edges[] = {0.0f,     -0.0f,   INFINITY, -INFINITY, std::nanf(""), 65504.0f,
+                           65520.0f, 3.4e38f, -3.4e38f, 1e-45f,    1e-40f};
+    inputs.insert(inputs.end(), std::begin(edges), std::end(edges));
+    const Tensor floats = Tensor::from_vector(inputs, {int64_t(inputs.size())});
+    Tensor narrow = poisoned({int64_t(inputs.size())}, dtype, Device::cuda);
+    kernels::cast(gpu(floats), narrow);
+    const Tensor narrow_host = narrow.to(Device::cpu), narrow_ref = floats.to(dtype);
+    const uint16_t* got = static_cast<const uint16_t*>(narrow_host.raw());
+    const uint16_t* want = static_cast<const uint16_t*>(narrow_ref.raw());
+    int64_t wrong = 0;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (got[i] != want[i] && !std::isnan(inputs[i]) && wrong++ < 5)
+        ADD_FAILURE() << dtype << ": " << inputs[i] << " rounds to 0x" << std::hex << got[i]
+                      << " on the GPU, 0x" << want[i] << " on the host" << std::dec;
+    EXPECT_EQ(wrong, 0) << dtype;
   }
 }
 
@@ -325,28 +370,33 @@ Tensor wide_range_values(Rng& rng, int64_t n, DType dtype) {
   return Tensor::from_vector(values, {n}, dtype);
 }
 
-TEST(GpuReduce, Fp16RangeCountsMatchExactly) {
+TEST(GpuReduce, RangeCountsMatchExactly) {
   MINAMP_REQUIRE_GPU();
   Rng rng(33);
-  for (int64_t n : {int64_t(1), int64_t(17), int64_t(1000), int64_t(300000)})
-    for (DType dtype : kFloating)
-      for (float scale : {1.0f, 1024.0f, 65536.0f}) {
-        const Tensor x = wide_range_values(rng, n, dtype);
-        const Tensor start = Tensor::from_vector({1, 2, 3, 4, 5}, {5});
-        Tensor counts = gpu(start);
-        kernels::fp16_range_counts(gpu(x), scale, counts);
-        Tensor counts_ref = start.clone();
-        kernels::fp16_range_counts(x, scale, counts_ref);
-        expect_equal(counts, counts_ref,
-                     cat("fp16_range_counts n=", n, " ", dtype, " scale ", scale));
-      }
-  // Exactly on the range edges (the CPU test pins what each counts as).
-  const Tensor edges = Tensor::from_vector(test::kFp16RangeEdgesAt1024, {6});
-  Tensor counts = gpu(Tensor::zeros({5}));
-  kernels::fp16_range_counts(gpu(edges), 1024.0f, counts);
-  Tensor counts_ref = Tensor::zeros({5});
-  kernels::fp16_range_counts(edges, 1024.0f, counts_ref);
-  expect_equal(counts, counts_ref, "fp16_range_counts on the f16 range edges");
+  for (DType format : {DType::f16, DType::bf16})
+    for (int64_t n : {int64_t(1), int64_t(17), int64_t(1000), int64_t(300000)})
+      for (DType dtype : kFloating)
+        for (float scale : {1.0f, 1024.0f, 65536.0f}) {
+          const Tensor x = wide_range_values(rng, n, dtype);
+          const Tensor start = Tensor::from_vector({1, 2, 3, 4, 5}, {5});
+          Tensor counts = gpu(start);
+          kernels::range_counts(gpu(x), scale, format, counts);
+          Tensor counts_ref = start.clone();
+          kernels::range_counts(x, scale, format, counts_ref);
+          expect_equal(counts, counts_ref,
+                       cat("range_counts in ", format, " n=", n, " ", dtype, " scale ", scale));
+        }
+  // Exactly on the range edges (the CPU tests pin what each counts as).
+  for (DType format : {DType::f16, DType::bf16}) {
+    const std::vector<float>& values =
+        format == DType::f16 ? test::kFp16RangeEdgesAt1024 : test::kBf16RangeEdgesAt1024;
+    const Tensor edges = Tensor::from_vector(values, {6});
+    Tensor counts = gpu(Tensor::zeros({5}));
+    kernels::range_counts(gpu(edges), 1024.0f, format, counts);
+    Tensor counts_ref = Tensor::zeros({5});
+    kernels::range_counts(edges, 1024.0f, format, counts_ref);
+    expect_equal(counts, counts_ref, cat("range_counts on the ", format, " range edges"));
+  }
 }
 
 // ---- Losses.

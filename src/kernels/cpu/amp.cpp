@@ -42,8 +42,10 @@ void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found
   }
 }
 
-void fp16_range_counts(const Tensor& x, float scale, Tensor& counts) {
-  require_fp16_range_counts(x, counts);
+void range_counts(const Tensor& x, float scale, DType format, Tensor& counts) {
+  require_range_counts(x, format, counts);
+  const bool f16 = format == DType::f16;
+  const float min_normal = f16 ? kHalfMinNormal : kBfloat16MinNormal;
   const FloatInput values(x);
   double flushed = 0, subnormal = 0, overflowed = 0, nonzero = 0, nonfinite = 0;
   for (int64_t i = 0; i < values.size(); ++i) {
@@ -54,12 +56,12 @@ void fp16_range_counts(const Tensor& x, float scale, Tensor& counts) {
     }
     if (v == 0.0f) continue;
     ++nonzero;
-    const float s = round_to_half(v * scale);
+    const float s = f16 ? round_to_half(v * scale) : round_to_bfloat16(v * scale);
     if (s == 0.0f)
       ++flushed;
     else if (std::isinf(s))
       ++overflowed;
-    else if (std::fabs(s) < kHalfMinNormal)
+    else if (std::fabs(s) < min_normal)
       ++subnormal;
   }
   float* out = counts.data<float>();

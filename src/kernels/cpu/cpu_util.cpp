@@ -1,8 +1,18 @@
-// Float views of f32 / f16 tensors and the shared GEMM epilogue of the CPU reference kernels (see
-// cpu_util.h).
+// Float views of f32 / f16 / bf16 tensors and the shared GEMM epilogue of the CPU reference kernels
+// (see cpu_util.h).
 #include "kernels/cpu/cpu_util.h"
 
 namespace minamp::cpu {
+
+namespace {
+// The values of an f16 or bf16 tensor, widened (exactly) into `dst`.
+void widen(const Tensor& tensor, float* dst) {
+  if (tensor.dtype() == DType::f16)
+    half_to_float(tensor.data<half>(), dst, tensor.numel());
+  else
+    bfloat16_to_float(tensor.data<bfloat16>(), dst, tensor.numel());
+}
+} // namespace
 
 FloatInput::FloatInput(const Tensor& tensor) : size_(tensor.numel()) {
   if (tensor.dtype() == DType::f32) {
@@ -10,7 +20,7 @@ FloatInput::FloatInput(const Tensor& tensor) : size_(tensor.numel()) {
     return;
   }
   widened_.reset(new float[static_cast<size_t>(size_)]);
-  half_to_float(tensor.data<half>(), widened_.get(), size_);
+  widen(tensor, widened_.get());
   data_ = widened_.get();
 }
 
@@ -20,13 +30,19 @@ FloatOutput::FloatOutput(Tensor& tensor, bool keep_old) : tensor_(tensor), size_
     return;
   }
   buffer_.reset(new float[static_cast<size_t>(size_)]);
-  if (keep_old) half_to_float(tensor.data<half>(), buffer_.get(), size_);
+  if (keep_old) widen(tensor, buffer_.get());
   data_ = buffer_.get();
 }
 
 void FloatOutput::store() {
-  if (tensor_.dtype() != DType::f16) return;
-  float_to_half(buffer_.get(), tensor_.data<half>(), size_);
+  if (tensor_.dtype() != DType::f32) narrow(buffer_.get(), tensor_);
+}
+
+void narrow(const float* src, Tensor& dst) {
+  if (dst.dtype() == DType::f16)
+    float_to_half(src, dst.data<half>(), dst.numel());
+  else
+    float_to_bfloat16(src, dst.data<bfloat16>(), dst.numel());
 }
 
 void apply_bias_relu(MatrixMap c, const GemmEpilogue& epilogue) {

@@ -1,10 +1,11 @@
-// Helpers shared by the CPU reference kernels (namespace minamp::cpu): float views of f32 / f16
-// tensors, Eigen row-major maps, ReLU and the shared GEMM bias/ReLU epilogue (the argument checks
-// are in kernels/checks.h).
+// Helpers shared by the CPU reference kernels (namespace minamp::cpu): float views of f32 / f16 /
+// bf16 tensors, Eigen row-major maps, ReLU and the shared GEMM bias/ReLU epilogue (the argument
+// checks are in kernels/checks.h).
 //
-// The CPU backend emulates f16 faithfully: an f16 input is widened to float (exact), the math is
-// fp32, and an f16 output is rounded to nearest even. Reductions accumulate in double here, so the
-// reference is at least as accurate as any fp32 accumulation order a GPU kernel may choose.
+// The CPU backend emulates f16 and bf16 faithfully: a 16-bit input is widened to float (exact),
+// the math is fp32, and a 16-bit output is rounded to nearest even. Reductions accumulate in double
+// here, so the reference is at least as accurate as any fp32 accumulation order a GPU kernel may
+// choose.
 #pragma once
 
 #include <Eigen/Core>
@@ -22,8 +23,8 @@ using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 using MatrixMap = Eigen::Map<RowMatrix>;
 using ConstMatrixMap = Eigen::Map<const RowMatrix>;
 
-// The values of a floating tensor as floats: f32 storage is read in place, f16 storage is widened
-// (exactly) into a private buffer.
+// The values of a floating tensor as floats: f32 storage is read in place, f16 and bf16 storage is
+// widened (exactly) into a private buffer.
 class FloatInput {
 public:
   explicit FloatInput(const Tensor& tensor);
@@ -35,15 +36,15 @@ public:
   ConstMatrixMap matrix(int64_t rows, int64_t cols) const { return {data_, rows, cols}; }
 
 private:
-  std::unique_ptr<float[]> widened_; // f16 input only; not zeroed first (no wasted memset)
+  std::unique_ptr<float[]> widened_; // 16-bit input only; not zeroed first (no wasted memset)
   const float* data_ = nullptr;
   int64_t size_ = 0;
 };
 
-// A float view of an output tensor. f32 outputs are written in place; f16 outputs are computed in
-// a float buffer that store() rounds to nearest even into the tensor, so a kernel must call
-// store() once it is done. With keep_old the buffer starts from the tensor's values (outputs that
-// accumulate or are read as beta * C); otherwise its contents are unspecified.
+// A float view of an output tensor. f32 outputs are written in place; f16 and bf16 outputs are
+// computed in a float buffer that store() rounds to nearest even into the tensor, so a kernel must
+// call store() once it is done. With keep_old the buffer starts from the tensor's values (outputs
+// that accumulate or are read as beta * C); otherwise its contents are unspecified.
 class FloatOutput {
 public:
   FloatOutput(Tensor& tensor, bool keep_old);
@@ -52,15 +53,18 @@ public:
   int64_t size() const { return size_; }
   float& operator[](int64_t i) { return data_[i]; }
   MatrixMap matrix(int64_t rows, int64_t cols) { return {data_, rows, cols}; }
-  // Writes the buffer into an f16 tensor (nothing to do for f32).
+  // Writes the buffer into an f16 or bf16 tensor (nothing to do for f32).
   void store();
 
 private:
   Tensor tensor_;
-  std::unique_ptr<float[]> buffer_; // f16 output only; not zeroed first
+  std::unique_ptr<float[]> buffer_; // 16-bit output only; not zeroed first
   float* data_ = nullptr;
   int64_t size_ = 0;
 };
+
+// dst (f16 or bf16) = src[0 .. numel) rounded to nearest even.
+void narrow(const float* src, Tensor& dst);
 
 // max(v, 0), with NaN passed through (as PyTorch's relu), so an overflow is never hidden.
 inline float relu(float v) { return v < 0.0f ? 0.0f : v; }

@@ -1,5 +1,6 @@
 // CPU reference of the elementwise kernels: fill, cast, add_inplace, mul_scalar and ReLU.
-// Every tensor is a flat array here; f16 values are widened to float and results rounded back.
+// Every tensor is a flat array here; f16 and bf16 values are widened to float and results rounded
+// back.
 #include <algorithm>
 #include <cstring>
 
@@ -13,6 +14,7 @@ void fill(Tensor& dst, float value) {
   switch (dst.dtype()) {
   case DType::f32: std::fill_n(dst.data<float>(), n, value); break;
   case DType::f16: std::fill_n(dst.data<half>(), n, half(value)); break;
+  case DType::bf16: std::fill_n(dst.data<bfloat16>(), n, bfloat16(value)); break;
   case DType::i32: std::fill_n(dst.data<int32_t>(), n, static_cast<int32_t>(value)); break;
   }
 }
@@ -42,7 +44,7 @@ void cast(const Tensor& src, Tensor& dst) {
     }
     return;
   }
-  FloatOutput out(dst, false); // f32 <-> f16: store() rounds to nearest even
+  FloatOutput out(dst, false); // into f16 or bf16: store() rounds to nearest even
   std::copy_n(in.data(), n, out.data());
   out.store();
 }

@@ -15,14 +15,11 @@ bool step_overflowed(const Tensor& found_inf) {
   return found_inf.defined() && found_inf.data<float>()[0] != 0.0f;
 }
 
-// The mixed-precision step's last move: the f16 working copy that the next forward reads under
-// autocast is rewritten from the updated fp32 master (when the parameter has one), rounded to
-// nearest even.
+// The mixed-precision step's last move: the f16 or bf16 working copy that the next forward reads
+// under autocast is rewritten from the updated fp32 master (when the parameter has one), rounded
+// to nearest even.
 void refresh_half_copy(const ParamSlot& slot) {
-  if (!slot.half || !slot.half->defined()) return;
-  const float* w = slot.master->data<float>();
-  half* copy = slot.half->data<half>();
-  for (int64_t i = 0; i < slot.master->numel(); ++i) copy[i] = half(w[i]);
+  if (slot.half && slot.half->defined()) narrow(slot.master->data<float>(), *slot.half);
 }
 
 } // namespace
