@@ -1,4 +1,4 @@
-// Parameter: master, gradient and f16 working copy.
+// Parameter: master, gradient and 16-bit working copy.
 #include "nn/parameter.h"
 
 #include "core/error.h"
@@ -14,8 +14,12 @@ Parameter::Parameter(Tensor master) : master_(std::move(master)) {
 
 const Tensor& Parameter::working_copy(DType dtype) {
   if (dtype == DType::f32) return master_;
-  require(dtype == DType::f16, "Parameter::working_copy", "expected f32 or f16, got ", dtype);
-  if (!half_.defined()) sync_half_copy();
+  require(is_half_precision(dtype), "Parameter::working_copy", "expected f32, f16 or bf16, got ",
+          dtype);
+  if (!half_.defined() || half_.dtype() != dtype) {
+    half_ = Tensor::empty(master_.shape(), dtype, master_.device());
+    sync_half_copy();
+  }
   return half_;
 }
 

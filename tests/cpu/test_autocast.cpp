@@ -1,6 +1,7 @@
-// Autocast on the CPU: the policy table's output dtypes, fp32 ops on unrounded inputs, nested
-// scopes, the f16 product of the f16 weight copy with fp32 accumulation, f16 saved activations;
-// and why reductions accumulate in fp32.
+// Autocast on the CPU: the policy table's output dtypes (f16 and bf16 scopes), fp32 ops on
+// unrounded inputs, nested scopes, the 16-bit product of the 16-bit weight copy with fp32
+// accumulation, 16-bit saved activations; and why reductions accumulate in fp32 and why weights
+// keep an fp32 master.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -66,29 +67,65 @@ TEST(Autocast, ScopesNestAndRestore) {
   EXPECT_TRUE(amp::autocast_enabled());
 }
 
-TEST(Autocast, LinearIsTheF16ProductOfTheF16CopyWithFp32Accumulation) {
+// torch.autocast(dtype=torch.bfloat16): the same table, bf16 where f16 was; an inner scope's
+// dtype ends with it.
+TEST(Autocast, Bf16ScopeComputesInBf16) {
+  Rng rng(7);
+  nn::Linear linear(4, 3, rng);
+  nn::Conv2d conv(2, 3, 3, rng, 1, 1);
+  nn::BatchNorm bn(3);
+  Rng data(8);
+  const Var x(test::random_tensor(data, {5, 4}));
+  const Var image(test::random_tensor(data, {1, 4, 4, 2}));
+  amp::Autocast autocast(true, DType::bf16);
+  EXPECT_EQ(linear(x).dtype(), DType::bf16);
+  EXPECT_EQ(bn(conv(image)).dtype(), DType::bf16);
+  EXPECT_EQ(ops::relu(linear(x)).dtype(), DType::bf16);
+  EXPECT_EQ(ops::mse_loss(linear(x), Tensor::zeros({5, 3})).dtype(), DType::f32);
+  EXPECT_EQ(linear.weight.half_copy().dtype(), DType::bf16);
+  {
+    amp::Autocast inner(true, DType::f16);
+    EXPECT_EQ(linear(x).dtype(), DType::f16);
+    EXPECT_EQ(linear.weight.half_copy().dtype(), DType::f16); // the copy follows the scope
+  }
+  EXPECT_EQ(linear(x).dtype(), DType::bf16);
+  test::expect_error([] { amp::Autocast bad(true, DType::f32); }, "Autocast",
+                     "dtype must be f16 or bf16, got f32");
+}
+
+// Under autocast a Linear multiplies the 16-bit copies of x and W (rounded to nearest even) with
+// fp32 accumulation and rounds the result once: y = round(sum round(x) round(w)).
+void expect_16bit_product_of_16bit_copies(DType dtype, float (*round)(float), double relative) {
   Rng rng(3);
   nn::Linear layer(40, 5, rng, /*bias=*/false);
   Rng data(4);
   const Tensor x = test::random_tensor(data, {3, 40});
-  amp::Autocast autocast;
+  amp::Autocast autocast(true, dtype);
   const std::vector<float> y = layer(Var(x)).value().to_vector();
   const std::vector<float> w = layer.weight.master().to_vector(), xv = x.to_vector();
   for (int r = 0; r < 3; ++r) {
     for (int o = 0; o < 5; ++o) {
       double sum = 0;
-      for (int k = 0; k < 40; ++k)
-        sum += double(round_to_half(xv[r * 40 + k])) * round_to_half(w[o * 40 + k]);
+      for (int k = 0; k < 40; ++k) sum += double(round(xv[r * 40 + k])) * round(w[o * 40 + k]);
       // fp32 accumulation may differ from the double sum in the last float bits before rounding.
-      EXPECT_NEAR(y[r * 5 + o], round_to_half(float(sum)), std::abs(sum) * 1e-3 + 1e-6);
-      EXPECT_EQ(y[r * 5 + o], round_to_half(y[r * 5 + o])); // an f16 value
+      EXPECT_NEAR(y[r * 5 + o], round(float(sum)), std::abs(sum) * relative + 1e-6);
+      EXPECT_EQ(y[r * 5 + o], round(y[r * 5 + o])) << "a value of " << dtype;
     }
   }
   // The copy, not the master, is multiplied: a copy of twice the master doubles the output.
   Tensor& copy = layer.weight.half_copy();
-  kernels::mul_scalar(copy, Tensor::full({1}, 2.0f), copy); // exact in f16
+  ASSERT_EQ(copy.dtype(), dtype);
+  kernels::mul_scalar(copy, Tensor::full({1}, 2.0f), copy); // exact in f16 and bf16
   const std::vector<float> doubled = layer(Var(x)).value().to_vector();
   for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(doubled[i], 2.0f * y[i]) << i;
+}
+
+TEST(Autocast, LinearIsTheF16ProductOfTheF16CopyWithFp32Accumulation) {
+  expect_16bit_product_of_16bit_copies(DType::f16, round_to_half, 1e-3);
+}
+
+TEST(Autocast, LinearIsTheBf16ProductOfTheBf16CopyWithFp32Accumulation) {
+  expect_16bit_product_of_16bit_copies(DType::bf16, round_to_bfloat16, 8e-3);
 }
 
 TEST(Autocast, SavedActivationsAreHalfTheMemory) {
@@ -126,6 +163,22 @@ TEST(WhyFp32, F16RunningSumStallsAt2048WhileFp32AccumulationIsExact) {
   Tensor out = Tensor::empty({1, 1}, DType::f32);
   kernels::gemm(ones, false, ones, true, out, GemmEpilogue{});
   EXPECT_EQ(out.item(), 4096.0f);
+}
+
+// Why weights keep an fp32 master, and more so in bf16: an update smaller than half the spacing
+// of 16-bit values at the weight rounds away. Just below w = 1, bf16's spacing is 2^-8 (f16's
+// 2^-11): a thousand steps of -2^-10 leave a bf16 weight at 1, while the fp32 master (what
+// minamp's optimizers update) takes every one of them.
+TEST(WhyFp32, Bf16WeightUpdatesBelowHalfAnUlpVanishWithoutAnFp32Master) {
+  float bf16_weight = 1.0f, f16_weight = 1.0f, master = 1.0f;
+  for (int i = 0; i < 1000; ++i) {
+    bf16_weight = round_to_bfloat16(bf16_weight - 0x1p-10f);
+    f16_weight = round_to_half(f16_weight - 0x1p-10f);
+    master -= 0x1p-10f;
+  }
+  EXPECT_EQ(bf16_weight, 1.0f);  // 2^-10 < 2^-8, half of bf16's spacing below 1: every step lost
+  EXPECT_EQ(master, 0.0234375f); // 1 - 1000 * 2^-10, exact in fp32
+  EXPECT_EQ(f16_weight, master); // f16's spacing below 1 is 2^-11: here every step lands
 }
 
 } // namespace

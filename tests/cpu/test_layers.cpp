@@ -106,12 +106,17 @@ TEST(Layers, LinearShapeMismatchNamesTheExpectation) {
       "Linear", "expected input [rows, 8] for weight [16, 8], got f32[4, 7]");
 }
 
-TEST(Layers, AParameterHasOnlyF32AndF16WorkingCopies) {
-  Parameter p(Tensor::full({3}, 1.5f));
+TEST(Layers, AParameterHasOnlyF32F16AndBf16WorkingCopies) {
+  Parameter p(Tensor::full({3}, 1.5f + 0x1p-9f)); // 1.5 + 2^-9: an f16 value, not a bf16 one
   EXPECT_EQ(p.working_copy(DType::f16).dtype(), DType::f16);
-  EXPECT_EQ(p.working_copy(DType::f16).to_vector(), std::vector<float>(3, 1.5f));
+  EXPECT_EQ(p.working_copy(DType::f16).to_vector(), std::vector<float>(3, 1.5f + 0x1p-9f));
+  // The other 16-bit format replaces the copy, rounded from the master (1.5 + 2^-9 -> 1.5).
+  EXPECT_EQ(p.working_copy(DType::bf16).dtype(), DType::bf16);
+  EXPECT_EQ(p.working_copy(DType::bf16).to_vector(), std::vector<float>(3, 1.5f));
+  EXPECT_EQ(p.half_copy().dtype(), DType::bf16);
+  EXPECT_EQ(&p.working_copy(DType::f32), &p.master());
   expect_error([&] { p.working_copy(DType::i32); }, "Parameter::working_copy",
-               "expected f32 or f16, got i32");
+               "expected f32, f16 or bf16, got i32");
 }
 
 TEST(Layers, Conv2dWrongRankNamesTheExpectation) {

@@ -1,6 +1,6 @@
 // GPU tests of the loss scaler and the optimizers: the multi-tensor unscale, the scale update,
 // SGD and Adam against the CPU reference, and the skip path (an inf gradient leaves every master,
-// moment, f16 copy and step counter untouched and halves the scale), all without host reads
+// moment, 16-bit copy and step counter untouched and halves the scale), all without host reads
 // between the kernels.
 #include <gtest/gtest.h>
 
@@ -208,24 +208,26 @@ TEST(GpuAmp, UpdateScaleBacksOffBelowOne) {
 
 // ---- Optimizers.
 
-// One parameter on both devices: master, gradient, optional f16 copy, the optimizers' states.
+// One parameter on both devices: master, gradient, optional f16 or bf16 copy (`copy` f32: none),
+// the optimizers' states.
 struct ParamPair {
   Tensor master, grad, half, momentum_buffer, exp_avg, exp_avg_sq;             // cpu
   Tensor g_master, g_grad, g_half, g_momentum_buffer, g_exp_avg, g_exp_avg_sq; // cuda
 
-  ParamPair(Rng& rng, int64_t n, bool with_half) {
+  ParamPair(Rng& rng, int64_t n, DType copy) {
+    const bool with_half = copy != DType::f32;
     master = random_tensor(rng, {n});
     grad = random_tensor(rng, {n});
     momentum_buffer = Tensor::zeros({n});
     exp_avg = Tensor::zeros({n});
     exp_avg_sq = Tensor::zeros({n});
-    if (with_half) half = master.to(DType::f16);
+    if (with_half) half = master.to(copy);
     g_master = gpu(master);
     g_grad = gpu(grad);
     g_momentum_buffer = gpu(momentum_buffer);
     g_exp_avg = gpu(exp_avg);
     g_exp_avg_sq = gpu(exp_avg_sq);
-    if (with_half) g_half = test::poisoned({n}, DType::f16, Device::cuda);
+    if (with_half) g_half = test::poisoned({n}, copy, Device::cuda);
   }
   ParamSlot cpu_slot() { return {&master, &grad, &half, &momentum_buffer, &exp_avg, &exp_avg_sq}; }
   ParamSlot gpu_slot() {
@@ -239,12 +241,14 @@ struct ParamPair {
 };
 
 // kParamSizes, then 90 small parameters of a chunk each: 100 chunks in all, more than one launch's
-// list of 80 (cuda/optim.cu), so a list carried badly into the next launch shows.
+// list of 80 (cuda/optim.cu), so a list carried badly into the next launch shows. The working
+// copies take turns: f16, bf16, none.
 std::vector<ParamPair> make_params(Rng& rng) {
+  const DType copies[] = {DType::f16, DType::bf16, DType::f32};
   std::vector<ParamPair> params;
   for (size_t i = 0; i < kParamSizes.size(); ++i)
-    params.emplace_back(rng, kParamSizes[i], /*with_half=*/i % 2 == 0);
-  for (int i = 0; i < 90; ++i) params.emplace_back(rng, 5 + i % 3, /*with_half=*/i % 2 == 0);
+    params.emplace_back(rng, kParamSizes[i], copies[i % 3]);
+  for (int i = 0; i < 90; ++i) params.emplace_back(rng, 5 + i % 3, copies[(i + 1) % 3]);
   return params;
 }
 
@@ -259,9 +263,9 @@ void expect_params_match(std::vector<ParamPair>& params, bool with_states,
       expect_close(p.g_exp_avg, p.exp_avg, tol, name + " exp_avg");
       expect_close(p.g_exp_avg_sq, p.exp_avg_sq, tol, name + " exp_avg_sq");
     }
-    // The f16 copy is the GPU's own master rounded to nearest even, bit for bit.
+    // The 16-bit copy is the GPU's own master rounded to nearest even, bit for bit.
     if (p.half.defined())
-      expect_equal(p.g_half, p.g_master.to(Device::cpu).to(DType::f16), name + " half");
+      expect_equal(p.g_half, p.g_master.to(Device::cpu).to(p.half.dtype()), name + " half");
   }
 }
 
@@ -303,6 +307,27 @@ TEST(GpuOptim, TheF16CopyOfAMasterOutOfRangeIsInfOrNaN) {
   EXPECT_EQ(half.to_vector()[0], INFINITY);
   EXPECT_EQ(half.to_vector()[2], 65504.0f);
   EXPECT_TRUE(std::isnan(half.to_vector()[4]));
+}
+
+// A bf16 copy holds what overflows f16 (70000, 1e38); past bf16's own top it is inf too.
+TEST(GpuOptim, TheBf16CopyKeepsFloatsRangeAndRoundsPastItToInf) {
+  MINAMP_REQUIRE_GPU();
+  const std::vector<float> values = {70000.0f, -1e38f, 3.4e38f, NAN, 1.0f + 0x1p-8f};
+  const Shape shape{int64_t(values.size())};
+  Tensor master = Tensor::from_vector(values, shape), grad = Tensor::zeros(shape);
+  Tensor copy = Tensor::empty(shape, DType::bf16);
+  Tensor g_master = gpu(master), g_grad = gpu(grad);
+  Tensor g_copy = test::poisoned(shape, DType::bf16, Device::cuda);
+  const SgdParams sgd{0.1f, 0.0f, 0.0f};
+  kernels::sgd_step({{&g_master, &g_grad, &g_copy}}, sgd, Tensor());
+  kernels::sgd_step({{&master, &grad, &copy}}, sgd, Tensor());
+  expect_equal(g_copy, copy, "bf16 copies");
+  const std::vector<float> got = copy.to_vector();
+  EXPECT_EQ(got[0], 70144.0f); // 70000 to bf16's 8 significant bits
+  EXPECT_EQ(got[1], round_to_bfloat16(-1e38f));
+  EXPECT_EQ(got[2], INFINITY);
+  EXPECT_TRUE(std::isnan(got[3]));
+  EXPECT_EQ(got[4], 1.0f); // a tie between 1 and 1 + 2^-7: to even
 }
 
 TEST(GpuOptim, SgdWithUndefinedFoundInfAlwaysSteps) {

@@ -1,8 +1,9 @@
 // Whole training steps on the GPU against the CPU reference: the mlp, sine and a small
 // classifier (3x3 convs, one strided, global average pooling, cross-entropy), trained a few
-// steps from the same init and data on both devices, in FP32 and AMP, with SGD and Adam, end
-// with the same losses and parameter updates, within tolerances that allow for a different
-// summation order and, in AMP, for f16 roundings that land on the other side of a tie; the
+// steps from the same init and data on both devices, in FP32, AMP-f16 and AMP-bf16, with SGD and
+// Adam, end with the same losses and parameter updates, within tolerances that allow for a
+// different summation order and, in AMP, for 16-bit roundings that land on the other side of a
+// tie; the
 // scaler's skip path through a real model on the GPU; the same steps replayed from a CUDA graph
 // (which no host read survives), bit for bit; and steady steps without a cudaMalloc call.
 #include <gtest/gtest.h>
@@ -50,14 +51,21 @@ std::unique_ptr<optim::Optimizer> make_optimizer(Optimizer kind, nn::Module& mod
   return std::make_unique<optim::SGD>(model.parameters(), 1e-2f, 0.9f);
 }
 
-// A fresh model trained on `device` on (x, y): cross-entropy when y holds i32 class indices,
-// MSE otherwise. step() is the examples' loop body: no host read, so it can be captured.
+// How a run computes: FP32 (f32), or AMP with autocast to f16 (and loss scaling) or to bf16
+// (without, as the examples default to).
+const char* precision_name(DType precision) {
+  return precision == DType::f32 ? "FP32" : precision == DType::f16 ? "AMP-f16" : "AMP-bf16";
+}
+
+// A fresh model trained on `device` on (x, y) in `precision`: cross-entropy when y holds i32
+// class indices, MSE otherwise. step() is the examples' loop body: no host read, so it can be
+// captured.
 class TrainingRun {
 public:
-  TrainingRun(Device device, bool amp, const ModelFactory& make_model, const Tensor& x,
+  TrainingRun(Device device, DType precision, const ModelFactory& make_model, const Tensor& x,
               const Tensor& y, Optimizer kind)
-      : amp_(amp), model_(make_model()), x_(x.to(device)), y_(y.to(device)),
-        scaler_(scaler_options(amp), device) {
+      : precision_(precision), model_(make_model()), x_(x.to(device)), y_(y.to(device)),
+        scaler_(scaler_options(precision), device) {
     trained_.initial = values_of(*model_);
     model_->to(device);
     optimizer_ = make_optimizer(kind, *model_);
@@ -67,7 +75,8 @@ public:
     optimizer_->zero_grad();
     Var loss;
     {
-      amp::Autocast autocast(amp_);
+      amp::Autocast autocast(precision_ != DType::f32,
+                             precision_ == DType::f32 ? DType::f16 : precision_);
       const Var out = (*model_)(Var(x_));
       loss = y_.dtype() == DType::i32 ? ops::cross_entropy(out, y_) : ops::mse_loss(out, y_);
     }
@@ -86,13 +95,13 @@ public:
   }
 
 private:
-  static amp::GradScalerOptions scaler_options(bool amp) {
+  static amp::GradScalerOptions scaler_options(DType precision) {
     amp::GradScalerOptions options;
-    options.enabled = amp;
+    options.enabled = precision == DType::f16;
     return options;
   }
 
-  bool amp_;
+  DType precision_;
   std::unique_ptr<nn::Sequential> model_;
   Tensor x_, y_, loss_;
   amp::GradScaler scaler_;
@@ -101,9 +110,9 @@ private:
 };
 
 // Trains `steps` eager steps of a fresh model on `device` on (x, y).
-Trained train_on(Device device, bool amp, const ModelFactory& make_model, const Tensor& x,
+Trained train_on(Device device, DType precision, const ModelFactory& make_model, const Tensor& x,
                  const Tensor& y, int steps, Optimizer kind = Optimizer::adam) {
-  TrainingRun run(device, amp, make_model, x, y, kind);
+  TrainingRun run(device, precision, make_model, x, y, kind);
   for (int step = 0; step < steps; ++step) {
     run.step();
     run.record_loss();
@@ -211,23 +220,37 @@ std::pair<Tensor, Tensor> classifier_batch() {
 // room for two flips while an update skipped or of the wrong sign is off by 1 or more.
 // Losses: a mean over the batch, where single rounding flips average out, and a flipped Adam
 // element moves where the gradient is near zero, so the loss barely: 2e-3 relative in AMP.
+// bf16 has 3 significant bits fewer than f16: a rounding that lands on the other side of a tie
+// moves a value 8 times as far, so its loss and SGD tolerances are 8 times f16's (Adam's bound
+// is set by sign flips, which do not grow with the format's spacing).
 constexpr Tolerances kFp32Tolerances{1e-4, 1e-4};
 constexpr Tolerances kAmpSgdTolerances{2e-3, 1e-2};
 constexpr Tolerances kAmpAdamTolerances{2e-3, 0.25};
+constexpr Tolerances kBf16SgdTolerances{1.6e-2, 8e-2};
+constexpr Tolerances kBf16AdamTolerances{1.6e-2, 0.25};
 constexpr Tolerances kBitForBit{0.0, 0.0};
 
-// Five steps on the GPU and on the CPU from the same init and data, in FP32 and in AMP, with
-// SGD (momentum) and with Adam, comparing the losses and the updates.
+constexpr DType kPrecisions[] = {DType::f32, DType::f16, DType::bf16};
+
+// Five steps on the GPU and on the CPU from the same init and data, in FP32, AMP-f16 and
+// AMP-bf16, with SGD (momentum) and with Adam, comparing the losses and the updates.
 void expect_parity_in_fp32_and_amp(const ModelFactory& make_model, const Tensor& x,
                                    const Tensor& y) {
-  for (bool amp : {false, true}) {
-    SCOPED_TRACE(amp ? "AMP" : "FP32");
-    expect_same_training(train_on(Device::cuda, amp, make_model, x, y, 5, Optimizer::sgd),
-                         train_on(Device::cpu, amp, make_model, x, y, 5, Optimizer::sgd),
-                         amp ? kAmpSgdTolerances : kFp32Tolerances, Compare::updates);
-    expect_same_training(train_on(Device::cuda, amp, make_model, x, y, 5),
-                         train_on(Device::cpu, amp, make_model, x, y, 5),
-                         amp ? kAmpAdamTolerances : kFp32Tolerances, Compare::updates);
+  for (DType precision : kPrecisions) {
+    SCOPED_TRACE(precision_name(precision));
+    const bool bf16 = precision == DType::bf16;
+    const Tolerances sgd = precision == DType::f32 ? kFp32Tolerances
+                           : bf16                  ? kBf16SgdTolerances
+                                                   : kAmpSgdTolerances;
+    const Tolerances adam = precision == DType::f32 ? kFp32Tolerances
+                            : bf16                  ? kBf16AdamTolerances
+                                                    : kAmpAdamTolerances;
+    expect_same_training(train_on(Device::cuda, precision, make_model, x, y, 5, Optimizer::sgd),
+                         train_on(Device::cpu, precision, make_model, x, y, 5, Optimizer::sgd), sgd,
+                         Compare::updates);
+    expect_same_training(train_on(Device::cuda, precision, make_model, x, y, 5),
+                         train_on(Device::cpu, precision, make_model, x, y, 5), adam,
+                         Compare::updates);
   }
 }
 
@@ -264,9 +287,9 @@ GraphHandle capture_step(TrainingRun& run) {
 // Trains `steps` steps on the GPU like train_on(Device::cuda, ...): the first eagerly (it
 // creates the optimizer's state), then one step captured into a CUDA graph and replayed
 // steps - 1 times, reading each replay's loss from the tensor the capture made.
-Trained train_with_graph(bool amp, const ModelFactory& make_model, const Tensor& x, const Tensor& y,
-                         int steps, Optimizer kind = Optimizer::adam) {
-  TrainingRun run(Device::cuda, amp, make_model, x, y, kind);
+Trained train_with_graph(DType precision, const ModelFactory& make_model, const Tensor& x,
+                         const Tensor& y, int steps, Optimizer kind = Optimizer::adam) {
+  TrainingRun run(Device::cuda, precision, make_model, x, y, kind);
   run.step();
   run.record_loss();
   const GraphHandle graph = capture_step(run);
@@ -286,15 +309,16 @@ TEST(GpuTraining, GraphReplaysMatchEagerSteps) {
   const Tensor grid_x = Tensor::from_vector(grid, {1, 16, 16, 2});
   const Tensor grid_y = Tensor::from_vector(examples::quantized_sine(grid), {1, 16, 16, 1});
   const auto [class_x, class_y] = classifier_batch();
-  for (bool amp : {false, true}) {
-    SCOPED_TRACE(amp ? "AMP" : "FP32");
-    expect_same_training(train_with_graph(amp, make_mlp, x, y, 4),
-                         train_on(Device::cuda, amp, make_mlp, x, y, 4), kBitForBit);
-    expect_same_training(train_with_graph(amp, make_sine_net, grid_x, grid_y, 4),
-                         train_on(Device::cuda, amp, make_sine_net, grid_x, grid_y, 4), kBitForBit);
+  for (DType precision : kPrecisions) {
+    SCOPED_TRACE(precision_name(precision));
+    expect_same_training(train_with_graph(precision, make_mlp, x, y, 4),
+                         train_on(Device::cuda, precision, make_mlp, x, y, 4), kBitForBit);
+    expect_same_training(train_with_graph(precision, make_sine_net, grid_x, grid_y, 4),
+                         train_on(Device::cuda, precision, make_sine_net, grid_x, grid_y, 4),
+                         kBitForBit);
     expect_same_training(
-        train_with_graph(amp, make_classifier, class_x, class_y, 4, Optimizer::sgd),
-        train_on(Device::cuda, amp, make_classifier, class_x, class_y, 4, Optimizer::sgd),
+        train_with_graph(precision, make_classifier, class_x, class_y, 4, Optimizer::sgd),
+        train_on(Device::cuda, precision, make_classifier, class_x, class_y, 4, Optimizer::sgd),
         kBitForBit);
   }
 }
@@ -320,13 +344,14 @@ TEST(GpuTraining, SteadyStepsMakeNoCudaMallocCall) {
                 {"classifier", make_classifier, class_x, class_y}};
   for (const auto& model : models)
     for (Optimizer kind : {Optimizer::sgd, Optimizer::adam})
-      for (bool amp : {false, true}) {
-        TrainingRun run(Device::cuda, amp, model.make_model, model.x, model.y, kind);
+      for (DType precision : kPrecisions) {
+        TrainingRun run(Device::cuda, precision, model.make_model, model.x, model.y, kind);
         for (int step = 0; step < 2; ++step) run.step();
         const size_t calls = gpu::cuda_malloc_calls();
         for (int step = 0; step < 3; ++step) run.step();
         EXPECT_EQ(gpu::cuda_malloc_calls(), calls)
-            << model.name << (kind == Optimizer::sgd ? " SGD" : " Adam") << (amp ? " AMP" : "");
+            << model.name << (kind == Optimizer::sgd ? " SGD " : " Adam ")
+            << precision_name(precision);
       }
 }
 #endif // MINAMP_WITH_CUDA
