@@ -1,7 +1,7 @@
-// Why loss scaling: tiny gradients that flush to zero without it and survive with it, scaled
-// weight gradients past f16's range that stay finite in fp32, an absurd initial scale backing off
-// to a sane one, AMP training ending where FP32 does, and the fp16 range diagnostics that show
-// which regime a model is in.
+// Why loss scaling: tiny gradients that flush to zero without it and survive with it (and in
+// bf16 without it), scaled weight gradients past f16's range that stay finite in fp32, an absurd
+// initial scale backing off to a sane one, AMP training (f16 with scaling, bf16 without) ending
+// where FP32 does, and the f16/bf16 range diagnostics that show which regime a model is in.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,49 +19,65 @@ namespace {
 
 using test::Problem;
 
+// One SGD step under autocast to `dtype`, with or without loss scaling, towards targets 1e-7 below
+// the predictions: dL/dy = 2 (y - t) / 16 ~ 1.25e-8, below half the smallest f16 subnormal
+// (2^-25 ~ 3e-8), so the f16 activation gradient is exactly zero unless the loss is scaled
+// first, while bf16 (float's range) holds it as it is. The last bias's gradient is then
+// sum 2 (y - t) / 16, known exactly (*expected_bias_grad). Returns the gradients' norm.
+double tiny_gradient_step(DType dtype, bool loss_scaling, Problem& p, double* expected_bias_grad) {
+  std::vector<float> y;
+  {
+    amp::Autocast autocast(true, dtype);
+    NoGrad no_grad;
+    y = p.model(Var(p.x)).value().to_vector();
+  }
+  std::vector<float> t(y.size());
+  *expected_bias_grad = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    t[i] = y[i] - 1e-7f;
+    *expected_bias_grad += 2.0 * (double(y[i]) - t[i]) / y.size();
+  }
+  optim::SGD sgd(p.model.parameters(), 1.0f);
+  amp::GradScalerOptions options;
+  options.enabled = loss_scaling;
+  amp::GradScaler scaler(options);
+  sgd.zero_grad();
+  {
+    amp::Autocast autocast(true, dtype);
+    scaler.scale(ops::mse_loss(p.model(Var(p.x)), Tensor::from_vector(t, {16, 1}))).backward();
+  }
+  scaler.step(sgd);
+  scaler.update();
+  double norm = 0;
+  for (Parameter* param : p.model.parameters())
+    for (float g : param->grad().to_vector()) norm += double(g) * g;
+  EXPECT_TRUE(std::isfinite(norm));
+  return std::sqrt(norm);
+}
+
 TEST(LossScaling, TinyGradientsFlushToZeroWithoutScalingAndSurviveWithIt) {
-  // Targets 1e-7 below the f16 predictions: dL/dy = 2 (y - t) / 16 ~ 1.25e-8, below half the
-  // smallest f16 subnormal (2^-25 ~ 3e-8), so the f16 activation gradient is exactly zero unless
-  // the loss is scaled first. The last bias's gradient is then sum 2 (y - t) / 16, known exactly.
-  auto run = [](bool loss_scaling, Problem& p, double* expected_bias_grad) {
-    std::vector<float> y;
-    {
-      amp::Autocast autocast;
-      NoGrad no_grad;
-      y = p.model(Var(p.x)).value().to_vector();
-    }
-    std::vector<float> t(y.size());
-    *expected_bias_grad = 0;
-    for (size_t i = 0; i < y.size(); ++i) {
-      t[i] = y[i] - 1e-7f;
-      *expected_bias_grad += 2.0 * (double(y[i]) - t[i]) / y.size();
-    }
-    optim::SGD sgd(p.model.parameters(), 1.0f);
-    amp::GradScalerOptions options;
-    options.enabled = loss_scaling;
-    amp::GradScaler scaler(options);
-    sgd.zero_grad();
-    {
-      amp::Autocast autocast;
-      scaler.scale(ops::mse_loss(p.model(Var(p.x)), Tensor::from_vector(t, {16, 1}))).backward();
-    }
-    scaler.step(sgd);
-    scaler.update();
-    double norm = 0;
-    for (Parameter* param : p.model.parameters())
-      for (float g : param->grad().to_vector()) norm += double(g) * g;
-    EXPECT_TRUE(std::isfinite(norm));
-    return std::sqrt(norm);
-  };
   Problem unscaled, scaled;
   const std::vector<float> before = unscaled.flat_parameters();
   double expected = 0;
-  EXPECT_EQ(run(false, unscaled, &expected), 0.0) << "every gradient flushed to zero in f16";
+  EXPECT_EQ(tiny_gradient_step(DType::f16, false, unscaled, &expected), 0.0)
+      << "every gradient flushed to zero in f16";
   EXPECT_EQ(unscaled.flat_parameters(), before) << "so the update was lost";
-  EXPECT_GT(run(true, scaled, &expected), 0.0);
+  EXPECT_GT(tiny_gradient_step(DType::f16, true, scaled, &expected), 0.0);
   const float last_bias_grad = scaled.model.parameters()[3]->grad().item();
   EXPECT_NEAR(last_bias_grad, expected, 0.05 * expected) << "the scaled gradient is right";
   EXPECT_NE(scaled.flat_parameters(), before) << "and updates the weights";
+}
+
+// The same gradients in bf16 need no scaling: 1.25e-8 is a normal bf16 number (its smallest
+// normal is 2^-126), so the unscaled step keeps them and updates the weights.
+TEST(LossScaling, Bf16KeepsTinyGradientsWithoutScaling) {
+  Problem unscaled;
+  const std::vector<float> before = unscaled.flat_parameters();
+  double expected = 0;
+  EXPECT_GT(tiny_gradient_step(DType::bf16, false, unscaled, &expected), 0.0);
+  const float last_bias_grad = unscaled.model.parameters()[3]->grad().item();
+  EXPECT_NEAR(last_bias_grad, expected, 0.05 * expected) << "the unscaled bf16 gradient is right";
+  EXPECT_NE(unscaled.flat_parameters(), before) << "and updates the weights";
 }
 
 // Weight gradients are written in fp32 from the GEMM's accumulators, where PyTorch's autocast
@@ -115,10 +131,12 @@ TEST(LossScaling, AbsurdInitialScaleBacksOffSkipsAndConverges) {
   EXPECT_LT(last_loss, 0.9f * first_loss) << "training converges once the scale is sane";
 }
 
-// The sine problem at a small size, trained FP32 or AMP from the init of `seed`: the final loss,
-// as the mean of the last 10 steps (as in the benchmark's parity target: at this learning rate
-// single steps' losses wander by several percent).
-double train_sine(bool amp, uint64_t seed) {
+// The sine problem at a small size, trained FP32 (`precision` f32) or AMP in f16 with loss
+// scaling or in bf16 without, from the init of `seed`: the final loss, as the mean of the last 10
+// steps (as in the benchmark's parity target: at this learning rate single steps' losses wander by
+// several percent).
+double train_sine(DType precision, uint64_t seed) {
+  const bool amp = precision != DType::f32;
   const int64_t size = 16;
   const std::vector<float> grid = examples::coordinate_grid(size);
   const Tensor x = Tensor::from_vector(grid, {1, size, size, 2});
@@ -130,7 +148,7 @@ double train_sine(bool amp, uint64_t seed) {
   net.emplace<nn::Conv2d>(32, 1, 1, rng);
   optim::Adam adam(net.parameters(), 1e-2f);
   amp::GradScalerOptions options;
-  options.enabled = amp;
+  options.enabled = precision == DType::f16;
   amp::GradScaler scaler(options);
   const int steps = 200, last = 10;
   double last_losses = 0;
@@ -138,7 +156,7 @@ double train_sine(bool amp, uint64_t seed) {
     adam.zero_grad();
     Var loss;
     {
-      amp::Autocast autocast(amp);
+      amp::Autocast autocast(amp, amp ? precision : DType::f16);
       loss = ops::mse_loss(net(Var(x)), y);
     }
     if (step >= steps - last) last_losses += loss.value().item();
@@ -155,11 +173,23 @@ double train_sine(bool amp, uint64_t seed) {
 TEST(AmpTraining, SineAmpEndsWithinTenPercentOfFp32) {
   double fp32 = 0, amp = 0;
   for (uint64_t seed = 0; seed < 4; ++seed) {
-    fp32 += train_sine(false, seed);
-    amp += train_sine(true, seed);
+    fp32 += train_sine(DType::f32, seed);
+    amp += train_sine(DType::f16, seed);
   }
   EXPECT_LT(fp32 / 4, 0.05) << "the small sine problem trains";
   EXPECT_NEAR(amp, fp32, 0.1 * fp32);
+}
+
+// The same in bf16 without a loss scaler, as PyTorch users train it: bf16's 8 significant bits
+// round more coarsely than f16's 11, yet the fp32 masters and fp32 accumulation keep the run
+// within 10% of FP32 over the same four inits.
+TEST(AmpTraining, SineBf16WithoutLossScalingEndsWithinTenPercentOfFp32) {
+  double fp32 = 0, bf16 = 0;
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    fp32 += train_sine(DType::f32, seed);
+    bf16 += train_sine(DType::bf16, seed);
+  }
+  EXPECT_NEAR(bf16, fp32, 0.1 * fp32);
 }
 
 TEST(Diagnostics, ProbeCountsWhatFp16WouldFlushAtScaleOneButNotAtS) {
@@ -179,10 +209,21 @@ TEST(Diagnostics, ProbeCountsWhatFp16WouldFlushAtScaleOneButNotAtS) {
   ASSERT_EQ(reports.size(), 2u) << "two Linear layers (the ReLU is fused), loss left out";
   EXPECT_EQ(reports[0].name, "linear#0");
   const amp::RangeReport& last = reports[1]; // the output layer's gradient [16, 1]
-  EXPECT_EQ(last.at_scale_one.nonzero, 16);
-  EXPECT_EQ(last.at_scale_one.flushed, 16);
-  EXPECT_EQ(last.at_scale.flushed, 0);
-  EXPECT_EQ(last.at_scale.subnormal, 0);
+  EXPECT_EQ(last.f16_at_one.nonzero, 16);
+  EXPECT_EQ(last.f16_at_one.flushed, 16);
+  EXPECT_EQ(last.f16_at_scale.flushed, 0);
+  EXPECT_EQ(last.f16_at_scale.subnormal, 0);
+  // bf16 holds them at scale 1, as normal numbers: its range is float's.
+  EXPECT_EQ(last.bf16_at_one.nonzero, 16);
+  EXPECT_EQ(last.bf16_at_one.flushed + last.bf16_at_one.subnormal, 0);
+  // Their histogram: all 16 in the bins of 2^-27 and 2^-26 (about 1.25e-8 = 1.68 x 2^-27, the
+  // targets' rounding in f32 moving each a little).
+  const auto in_bins = [](const amp::Log2Histogram& h) {
+    const auto bin = [&](int e) { return h.counts[size_t(e - amp::Log2Histogram::kMinExponent)]; };
+    return bin(-27) + bin(-26);
+  };
+  EXPECT_EQ(last.histogram.nonzero(), 16);
+  EXPECT_EQ(in_bins(last.histogram), 16);
 
   // The same gradients stored at a scale of 2^22 (a scaled loss, as under AMP) are counted as
   // themselves: unscaled for scale 1 and at S = 2^22 (~0.052), not at 2^44 (which would overflow).
@@ -194,9 +235,11 @@ TEST(Diagnostics, ProbeCountsWhatFp16WouldFlushAtScaleOneButNotAtS) {
     ops::mul_scalar(loss, Tensor::full({1}, stored)).backward();
     ASSERT_EQ(scaled_probe.reports().size(), 2u) << "the loss scaling is left out too";
     const amp::RangeReport scaled = scaled_probe.reports()[1];
-    EXPECT_EQ(scaled.at_scale_one.flushed, 16);
-    EXPECT_EQ(scaled.at_scale.overflow, 0);
-    EXPECT_EQ(scaled.at_scale.flushed, 0);
+    EXPECT_EQ(scaled.f16_at_one.flushed, 16);
+    EXPECT_EQ(scaled.f16_at_scale.overflow, 0);
+    EXPECT_EQ(scaled.f16_at_scale.flushed, 0);
+    EXPECT_EQ(in_bins(scaled.histogram), 16)
+        << "the histogram is of the true gradients, whatever the scale they are stored at";
   }
 
   // Under autocast the casts it adds are not layers: still the two Linear layers' reports.
@@ -220,9 +263,9 @@ TEST(Diagnostics, ProbeCountsWhatFp16WouldFlushAtScaleOneButNotAtS) {
     kernels::fill(grad, 1e-8f * stored);
     const amp::RangeReport report =
         amp::weight_gradient_report(p.model.named_parameters(), stored, stored)[0];
-    EXPECT_EQ(report.at_scale_one.flushed, 12);
-    EXPECT_EQ(report.at_scale.flushed, 0);
-    EXPECT_EQ(report.at_scale.nonzero, 12);
+    EXPECT_EQ(report.f16_at_one.flushed, 12);
+    EXPECT_EQ(report.f16_at_scale.flushed, 0);
+    EXPECT_EQ(report.f16_at_scale.nonzero, 12);
   }
   EXPECT_EQ(amp::first_nonfinite_parameter(p.model.named_parameters()), "");
   kernels::fill(p.model.parameters()[1]->grad(), NAN);
@@ -243,26 +286,82 @@ std::vector<std::string> table_row(const std::string& table, const std::string& 
   return {};
 }
 
-TEST(Diagnostics, TheTableGivesEachShareOfTheNonzeroValuesAtBothScales) {
-  // RangeCounts: flushed, subnormal, overflow, nonzero, nonfinite.
-  const amp::RangeReport finite{"linear#0", {50, 20, 0, 200, 0}, {2, 4, 6, 200, 0}};
-  const amp::RangeReport broken{"2.weight", {0, 0, 0, 8, 1}, {0, 0, 8, 8, 1}};
-  const amp::RangeReport empty{"relu#0", {}, {}};
+TEST(Diagnostics, TheTableGivesEachShareOfTheNonzeroValuesInBothFormats) {
+  // RangeCounts: flushed, subnormal, overflow, nonzero, nonfinite; f16 at 1, at S, bf16 at 1.
+  const amp::RangeReport finite{
+      "linear#0", {50, 20, 0, 200, 0}, {2, 4, 6, 200, 0}, {0, 1, 0, 200, 0}, {}};
+  const amp::RangeReport broken{"2.weight", {0, 0, 0, 8, 1}, {0, 0, 8, 8, 1}, {}, {}};
+  const amp::RangeReport empty{"relu#0", {}, {}, {}, {}};
   const std::string table =
       amp::format_range_reports("weight gradients", {finite, broken, empty}, 65536.0f);
   EXPECT_EQ(table.rfind("weight gradients\n", 0), 0u) << table;
-  EXPECT_NE(table.find("at S = 65536"), std::string::npos) << table;
+  EXPECT_NE(table.find("f16 at S = 65536"), std::string::npos) << table;
+  EXPECT_NE(table.find("bf16 at scale 1"), std::string::npos) << table;
   using Row = std::vector<std::string>;
-  EXPECT_EQ(table_row(table, "linear#0"), (Row{"linear#0", "200", "|", "25.000", "10.000", "0.000",
-                                               "|", "1.000", "2.000", "3.000"}))
+  EXPECT_EQ(table_row(table, "linear#0"),
+            (Row{"linear#0", "200", "|", "25.000", "10.000", "0.000", "|", "1.000", "2.000",
+                 "3.000", "|", "0.000", "0.500", "0.000"}))
       << table;
-  EXPECT_EQ(table_row(table, "2.weight"), (Row{"2.weight", "8", "|", "0.000", "0.000", "0.000", "|",
-                                               "0.000", "0.000", "100.000", "NON-FINITE"}))
+  EXPECT_EQ(table_row(table, "2.weight"),
+            (Row{"2.weight", "8", "|", "0.000", "0.000", "0.000", "|", "0.000", "0.000", "100.000",
+                 "|", "0.000", "0.000", "0.000", "NON-FINITE"}))
       << table;
   EXPECT_EQ(table_row(table, "relu#0"),
-            (Row{"relu#0", "0", "|", "0.000", "0.000", "0.000", "|", "0.000", "0.000", "0.000"}))
+            (Row{"relu#0", "0", "|", "0.000", "0.000", "0.000", "|", "0.000", "0.000", "0.000", "|",
+                 "0.000", "0.000", "0.000"}))
       << "no nonzero values: shares of 0, not NaN\n"
       << table;
+}
+
+// The histogram bins values by their binary exponent, after dividing by the scale they are
+// stored at; zeros and non-finite values are counted apart; far-out exponents land in the end
+// bins rather than outside.
+TEST(Diagnostics, Log2HistogramBinsByBinaryExponent) {
+  amp::Log2Histogram h;
+  h.add(Tensor::from_vector({1.0f, 1.99f, -3.0f, 0.25f, 0.0f, INFINITY, NAN, 0x1p-149f}, {8}), 1.0);
+  const auto bin = [&](int e) { return h.counts[size_t(e - amp::Log2Histogram::kMinExponent)]; };
+  EXPECT_EQ(bin(0), 2);    // 1 and 1.99
+  EXPECT_EQ(bin(1), 1);    // -3
+  EXPECT_EQ(bin(-2), 1);   // 0.25
+  EXPECT_EQ(bin(-149), 1); // float's smallest subnormal
+  EXPECT_EQ(h.zeros, 1);
+  EXPECT_EQ(h.nonfinite, 2);
+  EXPECT_EQ(h.nonzero(), 5);
+  h.add(Tensor::from_vector({65536.0f}, {1}), 65536.0); // stored at S = 2^16: the value 1
+  EXPECT_EQ(bin(0), 3);
+  h.add(Tensor::from_vector({0x1p-149f}, {1}), 0x1p100); // 2^-249: below every bin
+  EXPECT_EQ(bin(amp::Log2Histogram::kMinExponent), 1);
+}
+
+// The master-weights argument, measured: an Adam step of lr 1e-3 moves weights near 1 by about
+// 1e-3, under half of bf16's spacing there (2^-8 = 3.9e-3) but over f16's (2^-11 = 4.9e-4): kept
+// in bf16 every update would be lost (error 100%), in f16 none; the fp32 masters took them all.
+TEST(Diagnostics, WeightUpdatesBelowHalfAnUlpAreLostInBf16ButNotInF16) {
+  Rng rng(3);
+  nn::Linear layer(64, 32, rng, /*bias=*/false);
+  kernels::fill(layer.weight.master(), 1.0f);
+  std::vector<std::pair<std::string, Parameter*>> params = {{"weight", &layer.weight}};
+  optim::Adam adam(layer.parameters(), 1e-3f);
+  kernels::fill(layer.weight.grad(), 0.5f); // Adam's first step: lr * sign(g)
+  const auto before = amp::snapshot_masters(params);
+  adam.step();
+  const std::vector<amp::UpdateReport> reports = amp::weight_update_report(params, before);
+  ASSERT_EQ(reports.size(), 1u);
+  const amp::UpdateReport& r = reports[0];
+  EXPECT_EQ(r.nonzero, 64 * 32);
+  EXPECT_EQ(r.bf16.lost, 64 * 32);
+  EXPECT_NEAR(r.bf16.error, 1.0, 1e-6) << "a lost update is all error";
+  EXPECT_EQ(r.f16.lost, 0);
+  // 1 - 1e-3 rounds to 1 - 2^-10 in f16 (spacing 2^-11 below 1): an error of 2.3%.
+  EXPECT_NEAR(r.f16.error, (1e-3 - 0x1p-10) / 1e-3, 1e-4);
+  const std::string table = amp::format_update_reports("updates", reports);
+  using Row = std::vector<std::string>;
+  const Row row = table_row(table, "weight");
+  ASSERT_EQ(row.size(), 8u) << table;
+  EXPECT_EQ((Row{row[0], row[1], row[3], row[6], row[7]}),
+            (Row{"weight", "2048", "0.000", "100.000", "100.000"}))
+      << table;
+  EXPECT_NEAR(std::stod(row[4]), 100.0 * r.f16.error, 1e-3) << table;
 }
 
 } // namespace
