@@ -51,7 +51,9 @@ def where_and_when(platform_name, commit):
     return meta
 
 
-MODELS, PRECISIONS, MODES = ("mlp", "sine", "classify"), ("fp32", "amp"), ("train", "infer")
+# amp is AMP with f16 (and loss scaling), amp-bf16 AMP with bf16 (without).
+MODELS, PRECISIONS, MODES = ("mlp", "sine", "classify"), ("fp32", "amp", "amp-bf16"), \
+    ("train", "infer")
 # Optional modes: minamp's CUDA-graph replay, PyTorch's fused optimizers; listed in this order.
 MODE_ORDER = ("train", "train-graph", "train-fused", "infer")
 
@@ -122,47 +124,50 @@ def step_target(name, ours, theirs, bound, minamp, pytorch, info=None):
             "bound": bound, "ratio": ratio(median(a), median(b)), "le": True, "info": info}
 
 
-def memory_target(name, model, bound, minamp):
-    a, f = find(minamp, model, "amp", "train"), find(minamp, model, "fp32", "train")
+def memory_target(name, model, bound, minamp, precision="amp"):
+    a, f = find(minamp, model, precision, "train"), find(minamp, model, "fp32", "train")
     pa, pf = a and a.get("peak_bytes"), f and f.get("peak_bytes")
     return {"target": name, "minamp": pa and pa / 2**20, "reference": pf and pf / 2**20,
             "unit": "MiB", "bound": bound, "ratio": ratio(pa, pf), "le": True}
 
 
-def loss_target(name, model, minamp):
-    a, f = find(minamp, model, "amp", "train"), find(minamp, model, "fp32", "train")
+def loss_target(name, model, minamp, precision="amp", info=None):
+    a, f = find(minamp, model, precision, "train"), find(minamp, model, "fp32", "train")
     la, lf = a and a["loss_last10_mean"], f and f["loss_last10_mean"]
     gap = abs(la - lf) / abs(lf) if la is not None and lf else None
     row = {"target": name, "minamp": la, "reference": lf, "unit": "loss", "bound": 0.05,
-           "ratio": gap, "le": True, "ratio_is": "|AMP - FP32| / FP32"}
+           "ratio": gap, "le": True, "ratio_is": "|AMP - FP32| / FP32", "info": info}
     if a and f and (la is None or lf is None):  # NaN or inf: bench_train's JSON writes null
         row["not_finite"] = True
     return row
 
 
-def sine_losses(result):
-    """{seed, fp32, amp}: the last-10 mean losses of sine's FP32 and AMP training in one
-    bench_train result (None for a loss that was not finite), or None when it lacks either."""
-    f, a = find(result, "sine", "fp32", "train"), find(result, "sine", "amp", "train")
+def sine_losses(result, precision):
+    """{seed, fp32, amp}: the last-10 mean losses of sine's FP32 and AMP training (AMP in
+    `precision`) in one bench_train result (None for a loss that was not finite), or None when it
+    lacks either."""
+    f, a = find(result, "sine", "fp32", "train"), find(result, "sine", precision, "train")
     if not (f and a):
         return None
     return {"seed": result.get("seed"), "fp32": f["loss_last10_mean"], "amp": a["loss_last10_mean"]}
 
 
-def seeds_target(minamp, seed_results):
-    """The sine loss target's figure over every seed bench_train trained sine with: the target's
-    own run and the --minamp-seeds runs, each from its own init. One run's last-10 mean moves by
-    20% or more with the init in FP32 alone (bench/NOTES.md), so the mean over seeds shows what one
-    init cannot: whether AMP trains as well as FP32. An info row beside the target, which stays
-    the one run's; None with fewer than two seeds."""
-    by_seed = [s for s in map(sine_losses, [minamp] + seed_results) if s]
+def seeds_target(minamp, seed_results, precision="amp"):
+    """The sine loss figure over every seed bench_train trained sine with: the target's own run
+    and the --minamp-seeds runs, each from its own init. One run's last-10 mean moves by 20% or
+    more with the init in FP32 alone (bench/NOTES.md), so the mean over seeds shows what one init
+    cannot: whether AMP trains as well as FP32. For AMP (f16) an info row beside the target, which
+    stays the one run's; for AMP-bf16 the target itself. None with fewer than two seeds."""
+    by_seed = [s for s in (sine_losses(r, precision) for r in [minamp] + seed_results) if s]
     if len(by_seed) < 2:
         return None
     seeds = ", ".join(str(s["seed"]) for s in by_seed)
-    row = {"target": f"sine AMP final loss vs FP32, mean over seeds {seeds} (last-10 means)",
+    label = "AMP" if precision == "amp" else "AMP-bf16"
+    row = {"target": f"sine {label} final loss vs FP32, mean over seeds {seeds} (last-10 means)",
            "minamp": None, "reference": None, "unit": "loss", "bound": 0.05, "ratio": None,
-           "le": True, "ratio_is": "|AMP - FP32| / FP32 of the means over seeds",
-           "info": "the target over seeds", "by_seed": by_seed}
+           "le": True, "ratio_is": f"|{label} - FP32| / FP32 of the means over seeds",
+           "info": "the target over seeds" if precision == "amp" else None, "by_seed": by_seed,
+           "label": label}
     if any(s["fp32"] is None or s["amp"] is None for s in by_seed):
         row["not_finite"] = True
         return row
@@ -227,6 +232,21 @@ def gemm_targets(gemm):
     ]
 
 
+ONE_SEED = "one seed; the target is the mean over seeds"
+
+
+def bf16_targets(minamp, size):
+    """AMP-bf16's memory and losses against FP32, as AMP's: the sine loss of one seed is an info
+    row, its target being the mean over seeds (seeds_target)."""
+    return [
+        memory_target(f"sine {size}^2 AMP-bf16 peak memory vs minamp FP32", "sine", 0.55, minamp,
+                      "amp-bf16"),
+        loss_target("sine AMP-bf16 final loss vs FP32 (last-10 mean)", "sine", minamp, "amp-bf16",
+                    ONE_SEED),
+        loss_target("mlp AMP-bf16 final loss vs FP32 (last-10 mean)", "mlp", minamp, "amp-bf16"),
+    ]
+
+
 def cpu_targets(minamp, pytorch):
     size = (minamp or pytorch or {}).get("sine_size", 64)
     return [
@@ -237,7 +257,7 @@ def cpu_targets(minamp, pytorch):
         memory_target(f"sine {size}^2 AMP peak memory vs minamp FP32", "sine", 0.55, minamp),
         loss_target("sine AMP final loss vs FP32 (last-10 mean)", "sine", minamp),
         loss_target("mlp AMP final loss vs FP32 (last-10 mean)", "mlp", minamp),
-    ]
+    ] + bf16_targets(minamp, size)
 
 
 def gpu_targets(minamp, pytorch, gemm):
@@ -262,7 +282,10 @@ def gpu_targets(minamp, pytorch, gemm):
         memory_target(f"sine {size}^2 AMP peak memory vs minamp FP32", "sine", 0.55, minamp),
         loss_target("sine AMP final loss vs FP32 (last-10 mean)", "sine", minamp),
         loss_target("mlp AMP final loss vs FP32 (last-10 mean)", "mlp", minamp),
-    ]
+        # bf16 and f16 run on the tensor cores at the same rate: bf16 should cost no more.
+        step_target(f"sine {size}^2 AMP-bf16 step vs minamp AMP-f16", ("sine", "amp-bf16", "train"),
+                    ("sine", "amp", "train"), 1.05, minamp, minamp),
+    ] + bf16_targets(minamp, size)
 
 
 def verdict(row):
@@ -295,13 +318,14 @@ def target_lines(targets, markdown):
 
 
 def by_seed_lines(targets):
-    """Under the targets: each seed's AMP / FP32 ratio of the row over seeds, if there is one."""
+    """Under the targets: each seed's AMP / FP32 ratio of the rows over seeds, if there are any."""
     lines = []
     for t in targets:
         if "by_seed" in t:
             ratios = [f"seed {s['seed']} {fmt(ratio(s['amp'], s['fp32']), 3)}"
                       for s in t["by_seed"]]
-            lines.append("sine AMP / FP32 loss (last-10 means) by seed: " + ", ".join(ratios) + ".")
+            lines.append(f"sine {t['label']} / FP32 loss (last-10 means) by seed: "
+                         + ", ".join(ratios) + ".")
     return [""] + lines if lines else []
 
 
@@ -370,7 +394,7 @@ def table(head, rows, markdown):
 
 def missing_results(minamp, pytorch, gemm, platform_name):
     """What this run lacks: each model / precision / mode a tool did not report (all three models
-    in FP32 and AMP are expected), the runs that failed, and on a GPU bench_gemm."""
+    in FP32, AMP and AMP-bf16 are expected), the runs that failed, and on a GPU bench_gemm."""
     missing = []
     for tool, result in (("minamp", minamp), ("PyTorch", pytorch)):
         errors = [r for r in (result or {}).get("runs", []) if "error" in r]
@@ -455,9 +479,10 @@ def main():
     targets = (cpu_targets(minamp, pytorch) if args.platform == "cpu"
                else gpu_targets(minamp, pytorch, gemm))
     seed_results = [load_one(path, problems) for path in args.minamp_seeds or []]
-    over_seeds = seeds_target(minamp, [r for r in seed_results if r is not None])
-    if over_seeds:
-        targets.append(over_seeds)
+    for precision in ("amp", "amp-bf16"):
+        over_seeds = seeds_target(minamp, [r for r in seed_results if r is not None], precision)
+        if over_seeds:
+            targets.append(over_seeds)
     for t in targets:
         t["status"] = verdict(t)
     combined = {"meta": meta, "targets": targets, "minamp": minamp, "pytorch": pytorch,

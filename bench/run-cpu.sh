@@ -49,9 +49,9 @@ declare -A steps=(
   [classify]="--warmup 3 --steps 20 --infer-steps 10"
 )
 # PyTorch's CPU fp16 autocast is far slower than its FP32 (about 0.55 s a sine step on 2 cores,
-# 16× its FP32), so its sine and classify AMP runs take fewer steps to keep the bench near 5
-# minutes: their times are informational (the CPU targets compare FP32) and their final losses
-# are not comparable with minamp's.
+# 16× its FP32), so its sine and classify AMP runs (f16 and bf16) take fewer steps to keep the
+# bench near 5 minutes: their times are informational (the CPU targets compare FP32) and their
+# final losses are not comparable with minamp's.
 declare -A pytorch_amp_steps=(
   [sine]="--size 64 --warmup 2 --steps 20 --infer-steps 5"
   [mlp]="${steps[mlp]}"
@@ -59,7 +59,7 @@ declare -A pytorch_amp_steps=(
 )
 models=(mlp sine classify)
 # The sine loss target compares AMP with FP32 from one init (seed 0); the same training from these
-# seeds gives the report's informational row over seeds (one init's last-10 mean moves by 20% or
+# seeds gives the report's rows over seeds (informational for AMP, the target for AMP-bf16) (one init's last-10 mean moves by 20% or
 # more with the seed, bench/NOTES.md).
 seeds=(1 2 3 4 5)
 
@@ -97,7 +97,9 @@ run_pytorch() {
   "$venv/bin/python" bench/pytorch/train.py --device cpu --threads "$threads" --models "$1" \
     --precisions fp32 ${steps[$1]} --json "$work/pytorch-$1-fp32.json" &&
     "$venv/bin/python" bench/pytorch/train.py --device cpu --threads "$threads" --models "$1" \
-      --precisions amp ${pytorch_amp_steps[$1]} --json "$work/pytorch-$1-amp.json"
+      --precisions amp ${pytorch_amp_steps[$1]} --json "$work/pytorch-$1-amp.json" &&
+    "$venv/bin/python" bench/pytorch/train.py --device cpu --threads "$threads" --models "$1" \
+      --precisions amp-bf16 ${pytorch_amp_steps[$1]} --json "$work/pytorch-$1-amp-bf16.json"
 }
 
 # Model by model, minamp then PyTorch, so that each pair is measured minutes apart at most: the

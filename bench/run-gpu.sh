@@ -4,9 +4,10 @@
 # scripts/gpu-check.sh leaves it) or configures one from deps/ for sm_90, builds bench_gemm,
 # bench_train and the sine and mlp examples, then runs, in the order the targets need them,
 # bench_gemm (WMMA / fp32 GEMMs vs cuBLAS), bench_train --device cuda (mlp, sine 512x512,
-# classify; FP32 and AMP) each model followed by bench/pytorch/train.py --device cuda with the
-# GPU machine's python3, the examples' own FP32-vs-AMP tables (sine --compare at 512x512, mlp
-# --compare; images and metrics under the parts folder), and sine again from five more seeds.
+# classify; FP32, AMP and AMP-bf16) each model followed by bench/pytorch/train.py --device cuda
+# with the GPU machine's python3, the examples' own comparison tables (sine --compare-dtypes at
+# 512x512: FP32, AMP-f16 and AMP-bf16; mlp --compare; images and metrics under the parts folder),
+# and sine again from five more seeds.
 # The log is written to ${OUT:-/tmp} as it comes, and the parts folder (/tmp/<name>-parts: the
 # per-tool JSON and the examples' outputs) is packed into $OUT/<name>-parts.tgz after every
 # stage, so that $OUT holds at most four files whatever happens (the log, the parts .tgz, and the
@@ -122,12 +123,12 @@ run_gemm() {
     "${sweep[@]}" --json "$work/gemm-$1.json"
 }
 
-# run_model MODEL: minamp in FP32, then AMP (one process each, so that a slow or failing AMP run
-# keeps the FP32 result), then PyTorch (which rewrites its JSON after every run, the informational
+# run_model MODEL: minamp in FP32, then AMP, then AMP-bf16 (one process each, so that a slow or
+# failing AMP run keeps the FP32 result), then PyTorch (which rewrites its JSON after every run, the informational
 # fused-optimizer runs last), so that each pair is measured close in time.
 run_model() {
   local m=$1 p
-  for p in fp32 amp; do
+  for p in fp32 amp amp-bf16; do
     # shellcheck disable=SC2086
     stage "bench_train $m $p" 60 "$build/bench_train" --device cuda --models "$m" \
       --precisions "$p" ${steps[$m]} $minamp_extra --json "$work/minamp-$m-$p.json"
@@ -137,15 +138,17 @@ run_model() {
     ${steps[$m]} ${pytorch_extra[$m]:-} --json "$work/pytorch-$m.json"
 }
 
-# The examples' own FP32-vs-AMP tables on the GPU (sine at the blog's 512x512, hidden 256, 512
-# steps; mlp's seed config), with their images and metrics under $work.
+# The examples' own comparison tables on the GPU (sine at the blog's 512x512, hidden 256, 512
+# steps, in FP32, AMP-f16 and AMP-bf16; mlp's seed config), with their images and metrics under
+# $work.
 run_examples() {
-  stage "sine --compare" 120 "$build/sine" --compare --device cuda --out "$work/sine"
+  stage "sine --compare-dtypes" 150 "$build/sine" --compare-dtypes --device cuda \
+    --out "$work/sine"
   stage "mlp --compare" 60 "$build/mlp" --compare --device cuda --out "$work/mlp"
 }
 
 # The sine loss target compares AMP with FP32 from one init (seed 0); the same training from five
-# more seeds gives the report's informational row over seeds (one init's last-10 mean moves by
+# more seeds gives the report's rows over seeds (informational for AMP, the target for AMP-bf16) (one init's last-10 mean moves by
 # 20% or more with the seed, bench/NOTES.md). Last: a spent budget skips these first.
 run_seeds() {
   local seed

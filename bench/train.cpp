@@ -1,7 +1,8 @@
 // bench_train: per-step time (median, p10, p90 after warm-up), peak memory and final loss of
 // three models — mlp (the seed config), sine (the ROCm blog's conv net) and classify (this
-// benchmark's own small CNN) — in FP32 and AMP, for training steps and forward-only inference,
-// on the CPU or a GPU. bench/pytorch/ holds the same models in PyTorch, timed the same way.
+// benchmark's own small CNN) — in FP32, AMP (f16, loss scaling) and AMP-bf16 (no loss scaling),
+// for training steps and forward-only inference, on the CPU or a GPU. bench/pytorch/ holds the same
+// models in PyTorch, timed the same way.
 #include <CLI/CLI.hpp>
 #include <Eigen/Core>
 #include <nlohmann/json.hpp>
@@ -45,6 +46,21 @@ struct Config {
 };
 
 enum class LossKind { mse, cross_entropy };
+
+// A precision of the benchmark: "fp32", "amp" (autocast to f16, GradScaler) or "amp-bf16"
+// (autocast to bf16, no GradScaler, as PyTorch users train bf16).
+struct Precision {
+  std::string name;
+  bool amp = false;
+  DType dtype = DType::f16;
+  bool loss_scaling = false;
+};
+
+Precision precision_named(const std::string& name) {
+  if (name == "amp") return {name, true, DType::f16, true};
+  if (name == "amp-bf16") return {name, true, DType::bf16, false};
+  return {name, false, DType::f16, false};
+}
 
 // One benchmark model with its data, already on the device. Built afresh from the seed for each
 // precision, so FP32 and AMP start from the same weights and see the same batches.
@@ -203,13 +219,13 @@ Var loss_of(const Workload& w, const Var& output, const Tensor& target) {
 
 // The training loop of the README, one step per call; returns the loss tensor (not read).
 std::function<Tensor(int64_t)> training_step(Workload& w, optim::Optimizer& opt,
-                                             amp::GradScaler& scaler, bool amp) {
-  return [&w, &opt, &scaler, amp](int64_t step) {
+                                             amp::GradScaler& scaler, const Precision& p) {
+  return [&w, &opt, &scaler, p](int64_t step) {
     const size_t batch = static_cast<size_t>(step) % w.inputs.size();
     opt.zero_grad();
     Var loss;
     {
-      amp::Autocast autocast(amp);
+      amp::Autocast autocast(p.amp, p.dtype);
       loss = loss_of(w, (*w.model)(Var(w.inputs[batch])), w.targets[batch]);
     }
     scaler.scale(loss).backward();
@@ -242,14 +258,14 @@ private:
 
 // The JSON of a training run: its step times, the peak bytes it used beyond the resident data,
 // and its losses (the last, and the mean of the last 10, or of all when fewer).
-json training_result(const Workload& w, bool amp, const char* mode, const Config& cfg,
+json training_result(const Workload& w, const Precision& p, const char* mode, const Config& cfg,
                      const std::vector<double>& ms, size_t used_peak_bytes, const LossTail& tail,
                      const amp::GradScaler& scaler, const json& profile) {
   const std::deque<Tensor>& losses = tail.kept();
   double last10 = 0;
   for (const Tensor& loss : losses) last10 += loss.item();
   return {{"model", w.name},
-          {"precision", amp ? "amp" : "fp32"},
+          {"precision", p.name},
           {"mode", mode},
           {"warmup", cfg.warmup},
           {"steps", cfg.steps},
@@ -283,17 +299,17 @@ json profile_run(const std::function<Tensor(int64_t)>& step, int64_t first, int6
   return {{"steps", steps}, {"ms_per_step", total_ms / double(steps)}, {"ops", ops}};
 }
 
-// The default GradScaler, enabled for AMP runs only (disabled, it passes every call through).
-amp::GradScaler scaler_for(bool amp, Device device) {
+// The default GradScaler, enabled for AMP-f16 runs only (disabled, it passes every call through).
+amp::GradScaler scaler_for(const Precision& p, Device device) {
   amp::GradScalerOptions options;
-  options.enabled = amp;
+  options.enabled = p.loss_scaling;
   return amp::GradScaler(options, device);
 }
 
-json train_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
+json train_run(Workload& w, const Precision& p, const Config& cfg, const std::string& label) {
   std::unique_ptr<optim::Optimizer> opt = w.make_optimizer(w.model->parameters());
-  amp::GradScaler scaler = scaler_for(amp, cfg.device);
-  const auto step = training_step(w, *opt, scaler, amp);
+  amp::GradScaler scaler = scaler_for(p, cfg.device);
+  const auto step = training_step(w, *opt, scaler, p);
 
   progress(label, cat("train: ", cfg.warmup, " warm-up + ", cfg.steps, " timed steps").c_str());
   for (int64_t i = 0; i < cfg.warmup; ++i) step(i);
@@ -307,7 +323,7 @@ json train_run(Workload& w, bool amp, const Config& cfg, const std::string& labe
                            ? profile_run(step, cfg.warmup + cfg.steps, cfg.profile_steps)
                            : json(nullptr);
 
-  return training_result(w, amp, "train", cfg, ms, peak - w.data_bytes(), losses, scaler, profile);
+  return training_result(w, p, "train", cfg, ms, peak - w.data_bytes(), losses, scaler, profile);
 }
 
 // Training with each timed step replayed from a CUDA graph: after the warm-up (eager: it creates
@@ -315,10 +331,10 @@ json train_run(Workload& w, bool amp, const Config& cfg, const std::string& labe
 // and every timed step copies its batch into those buffers (device to device, queued) and
 // launches the graph. The peak memory includes the capture, which allocates what a step does,
 // and leaves out the two buffers, as the eager run leaves out the resident batches.
-json graph_train_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
+json graph_train_run(Workload& w, const Precision& p, const Config& cfg, const std::string& label) {
   std::unique_ptr<optim::Optimizer> opt = w.make_optimizer(w.model->parameters());
-  amp::GradScaler scaler = scaler_for(amp, cfg.device);
-  const auto eager_step = training_step(w, *opt, scaler, amp);
+  amp::GradScaler scaler = scaler_for(p, cfg.device);
+  const auto eager_step = training_step(w, *opt, scaler, p);
   progress(
       label,
       cat("train, CUDA graph: ", cfg.warmup, " warm-up + ", cfg.steps, " timed replays").c_str());
@@ -333,7 +349,7 @@ json graph_train_run(Workload& w, bool amp, const Config& cfg, const std::string
     opt->zero_grad();
     Var loss;
     {
-      amp::Autocast autocast(amp);
+      amp::Autocast autocast(p.amp, p.dtype);
       loss = loss_of(w, (*w.model)(Var(input)), target);
     }
     loss_value = loss.value();
@@ -355,16 +371,16 @@ json graph_train_run(Workload& w, bool amp, const Config& cfg, const std::string
   const size_t peak = allocator.peak_bytes();
 
   const size_t buffers = input.nbytes() + target.nbytes();
-  return training_result(w, amp, "train-graph", cfg, ms, peak - w.data_bytes() - buffers, losses,
+  return training_result(w, p, "train-graph", cfg, ms, peak - w.data_bytes() - buffers, losses,
                          scaler, nullptr);
 }
 
-json inference_run(Workload& w, bool amp, const Config& cfg, const std::string& label) {
+json inference_run(Workload& w, const Precision& p, const Config& cfg, const std::string& label) {
   progress(label, cat("inference: 3 warm-up + ", cfg.infer_steps, " timed passes").c_str());
   w.model->eval();
   const auto forward = [&](int64_t) {
     NoGrad no_grad;
-    amp::Autocast autocast(amp);
+    amp::Autocast autocast(p.amp, p.dtype);
     (*w.model)(Var(w.inputs[0]));
   };
   for (int64_t i = 0; i < 3; ++i) forward(i);
@@ -375,7 +391,7 @@ json inference_run(Workload& w, bool amp, const Config& cfg, const std::string& 
   const size_t peak = allocator.peak_bytes();
   w.model->train();
   return {{"model", w.name},
-          {"precision", amp ? "amp" : "fp32"},
+          {"precision", p.name},
           {"mode", "infer"},
           {"warmup", 3},
           {"steps", cfg.infer_steps},
@@ -386,7 +402,7 @@ json inference_run(Workload& w, bool amp, const Config& cfg, const std::string& 
 
 void print_run(const json& run) {
   const json& ms = run["step_ms"];
-  std::printf("  %-8s %-4s %-5s median %9.3f ms  (p10 %.3f, p90 %.3f)  peak %8.2f MiB",
+  std::printf("  %-8s %-8s %-5s median %9.3f ms  (p10 %.3f, p90 %.3f)  peak %8.2f MiB",
               run["model"].get<std::string>().c_str(), run["precision"].get<std::string>().c_str(),
               run["mode"].get<std::string>().c_str(), ms["median"].get<double>(),
               ms["p10"].get<double>(), ms["p90"].get<double>(),
@@ -433,18 +449,18 @@ void run_all(const std::vector<std::string>& models, const std::vector<std::stri
   };
   for (const std::string& name : models) {
     for (const std::string& precision : precisions) {
-      const bool amp = precision == "amp";
+      const Precision p = precision_named(precision);
       const std::string label = cat(name, " ", precision, " ", device_name(cfg.device));
       Workload w = build(name, cfg);
       w.model->to(cfg.device);
       result["models"][name] = model_info(w);
-      add(train_run(w, amp, cfg, label));
-      add(inference_run(w, amp, cfg, label));
+      add(train_run(w, p, cfg, label));
+      add(inference_run(w, p, cfg, label));
       if (!cfg.cuda_graph) continue;
       Workload fresh = build(name, cfg); // the same init again
       fresh.model->to(cfg.device);
       try { // a failing capture is reported and keeps the eager results
-        add(graph_train_run(fresh, amp, cfg, label));
+        add(graph_train_run(fresh, p, cfg, label));
       } catch (const Error& e) {
         std::printf("  %-22s train, CUDA graph: failed: %s\n", label.c_str(), e.what());
         add({{"model", name},
@@ -458,14 +474,17 @@ void run_all(const std::vector<std::string>& models, const std::vector<std::stri
 
 int run(int argc, char** argv) {
   CLI::App app{"minamp bench_train: step time, peak memory and final loss of mlp, sine and "
-               "classify, FP32 and AMP, training and inference"};
+               "classify, FP32, AMP and AMP-bf16, training and inference"};
   Config cfg;
-  std::string device = "auto", models = "mlp,sine,classify", precisions = "fp32,amp", json_path;
+  std::string device = "auto", models = "mlp,sine,classify", precisions = "fp32,amp,amp-bf16";
+  std::string json_path;
   app.add_option("--device", device, "auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--models", models, "comma-separated: mlp, sine, classify")->capture_default_str();
-  app.add_option("--precisions", precisions, "comma-separated: fp32, amp")->capture_default_str();
+  app.add_option("--precisions", precisions,
+                 "comma-separated: fp32, amp (f16, loss scaling), amp-bf16 (no loss scaling)")
+      ->capture_default_str();
   const int64_t max_steps = 1'000'000'000;
   app.add_option("--steps", cfg.steps, "timed training steps (after warm-up)")
       ->transform(examples::integer_in(1, max_steps))
@@ -494,7 +513,7 @@ int run(int argc, char** argv) {
   if (!json_path.empty()) io::require_writable(json_path, "--json");
 
   const auto model_names = parse_list(models, "--models", {"mlp", "sine", "classify"});
-  const auto precision_names = parse_list(precisions, "--precisions", {"fp32", "amp"});
+  const auto precision_names = parse_list(precisions, "--precisions", {"fp32", "amp", "amp-bf16"});
   if (device == "auto") device = cuda_available() ? "cuda" : "cpu";
   cfg.device = parse_device(device);
   require(cfg.device != Device::cuda || cuda_available(), "--device cuda",

@@ -137,16 +137,23 @@ void require_outputs_usable(const std::vector<OutputDir>& outputs,
   }
 }
 
-// The directories a run of `spec` writes into (in FP32, or AMP when `amp`), with the files it
-// writes there.
-std::vector<OutputDir> output_dirs(const TrainSpec& spec, const Options& options, bool amp,
-                                   const std::string& out_dir) {
+// Whether a run in `precision` scales its loss: AMP-f16 unless --no-loss-scaling, AMP-bf16 only
+// with --loss-scaling (bf16 has float's range: PyTorch users train it without a scaler).
+bool scales_loss(const Options& options, const Precision& precision) {
+  if (!precision.amp) return false;
+  return precision.dtype == DType::f16 ? !options.no_loss_scaling : options.loss_scaling;
+}
+
+// The directories a run of `spec` in `precision` writes into, with the files it writes there.
+std::vector<OutputDir> output_dirs(const TrainSpec& spec, const Options& options,
+                                   const Precision& precision, const std::string& out_dir) {
   OutputDir out{out_dir, "--out", {"metrics.csv", "summary.json", "loss.png"}};
   out.files.insert(out.files.end(), spec.output_files.begin(), spec.output_files.end());
   if (spec.steps_per_epoch > 0 && spec.eval_batch)
     out.files.insert(out.files.end(), {"epochs.csv", "accuracy.png"});
-  if (amp && !options.no_loss_scaling) out.files.push_back("loss_scale.png");
+  if (scales_loss(options, precision)) out.files.push_back("loss_scale.png");
   if (options.profile) out.files.push_back("profile.txt");
+  if (options.diagnose) out.files.push_back("gradients.png");
   if (options.checkpoint_every > 0) out.files.push_back("checkpoint.safetensors");
   if (options.save_weights.empty()) return {out};
   return {out, {options.save_weights, "--save-weights", {"init.safetensors", "final.safetensors"}}};
@@ -227,11 +234,11 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainSpec& spec, nn::Modu
   return std::make_unique<optim::SGD>(model.parameters(), lr);
 }
 
-amp::GradScalerOptions scaler_options(const Options& options, bool amp) {
+amp::GradScalerOptions scaler_options(const Options& options, const Precision& precision) {
   amp::GradScalerOptions scaler;
   scaler.init_scale = options.init_scale;
   scaler.growth_interval = options.growth_interval;
-  scaler.enabled = amp && !options.no_loss_scaling;
+  scaler.enabled = scales_loss(options, precision);
   return scaler;
 }
 
@@ -512,14 +519,15 @@ struct Evaluation {
 };
 
 // Loss (and accuracy for cross-entropy) over the held-out batches, in eval mode, no graph.
-Evaluation evaluate(const TrainSpec& spec, nn::Sequential& model, Device device, bool amp) {
+Evaluation evaluate(const TrainSpec& spec, nn::Sequential& model, Device device,
+                    const Precision& precision) {
   model.eval();
   double loss_sum = 0;
   int64_t correct = 0, rows = 0;
   for (int64_t i = 0; i < spec.eval_batches; ++i) {
     const Batch batch = spec.eval_batch(i, device);
     NoGrad no_grad;
-    amp::Autocast autocast(amp);
+    amp::Autocast autocast(precision.amp, precision.dtype);
     const Var output = model(Var(batch.input));
     const int64_t n = batch.input.shape()[0];
     loss_sum += double(loss_of(spec.loss, output, batch.target).value().item()) * double(n);
@@ -533,8 +541,8 @@ Evaluation evaluate(const TrainSpec& spec, nn::Sequential& model, Device device,
 }
 
 // Forward-only passes (no graph) over the first batch: time and peak memory of inference.
-void measure_inference(const TrainSpec& spec, nn::Sequential& model, Device device, bool amp,
-                       RunResult& result) {
+void measure_inference(const TrainSpec& spec, nn::Sequential& model, Device device,
+                       const Precision& precision, RunResult& result) {
   const int64_t passes = std::min<int64_t>(spec.steps, 20);
   const Batch batch = spec.batch(0, device);
   model.eval();
@@ -543,7 +551,7 @@ void measure_inference(const TrainSpec& spec, nn::Sequential& model, Device devi
   const auto start = Clock::now();
   for (int64_t i = 0; i < passes; ++i) {
     NoGrad no_grad;
-    amp::Autocast autocast(amp);
+    amp::Autocast autocast(precision.amp, precision.dtype);
     Var out = model(Var(batch.input));
     (void)out.value().to_vector(); // waits for the device, as a user reading results would
   }
@@ -553,14 +561,21 @@ void measure_inference(const TrainSpec& spec, nn::Sequential& model, Device devi
   model.train();
 }
 
+// --diagnose on the last step, after backward: what f16 and bf16 would do with the activation
+// and weight gradients (printed, and the histogram written to out_dir/gradients.png).
 void print_diagnostics(nn::Sequential& model, const amp::ActivationGradientProbe& probe,
-                       float stored_scale, float target_scale) {
+                       float stored_scale, float target_scale, const std::string& title,
+                       const std::string& out_dir) {
   const auto params = model.named_parameters();
-  std::cout << amp::format_range_reports(
-                   "fp16 range of activation gradients (last step):", probe.reports(), target_scale)
+  const std::vector<amp::RangeReport> activations = probe.reports();
+  std::cout << amp::format_range_reports("range of activation gradients in f16 and bf16 (last "
+                                         "step):",
+                                         activations, target_scale)
             << amp::format_range_reports(
-                   "fp16 range of weight gradients (last step):",
+                   "range of weight gradients in f16 and bf16 (last step):",
                    amp::weight_gradient_report(params, stored_scale, target_scale), target_scale);
+  amp::save_gradient_histogram(out_dir + "/gradients.png", activations, target_scale,
+                               title + ": activation gradients, last step");
 }
 
 // ---- one run ----
@@ -569,16 +584,16 @@ void print_diagnostics(nn::Sequential& model, const amp::ActivationGradientProbe
 // checkpoint saves, and the loop over steps.
 class Run {
 public:
-  Run(const TrainSpec& spec, const Options& options, Device device, bool amp)
-      : spec_(spec), options_(options), device_(device), amp_(amp),
-        precision_(amp ? "amp" : "fp32"), order_(spec, options.seed),
+  Run(const TrainSpec& spec, const Options& options, Device device, const Precision& precision)
+      : spec_(spec), options_(options), device_(device), precision_(precision),
+        name_(precision.name()), order_(spec, options.seed),
         pending_figures_(Tensor::zeros({kMaxPendingSteps, kPendingColumns}, DType::f32, device)) {
     Rng init_rng(options.seed);
     model_ = spec.build_model(init_rng);
     model_->to(device);
     if (!options.load_weights.empty()) io::load_weights(options.load_weights, *model_);
     opt_ = make_optimizer(spec, *model_, options.lr);
-    scaler_ = std::make_unique<amp::GradScaler>(scaler_options(options, amp), device);
+    scaler_ = std::make_unique<amp::GradScaler>(scaler_options(options, precision), device);
     if (!options.resume.empty()) resume(options.resume);
   }
 
@@ -587,28 +602,36 @@ public:
 
 private:
   // What a checkpoint must share with this run to resume it (saved as its metadata): the
-  // example, its precision, optimizer and learning rate, the loss scaler's options, the seed and
-  // the options that define the model and the data.
+  // example, its precision (and AMP's dtype), optimizer and learning rate, the loss scaler's
+  // options, the seed and the options that define the model and the data.
   io::Metadata identity() const {
-    const bool unscaled = amp_ && !scaler_->is_enabled();
+    // Loss scaling is named where it differs from the dtype's default (f16 on, bf16 off).
+    const bool scaled = scaler_->is_enabled();
+    const bool scaled_by_default = precision_.amp && precision_.dtype == DType::f16;
+    const std::string scaling = scaled == scaled_by_default ? ""
+                                : scaled                    ? " with loss scaling"
+                                                            : " without loss scaling";
     io::Metadata identity = spec_.config;
+    if (precision_.amp) identity.insert({"amp_dtype", dtype_name(precision_.dtype)});
     identity.insert({{"example", spec_.example},
-                     {"precision", unscaled ? precision_ + " without loss scaling" : precision_},
+                     {"precision", name_ + scaling},
                      {"optimizer", spec_.optimizer == OptimizerKind::adam ? "adam" : "sgd"},
                      {"lr", cat(options_.lr)},
                      {"steps_per_epoch", std::to_string(spec_.steps_per_epoch)},
                      {"seed", std::to_string(options_.seed)}});
-    if (amp_ && scaler_->is_enabled())
+    if (scaled)
       identity.insert({{"init_scale", cat(options_.init_scale)},
                        {"growth_interval", std::to_string(options_.growth_interval)}});
     return identity;
   }
-  // identity() in the order a mismatch is best reported: the example and precision, then the
-  // options, and last the steps per epoch, which follow from the data and batch options.
+  // identity() in the order a mismatch is best reported: the example, AMP's dtype and the
+  // precision, then the options, and last the steps per epoch, which follow from the data and
+  // batch options.
   io::RequiredMetadata identity_to_resume() const {
     io::Metadata rest = identity();
     io::RequiredMetadata ordered;
-    for (const char* key : {"example", "precision"}) {
+    for (const char* key : {"example", "amp_dtype", "precision"}) {
+      if (rest.count(key) == 0) continue; // amp_dtype: AMP runs only
       ordered.push_back({key, rest.at(key)});
       rest.erase(key);
     }
@@ -635,8 +658,9 @@ private:
   std::string checkpoint_note() const;
   // One optimizer step on batch `step`; its loss, scale and found_inf are copied on the device
   // into row `slot` of pending_figures_. Returns what else the log needs (wall_s left for the
-  // caller).
-  PendingStep step(int64_t step, int64_t slot);
+  // caller). With --diagnose, the last step also prints the range and update reports and writes
+  // out_dir/gradients.png.
+  PendingStep step(int64_t step, int64_t slot, const std::string& out_dir);
   // Copies `tensor` (f32 [1], on the device) into pending_figures_[slot, column] on the device.
   void keep_figure(const Tensor& tensor, int64_t slot, int64_t column);
   // Reads the pending steps' figures on the host (one wait for the device) into the log.
@@ -648,8 +672,8 @@ private:
   const TrainSpec& spec_;
   const Options& options_;
   Device device_;
-  bool amp_;
-  std::string precision_;
+  Precision precision_;
+  std::string name_; // precision_.name()
   std::unique_ptr<nn::Sequential> model_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<amp::GradScaler> scaler_;
@@ -734,7 +758,7 @@ void Run::save_final_weights() {
 void Run::warn_not_written(const std::string& file, const std::string& reason) {
   if (!not_written_.insert(file).second) return; // said once per file
   std::fprintf(stderr, "warning: %s: training diverged by step %zu (a lower --lr may help): %s%s\n",
-               precision_.c_str(), log_.steps.size(), reason.c_str(), checkpoint_note().c_str());
+               name_.c_str(), log_.steps.size(), reason.c_str(), checkpoint_note().c_str());
 }
 
 std::string Run::checkpoint_note() const {
@@ -742,7 +766,7 @@ std::string Run::checkpoint_note() const {
   return cat("; checkpoint.safetensors keeps step ", checkpoint_step_);
 }
 
-PendingStep Run::step(int64_t step, int64_t slot) {
+PendingStep Run::step(int64_t step, int64_t slot, const std::string& out_dir) {
   const bool probe_this_step = options_.diagnose && step + 1 == spec_.steps;
   const float scale_now = probe_this_step ? scaler_->get_scale() : 1.0f; // a host read
   std::unique_ptr<amp::ActivationGradientProbe> probe;
@@ -754,13 +778,23 @@ PendingStep Run::step(int64_t step, int64_t slot) {
   opt_->zero_grad();
   Var output, loss;
   {
-    amp::Autocast autocast(amp_);
+    amp::Autocast autocast(precision_.amp, precision_.dtype);
     output = (*model_)(Var(batch.input));
     loss = loss_of(spec_.loss, output, batch.target);
   }
   scaler_->scale(loss).backward();
-  if (probe_this_step) print_diagnostics(*model_, *probe, scale_now, options_.init_scale);
+  std::vector<std::vector<float>> masters_before;
+  if (probe_this_step) {
+    print_diagnostics(*model_, *probe, scale_now, options_.init_scale,
+                      cat(spec_.example, " ", name_), out_dir);
+    masters_before = amp::snapshot_masters(model_->named_parameters());
+  }
   scaler_->step(*opt_);
+  if (probe_this_step)
+    std::cout << amp::format_update_reports(
+        "weight updates of the last step that weights kept in 16 bits would lose (the fp32 "
+        "masters keep every one):",
+        amp::weight_update_report(model_->named_parameters(), masters_before));
 
   keep_figure(loss.value(), slot, 0);
   if (scaler_->is_enabled()) keep_figure(scaler_->found_inf(*opt_), slot, 2);
@@ -801,7 +835,7 @@ void Run::read_pending() {
       // A scale that backed off below the smallest normal float cannot recover: 1/S overflows
       // soon, and no step at it would be taken. Stopping here, the run writes no checkpoint
       // holding it (the loss scaler's deliberate difference, docs/mixed-precision.md).
-      require(record.skipped == 0.0f || record.scale >= FLT_MIN, precision_.c_str(),
+      require(record.skipped == 0.0f || record.scale >= FLT_MIN, name_.c_str(),
               "loss scaling collapsed after ", log_.steps.size() + 1, " steps: the last ",
               skipped_in_a_row_, " overflowed (inf or NaN gradients) and the scale backed off to ",
               record.scale, ", below the smallest normal float (", FLT_MIN,
@@ -818,7 +852,7 @@ void Run::read_pending() {
 
 void Run::finish_epoch(int64_t epoch, double wall_s, Progress& progress) {
   EpochRecord record = train_figures(log_, epoch, spec_.steps_per_epoch);
-  const Evaluation test = evaluate(spec_, *model_, device_, amp_);
+  const Evaluation test = evaluate(spec_, *model_, device_, precision_);
   record.test_loss = unsigned_nan(float(test.loss));
   record.test_accuracy = float(test.accuracy);
   record.wall_s = float(wall_s);
@@ -839,8 +873,8 @@ RunResult Run::train(const std::string& out_dir) {
     io::save_weights(options_.save_weights + "/init.safetensors", *model_);
 
   RunResult result;
-  result.precision = precision_;
-  Progress progress(cat(spec_.example, " ", precision_, " ", device_), first_step_, spec_.steps,
+  result.precision = name_;
+  Progress progress(cat(spec_.example, " ", name_, " ", device_), first_step_, spec_.steps,
                     options_.log_every, spec_.steps_per_epoch);
   wall_before_ = log_.steps.empty() ? 0.0 : log_.steps.back().wall_s;
   Allocator& allocator = allocator_for(device_);
@@ -850,7 +884,7 @@ RunResult Run::train(const std::string& out_dir) {
   for (int64_t s = first_step_; s < spec_.steps; ++s) {
     result.stop_signal = stop_signal();
     if (result.stop_signal != 0) break;
-    pending_.push_back(step(s, int64_t(pending_.size())));
+    pending_.push_back(step(s, int64_t(pending_.size()), out_dir));
     pending_.back().wall_s = float(wall_before_ + seconds_since(start));
     const bool epoch_ends = evaluates() && (s + 1) % spec_.steps_per_epoch == 0;
     const bool checkpoint =
@@ -886,8 +920,8 @@ RunResult Run::train(const std::string& out_dir) {
   }
   result.final_scale = scaler_->get_scale();
   if (!stopped) {
-    measure_inference(spec_, *model_, device_, amp_, result);
-    if (spec_.finish) spec_.finish(*model_, device_, amp_, out_dir);
+    measure_inference(spec_, *model_, device_, precision_, result);
+    if (spec_.finish) spec_.finish(*model_, device_, precision_, out_dir);
   }
   write_outputs(out_dir, result);
   return result;
@@ -898,7 +932,7 @@ RunResult Run::train(const std::string& out_dir) {
 void Run::write_profile(const std::string& out_dir, int64_t steps) const {
   profile::set_enabled(false);
   const std::string table = profile::format_table(profile::collect(), steps, "  ");
-  std::printf("%s %s on %s:\n%s", spec_.example.c_str(), precision_.c_str(), device_name(device_),
+  std::printf("%s %s on %s:\n%s", spec_.example.c_str(), name_.c_str(), device_name(device_),
               table.c_str());
   io::write_file_atomically(out_dir + "/profile.txt", table);
 }
@@ -908,6 +942,9 @@ void Run::write_outputs(const std::string& out_dir, const RunResult& result) con
                             {"device", device_name(device_)},
                             {"device_name", device_description(device_)},
                             {"precision", result.precision},
+                            {"amp_dtype", precision_.amp
+                                              ? nlohmann::json(dtype_name(precision_.dtype))
+                                              : nlohmann::json()},
                             {"loss_scaling", scaler_->is_enabled()},
                             {"steps", spec_.steps},
                             {"steps_completed", result.steps_completed},
@@ -933,7 +970,7 @@ void Run::write_outputs(const std::string& out_dir, const RunResult& result) con
   }
   io::write_file_atomically(out_dir + "/metrics.csv", metrics_csv(log_));
   io::write_file_atomically(out_dir + "/summary.json", summary.dump(2) + "\n");
-  write_plots(out_dir, cat(spec_.example, " ", precision_), log_, spec_.steps_per_epoch,
+  write_plots(out_dir, cat(spec_.example, " ", name_), log_, spec_.steps_per_epoch,
               scaler_->is_enabled());
 }
 
@@ -953,11 +990,20 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
       ->capture_default_str();
   app.add_option("--out", options.out, "output directory (default out/<example>)")
       ->check(kNonEmptyPath);
-  app.add_flag("--amp", options.amp, "train with mixed precision (autocast + GradScaler)");
+  app.add_flag("--amp", options.amp,
+               "train with mixed precision (autocast; with f16 also GradScaler)");
+  app.add_option("--amp-dtype", options.amp_dtype,
+                 "autocast's low precision: f16 (with loss scaling) or bf16 (float's range, "
+                 "without loss scaling unless --loss-scaling)")
+      ->check(CLI::IsMember({"f16", "bf16"}))
+      ->capture_default_str();
   app.add_flag("--compare", options.compare,
                "train FP32, then AMP from the same init, and print the comparison table");
+  app.add_flag("--compare-dtypes", options.compare_dtypes,
+               "train FP32, AMP-f16 and AMP-bf16 from the same init, and print them side by side");
   app.add_flag("--diagnose", options.diagnose,
-               "report fp16 underflow/overflow of activation and weight gradients");
+               "report, per layer, the gradients f16 and bf16 would flush to zero, make subnormal "
+               "or overflow, and the weight updates each would round away; plot gradients.png");
   app.add_flag("--profile", options.profile,
                "time every op of training (CUDA events on a GPU; adds a little overhead), then "
                "print the time per op and write it to profile.txt");
@@ -971,38 +1017,66 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
       ->transform(integer_in(1, INT32_MAX))
       ->capture_default_str();
   app.add_flag("--no-loss-scaling", options.no_loss_scaling,
-               "AMP without loss scaling (ablation: small gradients flush to zero)");
+               "AMP-f16 without loss scaling (ablation: small gradients flush to zero)");
+  app.add_flag("--loss-scaling", options.loss_scaling,
+               "AMP-bf16 with loss scaling (GradScaler; bf16 runs without it by default)");
   app.add_option("--log-every", options.log_every,
                  "progress line every N steps (0: every tenth of the run or 10 s)")
       ->transform(integer_in(0, kMaxSteps));
   app.add_option("--save-weights", options.save_weights,
                  "write DIR/init.safetensors before the first step and DIR/final.safetensors "
                  "after the last (PyTorch state_dict names and layouts; with --compare, "
-                 "DIR/fp32 and DIR/amp)")
+                 "DIR/fp32 and DIR/amp, or DIR/amp-bf16; --compare-dtypes: all three)")
       ->check(kNonEmptyPath);
   app.add_option("--load-weights", options.load_weights,
                  "start from the weights in this safetensors file")
       ->check(kNonEmptyPath);
   app.add_option("--checkpoint-every", options.checkpoint_every,
                  "every N steps, write a training checkpoint to OUT/checkpoint.safetensors "
-                 "(with --compare, OUT/fp32/ and OUT/amp/)")
+                 "(with --compare or --compare-dtypes, in each run's folder)")
       ->transform(integer_in(0, kMaxSteps));
   app.add_option("--resume", options.resume,
                  "continue the run saved in this training checkpoint (same options)")
       ->check(kNonEmptyPath);
-  // The scaler's options without mixed precision would be ignored (as GradScaler(enabled=False)
-  // ignores its arguments): most likely --amp was forgotten, so they are refused.
+  // Options that no run would use are refused rather than ignored (as GradScaler(enabled=False)
+  // ignores its arguments): most likely --amp, --loss-scaling or a dtype was forgotten.
   app.parse_complete_callback([&app, &options] {
     if (options.amp && options.compare)
       throw CLI::ValidationError("--amp",
                                  "--compare trains both FP32 and AMP; give one of the two");
-    if (options.amp || options.compare) return;
+    if (options.compare_dtypes && (options.amp || options.compare))
+      throw CLI::ValidationError("--compare-dtypes",
+                                 "trains FP32, AMP-f16 and AMP-bf16; it takes neither --amp nor "
+                                 "--compare");
+    if (options.compare_dtypes && app.count("--amp-dtype") > 0)
+      throw CLI::ValidationError("--amp-dtype", "--compare-dtypes trains both f16 and bf16");
+    if (options.loss_scaling && options.no_loss_scaling)
+      throw CLI::ValidationError("--loss-scaling", "contradicts --no-loss-scaling");
+    const bool f16 = options.compare_dtypes || options.amp_dtype == "f16";
+    const bool bf16 = options.compare_dtypes || options.amp_dtype == "bf16";
+    const char* amp_options = "--amp, --compare or --compare-dtypes";
+    if (!options.amp && !options.compare && !options.compare_dtypes) {
+      for (const char* name : {"--amp-dtype", "--loss-scaling", "--no-loss-scaling"})
+        if (app.count(name) > 0)
+          throw CLI::ValidationError(name, cat("applies only with ", amp_options));
+    }
+    if (options.no_loss_scaling && !f16)
+      throw CLI::ValidationError("--no-loss-scaling",
+                                 "bf16 runs without loss scaling already (--loss-scaling turns "
+                                 "it on)");
+    if (options.loss_scaling && !bf16)
+      throw CLI::ValidationError("--loss-scaling",
+                                 "f16 runs with loss scaling already (--no-loss-scaling turns "
+                                 "it off)");
+    // The scaler runs for f16 (unless --no-loss-scaling) and for bf16 with --loss-scaling.
+    const bool scaled = (options.amp || options.compare || options.compare_dtypes) &&
+                        ((f16 && !options.no_loss_scaling) || (bf16 && options.loss_scaling));
     for (const char* name : {"--init-scale", "--growth-interval"})
-      if (app.count(name) > 0)
-        throw CLI::ValidationError(name, "sets the loss scaler, which runs only with --amp or "
-                                         "--compare");
-    if (options.no_loss_scaling)
-      throw CLI::ValidationError("--no-loss-scaling", "applies only with --amp or --compare");
+      if (app.count(name) > 0 && !scaled)
+        throw CLI::ValidationError(name,
+                                   cat("sets the loss scaler, which runs only with ", amp_options,
+                                       " in f16, or in bf16 with "
+                                       "--loss-scaling"));
   });
 }
 
@@ -1020,9 +1094,9 @@ Device resolve_device(const std::string& name) {
   return device;
 }
 
-RunResult train(const TrainSpec& spec, const Options& options, Device device, bool amp,
-                const std::string& out_dir) {
-  Run run(spec, options, device, amp);
+RunResult train(const TrainSpec& spec, const Options& options, Device device,
+                const Precision& precision, const std::string& out_dir) {
+  Run run(spec, options, device, precision);
   return run.train(out_dir);
 }
 
@@ -1032,21 +1106,47 @@ std::string last_losses_label(int64_t steps) {
   return cat("last-", std::min(steps, int64_t(kLossTailSteps)), " mean");
 }
 
-// The FP32-vs-AMP table of training (with the losses) or inference (fp32 and amp null).
-void print_comparison(const std::string& what, double fp32_s, double amp_s, size_t fp32_bytes,
-                      size_t amp_bytes, const RunResult* fp32, const RunResult* amp,
-                      const std::string& tail_label = "") {
+// One run of run_example: its options, precision and output folder.
+struct PlannedRun {
+  Options options;
+  Precision precision;
+  std::string out_dir;
+};
+
+// A run's row label: FP32, AMP, AMP-bf16 (AMP-f16 beside an AMP-bf16 run).
+std::string row_label(const PlannedRun& run, bool both_dtypes) {
+  if (!run.precision.amp) return "FP32";
+  if (run.precision.dtype == DType::bf16) return "AMP-bf16";
+  return both_dtypes ? "AMP-f16" : "AMP";
+}
+
+// The comparison table of training (with the losses and skipped steps) or of inference: one row
+// per run, FP32 first, then each AMP run's savings against it.
+void print_comparison(const std::string& what, const std::vector<std::string>& labels,
+                      const std::vector<RunResult>& results, bool training,
+                      const std::string& tail_label) {
   std::printf("\n%s\n", what.c_str());
-  std::printf("  %-10s %12s %14s %14s %14s\n", "", "time (s)", "peak memory",
-              fp32 ? "final loss" : "", tail_label.c_str());
-  std::printf("  %-10s %12.4f %14s %14s %14s\n", "FP32", fp32_s, mib(fp32_bytes).c_str(),
-              fp32 ? cat(fp32->final_loss).c_str() : "",
-              fp32 ? cat(fp32->loss_last10_mean).c_str() : "");
-  std::printf("  %-10s %12.4f %14s %14s %14s\n", "AMP", amp_s, mib(amp_bytes).c_str(),
-              amp ? cat(amp->final_loss).c_str() : "",
-              amp ? cat(amp->loss_last10_mean).c_str() : "");
-  std::printf("  time saved: %.1f%%   memory saved: %.1f%%\n", 100.0 * (1.0 - amp_s / fp32_s),
-              100.0 * (1.0 - double(amp_bytes) / double(fp32_bytes)));
+  std::printf("  %-10s %12s %14s %14s %14s %8s\n", "", "time (s)", "peak memory",
+              training ? "final loss" : "", training ? tail_label.c_str() : "",
+              training ? "skipped" : "");
+  const auto seconds = [&](const RunResult& r) { return training ? r.wall_s : r.inference_wall_s; };
+  const auto bytes = [&](const RunResult& r) {
+    return training ? r.peak_bytes : r.inference_peak_bytes;
+  };
+  for (size_t i = 0; i < results.size(); ++i) {
+    const RunResult& r = results[i];
+    std::printf("  %-10s %12.4f %14s %14s %14s %8s\n", labels[i].c_str(), seconds(r),
+                mib(bytes(r)).c_str(), training ? cat(r.final_loss).c_str() : "",
+                training ? cat(r.loss_last10_mean).c_str() : "",
+                training ? cat(r.skipped_steps).c_str() : "");
+  }
+  const RunResult& fp32 = results[0];
+  for (size_t i = 1; i < results.size(); ++i) {
+    const std::string prefix = results.size() > 2 ? labels[i] + ": " : "";
+    std::printf("  %stime saved: %.1f%%   memory saved: %.1f%%\n", prefix.c_str(),
+                100.0 * (1.0 - seconds(results[i]) / seconds(fp32)),
+                100.0 * (1.0 - double(bytes(results[i])) / double(bytes(fp32))));
+  }
 }
 
 // "cpu", or "cuda (NVIDIA H100 80GB HBM3)".
@@ -1064,27 +1164,26 @@ void warn_if_diverged(const RunResult& r) {
                r.precision.c_str(), r.final_loss);
 }
 
-// The options of one precision's run under --compare: weights go to their own subdirectory.
-Options options_for(const Options& options, const std::string& precision) {
+// The run in `precision` of a comparison: into out/<name>, its weights into their own
+// subdirectory.
+PlannedRun compared_run(const Options& options, const Precision& precision,
+                        const std::string& out) {
   Options run = options;
-  if (!run.save_weights.empty()) run.save_weights += "/" + precision;
-  return run;
+  if (!run.save_weights.empty()) run.save_weights += "/" + precision.name();
+  return {run, precision, out + "/" + precision.name()};
 }
-} // namespace
 
-namespace {
-// One run of run_example: its options, precision and output folder.
-struct PlannedRun {
-  Options options;
-  bool amp;
-  std::string out_dir;
-};
-
-// One run, or FP32 then AMP under --compare, each into its own folder.
+// One run; FP32 then AMP under --compare; FP32, AMP-f16 and AMP-bf16 under --compare-dtypes. Each
+// run of a comparison writes into its own folder.
 std::vector<PlannedRun> planned_runs(const Options& options, const std::string& out) {
-  if (!options.compare) return {{options, options.amp, out}};
-  return {{options_for(options, "fp32"), false, out + "/fp32"},
-          {options_for(options, "amp"), true, out + "/amp"}};
+  const Precision amp{true, parse_half_precision(options.amp_dtype)};
+  if (options.compare_dtypes)
+    return {compared_run(options, Precision{}, out),
+            compared_run(options, Precision{true, DType::f16}, out),
+            compared_run(options, Precision{true, DType::bf16}, out)};
+  if (options.compare)
+    return {compared_run(options, Precision{}, out), compared_run(options, amp, out)};
+  return {{options, options.amp ? amp : Precision{}, out}};
 }
 
 // The line for a program that stopped on `signal`, after the runs in `results`.
@@ -1093,10 +1192,10 @@ std::string stop_line(const TrainSpec& spec, const Options& options,
                       int signal) {
   const std::string stopped = cat("interrupted (", signal_name(signal), "): ");
   if (results.empty() || results.back().stop_signal == 0) // between runs, or after the last
-    return stopped +
-           (results.size() < runs.size()
-                ? cat("the ", runs[results.size()].amp ? "AMP" : "FP32", " run was not started")
-                : std::string("every run had finished"));
+    return stopped + (results.size() < runs.size()
+                          ? cat("the ", row_label(runs[results.size()], runs.size() > 2),
+                                " run was not started")
+                          : std::string("every run had finished"));
   const RunResult& r = results.back();
   const std::string& dir = runs[results.size() - 1].out_dir;
   return cat(stopped, spec.example, " ", r.precision, " stopped after ", r.steps_completed, " of ",
@@ -1111,8 +1210,8 @@ int run_example(const TrainSpec& spec, const Options& options) {
   const Device device = resolve_device(options.device);
   require(options.resume.empty() || options.load_weights.empty(), "--resume",
           "continues from the checkpoint's weights; it cannot be combined with --load-weights");
-  require(options.resume.empty() || !options.compare, "--resume",
-          "resumes one run; it cannot be combined with --compare");
+  require(options.resume.empty() || (!options.compare && !options.compare_dtypes), "--resume",
+          "resumes one run; it cannot be combined with --compare or --compare-dtypes");
   require(options.checkpoint_every <= spec.steps, "--checkpoint-every", "the run has ", spec.steps,
           " steps, so every ", options.checkpoint_every, " steps would write no checkpoint");
   for (const auto& [key, value] : spec.config) // summary.json and checkpoints are UTF-8 JSON
@@ -1123,7 +1222,7 @@ int run_example(const TrainSpec& spec, const Options& options) {
   // Every run's outputs are checked, made and locked before the first trains.
   std::vector<OutputDir> outputs;
   for (const PlannedRun& run : runs)
-    for (OutputDir& dir : output_dirs(spec, run.options, run.amp, run.out_dir))
+    for (OutputDir& dir : output_dirs(spec, run.options, run.precision, run.out_dir))
       outputs.push_back(std::move(dir));
   std::vector<std::string> inputs = spec.input_files;
   if (!options.load_weights.empty()) inputs.push_back(options.load_weights);
@@ -1134,14 +1233,14 @@ int run_example(const TrainSpec& spec, const Options& options) {
   std::vector<RunResult> results;
   for (const PlannedRun& run : runs) {
     if (stop_signal() != 0) break;
-    results.push_back(train(spec, run.options, device, run.amp, run.out_dir));
+    results.push_back(train(spec, run.options, device, run.precision, run.out_dir));
   }
   if (stop_signal() != 0) {
     std::fprintf(stderr, "%s\n", stop_line(spec, options, runs, results, stop_signal()).c_str());
     return 128 + stop_signal();
   }
   for (const RunResult& r : results) warn_if_diverged(r);
-  if (!options.compare) {
+  if (runs.size() == 1) {
     const RunResult& r = results[0];
     std::printf("%s %s on %s: final loss %.6g (%s %.6g) in %.2f s, peak %s, skipped %lld, "
                 "scale %g\n",
@@ -1151,20 +1250,25 @@ int run_example(const TrainSpec& spec, const Options& options) {
     std::printf("wrote %s/ (metrics.csv, summary.json, plots)\n", out.c_str());
     return 0;
   }
-  const RunResult &fp32 = results[0], &amp = results[1];
   std::printf("\n%s on %s, %lld steps (same init and data)%s", spec.example.c_str(),
               device_label(device).c_str(), static_cast<long long>(spec.steps),
-              device == Device::cpu ? " — CPU f16 is an emulation for study: the speed claim "
-                                      "belongs to the GPU\n"
+              device == Device::cpu ? " — CPU f16 and bf16 are emulations for study: the speed "
+                                      "claim belongs to the GPU\n"
                                     : "\n");
-  print_comparison("Training", fp32.wall_s, amp.wall_s, fp32.peak_bytes, amp.peak_bytes, &fp32,
-                   &amp, last_losses_label(spec.steps));
-  std::printf("  AMP: %lld skipped steps, final scale %g\n",
-              static_cast<long long>(amp.skipped_steps), amp.final_scale);
-  print_comparison("Inference (forward only)", fp32.inference_wall_s, amp.inference_wall_s,
-                   fp32.inference_peak_bytes, amp.inference_peak_bytes, nullptr, nullptr);
-  std::printf("\nwrote %s/fp32/ and %s/amp/ (metrics.csv, summary.json, plots)\n", out.c_str(),
-              out.c_str());
+  std::vector<std::string> labels, written;
+  for (const PlannedRun& run : runs) {
+    labels.push_back(row_label(run, runs.size() > 2));
+    written.push_back(run.out_dir + "/");
+  }
+  print_comparison("Training", labels, results, true, last_losses_label(spec.steps));
+  for (size_t i = 1; i < results.size(); ++i)
+    std::printf("  %s: %lld skipped steps, final scale %g%s\n", labels[i].c_str(),
+                static_cast<long long>(results[i].skipped_steps), results[i].final_scale,
+                scales_loss(runs[i].options, runs[i].precision) ? "" : " (no loss scaling)");
+  print_comparison("Inference (forward only)", labels, results, false, "");
+  std::printf("\nwrote %s (metrics.csv, summary.json, plots)\n",
+              written.size() == 2 ? cat(written[0], " and ", written[1]).c_str()
+                                  : cat(written[0], ", ", written[1], " and ", written[2]).c_str());
   return 0;
 }
 

@@ -1,7 +1,8 @@
 // What every example shares: the command-line options, device selection, the training loop
 // (written to sit next to PyTorch's autocast + GradScaler loop), per-epoch evaluation, weights
 // and training checkpoints with resume, metrics.csv / epochs.csv / summary.json and their plots,
-// the FP32-vs-AMP comparison table, and the fp16 range diagnostics.
+// the FP32-vs-AMP comparison table (AMP in f16, bf16 or both), and the range diagnostics of both
+// 16-bit formats.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -36,12 +37,15 @@ struct Options {
   float lr = 1e-3f;
   std::string out;
   bool amp = false;
+  std::string amp_dtype = "f16"; // autocast's dtype: f16 or bf16
   bool compare = false;
+  bool compare_dtypes = false; // FP32, AMP-f16 and AMP-bf16
   bool diagnose = false;
   bool profile = false; // time every op of training; print it and write profile.txt
   float init_scale = amp::GradScalerOptions{}.init_scale;
   int growth_interval = amp::GradScalerOptions{}.growth_interval;
-  bool no_loss_scaling = false;
+  bool no_loss_scaling = false; // f16 without the scaler (an ablation)
+  bool loss_scaling = false;    // bf16 with the scaler (off by default, as PyTorch users run it)
   int64_t log_every = 0;        // steps between progress lines; 0: a tenth of the run or 10 s
   std::string save_weights;     // directory for init.safetensors and final.safetensors
   std::string load_weights;     // a weights file to start from
@@ -53,6 +57,14 @@ struct Options {
 void add_common_options(CLI::App& app, Options& options, float default_lr);
 // "auto" -> cuda when available, else cpu; "cuda" without a GPU is an Error saying why.
 Device resolve_device(const std::string& name);
+
+// How a run computes: FP32, or AMP with autocast to `dtype` (f16 or bf16).
+struct Precision {
+  bool amp = false;
+  DType dtype = DType::f16;
+  // "fp32", "amp" (f16) or "amp-bf16": the run's name in logs, output folders and summaries.
+  std::string name() const { return !amp ? "fp32" : dtype == DType::f16 ? "amp" : "amp-bf16"; }
+};
 
 // One training batch: the input and a target (f32 values for MSE, i32 labels for CE).
 struct Batch {
@@ -84,9 +96,10 @@ struct TrainSpec {
   std::function<void(int64_t epoch, Rng& rng)> start_epoch;
   int64_t eval_batches = 0;
   std::function<Batch(int64_t index, Device device)> eval_batch;
-  // Called after the last step with the trained model (e.g. to write images); `amp` says
-  // whether this run trained with mixed precision.
-  std::function<void(nn::Sequential& model, Device device, bool amp, const std::string& out_dir)>
+  // Called after the last step with the trained model (e.g. to write images); `precision` is
+  // the run's (autocast it for inference as the run trained).
+  std::function<void(nn::Sequential& model, Device device, const Precision& precision,
+                     const std::string& out_dir)>
       finish;
   std::vector<std::string> output_files; // the files `finish` writes into out_dir
   // The files the run reads (e.g. its data set): a run whose output would replace one is refused.
@@ -94,7 +107,7 @@ struct TrainSpec {
 };
 
 struct RunResult {
-  std::string precision; // "fp32" or "amp"
+  std::string precision; // Precision::name()
   double wall_s = 0;
   double final_loss = 0;
   double loss_last10_mean = 0; // of the last 10 steps' losses (of all, when fewer): less noisy
@@ -108,8 +121,8 @@ struct RunResult {
   int stop_signal = 0; // SIGINT or SIGTERM when the run stopped early on one, else 0
 };
 
-// Trains spec.steps steps in FP32 or AMP (from --load-weights or --resume when given), writes
-// out_dir/metrics.csv, summary.json, loss.png (and for AMP with loss scaling loss_scale.png; with
+// Trains spec.steps steps in `precision` (from --load-weights or --resume when given), writes
+// out_dir/metrics.csv, summary.json, loss.png (and with loss scaling loss_scale.png; with
 // evaluation epochs.csv and accuracy.png), weights and checkpoints as the options say, prints
 // progress, and returns the figures. The model is built from `options.seed`, so two runs start from
 // the same weights. The output folders must exist (run_example creates and locks them). A run
@@ -118,10 +131,11 @@ struct RunResult {
 // 32 steps). Once a stop was requested (run_example: SIGINT or SIGTERM), the run stops before
 // its next step, writes its checkpoint (with --checkpoint-every) and outputs, and returns with
 // stop_signal set.
-RunResult train(const TrainSpec& spec, const Options& options, Device device, bool amp,
-                const std::string& out_dir);
+RunResult train(const TrainSpec& spec, const Options& options, Device device,
+                const Precision& precision, const std::string& out_dir);
 
-// Runs the example as its options say: one run, or --compare (FP32 then AMP, then the table).
+// Runs the example as its options say: one run, or --compare (FP32 then AMP, then the table), or
+// --compare-dtypes (FP32, AMP-f16 and AMP-bf16, then the table).
 // The output folders are created and locked first (a second run on one is refused) and a folder
 // it made is removed if it fails before writing into it. The first SIGINT or SIGTERM stops the
 // run after its current step (train), the second ends the program at once; the program then

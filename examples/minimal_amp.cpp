@@ -1,6 +1,7 @@
 // minimal_amp: the mixed-precision training loop and nothing around it. PyTorch's AMP recipe
 // (torch.autocast + torch.amp.GradScaler) line by line, on an MLP that learns
-// y = sin(3 x0) cos(3 x1) from 256 points of [-1, 1]^2. README.md shows the lines between the two
+// y = sin(3 x0) cos(3 x1) from 256 points of [-1, 1]^2, in f16 (with loss scaling) or bf16
+// (without: bf16 has float's range). README.md shows the lines between the two
 // "the loop" markers, copied from here (tests/docs/check_docs.py keeps them identical).
 #include <cmath>
 #include <cstdio>
@@ -19,8 +20,12 @@ int main(int argc, char** argv) try {
   CLI::App app{"minamp minimal_amp: the AMP training loop on a small MLP"};
   std::string device_name = "cpu";
   int64_t steps = 300;
+  std::string amp_dtype = "f16";
   app.add_option("--device", device_name, "cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--amp-dtype", amp_dtype, "autocast's low precision: f16 or bf16")
+      ->check(CLI::IsMember({"f16", "bf16"}))
       ->capture_default_str();
   app.add_option("--steps", steps, "training steps")
       ->transform(examples::integer_in(1, 1'000'000))
@@ -29,6 +34,7 @@ int main(int argc, char** argv) try {
   CLI11_PARSE(app, argc, argv);
   const Device device = device_name == "cuda" ? Device::cuda : Device::cpu;
   require(device == Device::cpu || cuda_available(), "--device cuda", cuda_unavailable_reason());
+  const DType dtype = parse_half_precision(amp_dtype);
 
   Rng rng(0);
   std::vector<float> xs, ys;
@@ -44,16 +50,18 @@ int main(int argc, char** argv) try {
   model.emplace<nn::Linear>(64, 64, rng).emplace<nn::ReLU>().emplace<nn::Linear>(64, 1, rng);
   model.to(device);
   optim::Adam opt(model.parameters(), 1e-2f);
+  amp::GradScalerOptions scaling;        // PyTorch's defaults: 2^16, x2 / x0.5, 2000 steps
+  scaling.enabled = dtype == DType::f16; // bf16 needs no scaler (float's exponent range)
 
   // The comments line up with PyTorch's recipe, which clang-format would undo.
   // clang-format off
   // the loop
-  amp::GradScaler scaler({}, device);                  // scaler = torch.amp.GradScaler()
+  amp::GradScaler scaler(scaling, device);             // scaler = torch.amp.GradScaler(enabled=...)
   for (int64_t step = 0; step < steps; ++step) {
     opt.zero_grad();                                   // opt.zero_grad()
     Var loss;
     {
-      amp::Autocast autocast;                          // with torch.autocast("cuda"):
+      amp::Autocast autocast(true, dtype);             // with torch.autocast("cuda", dtype):
       loss = ops::mse_loss(model(Var(input)), target); //     loss = mse_loss(model(x), y)
     }
     scaler.scale(loss).backward();                     // scaler.scale(loss).backward()

@@ -93,10 +93,11 @@ int main(int argc, char** argv) {
       return resident;
     };
     spec.output_files = {"sine.png"};
-    spec.finish = [&](nn::Sequential& model, Device device, bool amp, const std::string& out_dir) {
+    spec.finish = [&](nn::Sequential& model, Device device, const examples::Precision& precision,
+                      const std::string& out_dir) {
       model.eval();
       NoGrad no_grad;
-      amp::Autocast autocast(amp);
+      amp::Autocast autocast(precision.amp, precision.dtype);
       const Var prediction =
           model(Var(Tensor::from_vector(grid, {1, size, size, 2}, DType::f32, device)));
       write_side_by_side(out_dir + "/sine.png", target, prediction.value().to_vector(), size);

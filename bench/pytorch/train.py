@@ -1,5 +1,6 @@
-"""The PyTorch peer of bench_train: the same three models (models.py), eager FP32 and eager AMP
-(torch.autocast + torch.amp.GradScaler), timed the same way — warm-up steps, then each step
+"""The PyTorch peer of bench_train: the same three models (models.py), eager FP32, eager AMP
+(torch.autocast + torch.amp.GradScaler) and eager AMP-bf16 (torch.autocast(dtype=torch.bfloat16),
+no GradScaler), timed the same way — warm-up steps, then each step
 timed by the wall clock with the device synchronised before each clock read; median, p10, p90 —
 plus forward-only inference, peak memory and the final loss. Writes JSON with the torch
 version, the TF32 flags and the thread count."""
@@ -79,11 +80,22 @@ def time_each(iterations, body, device):
     return ms
 
 
-def training_step(w, opt, scaler, amp, device):
+# Each precision bench_train measures: whether it autocasts, to which dtype, and whether its loss
+# is scaled (f16 only, as PyTorch users train bf16).
+PRECISIONS = {"fp32": (False, torch.float16, False), "amp": (True, torch.float16, True),
+              "amp-bf16": (True, torch.bfloat16, False)}
+
+
+def autocast(device, precision):
+    amp, dtype, _ = PRECISIONS[precision]
+    return torch.autocast(device.name, dtype=dtype, enabled=amp)
+
+
+def training_step(w, opt, scaler, precision, device):
     def step(i):
         b = i % len(w.inputs)
         opt.zero_grad()
-        with torch.autocast(device.name, dtype=torch.float16, enabled=amp):
+        with autocast(device, precision):
             loss = w.loss(w.model(w.inputs[b]), w.targets[b])
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -93,13 +105,13 @@ def training_step(w, opt, scaler, amp, device):
     return step
 
 
-def train_run(w, amp, args, device, label, fused=False):
+def train_run(w, precision, args, device, label, fused=False):
     """Eager training with torch.optim's default implementation (mode train) or with fused=True
     (mode train-fused), whose AMP step reads found_inf on the GPU: GradScaler.step of the default
     optimizers copies found_inf to the host on every step to decide whether to skip it."""
     opt = w.make_optimizer(w.model.parameters(), **({"fused": True} if fused else {}))
-    scaler = torch.amp.GradScaler(device.name, enabled=amp)
-    step = training_step(w, opt, scaler, amp, device)
+    scaler = torch.amp.GradScaler(device.name, enabled=PRECISIONS[precision][2])
+    step = training_step(w, opt, scaler, precision, device)
     mode = "train-fused" if fused else "train"
     print(f"  {label:<22} {mode}: {args.warmup} warm-up + {args.steps} timed steps", flush=True)
     for i in range(args.warmup):
@@ -110,18 +122,18 @@ def train_run(w, amp, args, device, label, fused=False):
     ms = time_each(args.steps, lambda i: losses.append(step(args.warmup + i)), device)
     peak = device.peak(w.data_bytes())
     tail = [float(x) for x in losses]
-    return {"model": w.name, "precision": "amp" if amp else "fp32", "mode": mode,
+    return {"model": w.name, "precision": precision, "mode": mode,
             "warmup": args.warmup, "steps": args.steps, "step_ms": summarize_ms(ms),
             **peak, "data_bytes": w.data_bytes(), "final_loss": float(losses[-1]),
             "loss_last10_mean": sum(tail) / len(tail), "final_scale": scaler.get_scale()}
 
 
-def inference_run(w, amp, args, device, label):
+def inference_run(w, precision, args, device, label):
     print(f"  {label:<22} inference: 3 warm-up + {args.infer_steps} timed passes", flush=True)
     w.model.eval()
 
     def forward(_):
-        with torch.no_grad(), torch.autocast(device.name, dtype=torch.float16, enabled=amp):
+        with torch.no_grad(), autocast(device, precision):
             w.model(w.inputs[0])
 
     for i in range(3):
@@ -131,7 +143,7 @@ def inference_run(w, amp, args, device, label):
     ms = time_each(args.infer_steps, forward, device)
     peak = device.peak(w.data_bytes())
     w.model.train()
-    return {"model": w.name, "precision": "amp" if amp else "fp32", "mode": "infer",
+    return {"model": w.name, "precision": precision, "mode": "infer",
             "warmup": 3, "steps": args.infer_steps, "step_ms": summarize_ms(ms),
             **peak, "data_bytes": w.data_bytes()}
 
@@ -139,7 +151,7 @@ def inference_run(w, amp, args, device, label):
 def print_run(run):
     ms = run["step_ms"]
     peak = "n/a" if run["peak_bytes"] is None else f"{run['peak_bytes'] / 1048576:8.2f} MiB"
-    line = (f"  {run['model']:<8} {run['precision']:<4} {run['mode']:<11} median "
+    line = (f"  {run['model']:<8} {run['precision']:<8} {run['mode']:<11} median "
             f"{ms['median']:9.3f} ms  (p10 {ms['p10']:.3f}, p90 {ms['p90']:.3f})  peak {peak}")
     if "final_loss" in run:
         tail = min(run["steps"], 10)
@@ -155,7 +167,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--models", default="mlp,sine,classify")
-    p.add_argument("--precisions", default="fp32,amp")
+    p.add_argument("--precisions", default="fp32,amp,amp-bf16")
     p.add_argument("--steps", type=int, default=100, help="timed training steps")
     p.add_argument("--warmup", type=int, default=10, help="untimed training steps first")
     p.add_argument("--infer-steps", type=int, default=20, help="timed forward-only passes")
@@ -167,7 +179,7 @@ def parse_args():
     p.add_argument("--json", help="write the results to this JSON file")
     args = p.parse_args()
     for option, value, accepted in (("--models", args.models, ("mlp", "sine", "classify")),
-                                    ("--precisions", args.precisions, ("fp32", "amp"))):
+                                    ("--precisions", args.precisions, tuple(PRECISIONS))):
         unknown = [v for v in value.split(",") if v not in accepted]
         if unknown:
             p.error(f"{option}: unknown value {unknown[0]!r} (expected {', '.join(accepted)})")
@@ -232,16 +244,14 @@ def run_all(args, device, save):
         info[name] = {"description": w.description, "optimizer": w.optimizer}
         del w
         for precision in args.precisions.split(","):
-            amp = precision == "amp"
             label = f"{name} {precision} {args.device}"
             measure(name, precision, label, [
-                ("train", lambda w: train_run(w, amp, args, device, label)),
-                ("infer", lambda w: inference_run(w, amp, args, device, label))])
+                ("train", lambda w: train_run(w, precision, args, device, label)),
+                ("infer", lambda w: inference_run(w, precision, args, device, label))])
         for precision in args.precisions.split(",") if args.fused else []:
-            amp = precision == "amp"
             label = f"{name} {precision} {args.device}"
             measure(name, precision, label, [
-                ("train-fused", lambda w: train_run(w, amp, args, device, label, fused=True))])
+                ("train-fused", lambda w: train_run(w, precision, args, device, label, fused=True))])
     return info, runs
 
 

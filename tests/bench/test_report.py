@@ -25,9 +25,10 @@ def run_record(model, precision, mode, median_ms, peak_bytes=None, loss=None, **
 
 
 def every_run(framework, ms, peak=None, loss=1.0, modes=("train", "infer")):
-    """Each model in FP32 and AMP with the same step time ms[model]."""
+    """Each model in FP32, AMP and AMP-bf16 with the same step time ms[model]."""
     return [run_record(m, p, mode, ms[m], peak, loss if mode != "infer" else None)
-            for m in ("mlp", "sine", "classify") for p in ("fp32", "amp") for mode in modes]
+            for m in ("mlp", "sine", "classify") for p in ("fp32", "amp", "amp-bf16")
+            for mode in modes]
 
 
 class Report:
@@ -69,10 +70,13 @@ def minamp_result(runs, size=64, seed=0):
             "models": {}}
 
 
-def sine_from_seed(seed, fp32_loss, amp_loss):
-    """bench_train's result of sine trained from another seed: FP32 and AMP, with these losses."""
+def sine_from_seed(seed, fp32_loss, amp_loss, bf16_loss=None):
+    """bench_train's result of sine trained from another seed: FP32, AMP and (with bf16_loss)
+    AMP-bf16, with these losses."""
+    losses = (("fp32", fp32_loss), ("amp", amp_loss)) + \
+        ((("amp-bf16", bf16_loss),) if bf16_loss is not None else ())
     runs = [run_record("sine", precision, "train", 30.0, final_loss=loss, loss_last10_mean=loss)
-            for precision, loss in (("fp32", fp32_loss), ("amp", amp_loss))]
+            for precision, loss in losses]
     return minamp_result(runs, seed=seed)
 
 
@@ -141,7 +145,10 @@ class CpuTargets(unittest.TestCase):
             "mlp FP32 step vs PyTorch CPU eager FP32": 1.0,
             "sine 64^2 AMP peak memory vs minamp FP32": 0.55,
             "sine AMP final loss vs FP32 (last-10 mean)": 0.05,
-            "mlp AMP final loss vs FP32 (last-10 mean)": 0.05})
+            "mlp AMP final loss vs FP32 (last-10 mean)": 0.05,
+            "sine 64^2 AMP-bf16 peak memory vs minamp FP32": 0.55,
+            "sine AMP-bf16 final loss vs FP32 (last-10 mean)": 0.05,
+            "mlp AMP-bf16 final loss vs FP32 (last-10 mean)": 0.05})
 
     def test_missing_and_failed_parts_are_listed_and_the_rest_reported(self):
         minamp = [r for r in every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0},
@@ -151,7 +158,8 @@ class CpuTargets(unittest.TestCase):
         report = Report(self, "cpu", minamp_result(minamp), None)
         self.assertEqual(report.process.returncode, 0, report.process.stderr)
         missing = report.combined()["meta"]["missing"]
-        self.assertIn("minamp classify: no fp32 train, fp32 infer", missing)
+        self.assertIn("minamp classify: no fp32 train, fp32 infer, amp-bf16 train, amp-bf16 infer",
+                      missing)
         self.assertIn("minamp classify amp train: failed (out of memory)", missing)
         self.assertIn("PyTorch mlp: no results", missing)
         target = report.targets()["mlp FP32 step vs PyTorch CPU eager FP32"]
@@ -202,6 +210,25 @@ class CpuTargets(unittest.TestCase):
         with open(report.path("report.md")) as f:
             self.assertIn("by seed: seed 0 1, seed 1 n/a.", f.read())
 
+    def test_the_bf16_loss_over_seeds_is_the_target_and_one_seed_is_info(self):
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        for run in minamp:  # seed 0: AMP-bf16 10% over FP32
+            if run["model"] == "sine" and run["mode"] == "train":
+                run["loss_last10_mean"] = {"fp32": 1.0, "amp": 1.0, "amp-bf16": 1.1}[run["precision"]]
+        seeds = [sine_from_seed(1, 1.0, 1.0, 0.93), sine_from_seed(2, 1.0, 1.0, 0.99)]
+        targets = Report(self, "cpu", minamp_result(minamp), None, seeds=seeds).targets()
+        one = targets["sine AMP-bf16 final loss vs FP32 (last-10 mean)"]
+        self.assertAlmostEqual(one["ratio"], 0.1)
+        self.assertEqual(one["status"], "info (one seed; the target is the mean over seeds)")
+        row = targets["sine AMP-bf16 final loss vs FP32, mean over seeds 0, 1, 2 (last-10 means)"]
+        self.assertAlmostEqual(row["minamp"], 3.02 / 3)
+        self.assertAlmostEqual(row["ratio"], 0.02 / 3)
+        self.assertEqual(row["status"], "met")
+        seeds[1] = sine_from_seed(2, 1.0, 1.0, 1.2)  # the mean 8% over FP32's
+        targets = Report(self, "cpu", minamp_result(minamp), None, seeds=seeds).targets()
+        row = targets["sine AMP-bf16 final loss vs FP32, mean over seeds 0, 1, 2 (last-10 means)"]
+        self.assertEqual(row["status"], "missed")
+
     def test_one_seed_alone_gives_no_row_over_seeds(self):
         minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
         report = Report(self, "cpu", minamp_result(minamp), None, seeds=[None])
@@ -223,9 +250,12 @@ class CpuTargets(unittest.TestCase):
 
 
 class GpuTargets(unittest.TestCase):
-    def gpu_report(self, gemm_check_failed=False):
+    def gpu_report(self, gemm_check_failed=False, bf16_factor=1.0):
         ms = {"mlp": 0.05, "sine": 4.0, "classify": 2.0}
         minamp = every_run("minamp", ms, peak=100, modes=("train", "train-graph", "infer"))
+        for run in minamp:  # AMP-bf16 steps bf16_factor times AMP-f16's
+            if run["precision"] == "amp-bf16":
+                run["step_ms"] = {k: v * bf16_factor for k, v in run["step_ms"].items()}
         pytorch = every_run("pytorch", {"mlp": 1.0, "sine": 4.0, "classify": 2.0}, peak=100,
                             modes=("train", "train-fused", "infer"))
         for run in pytorch:
@@ -269,6 +299,17 @@ class GpuTargets(unittest.TestCase):
         self.assertEqual(bounds["sine 512^2 AMP peak memory vs minamp FP32"], 0.55)
         self.assertEqual(bounds["sine AMP final loss vs FP32 (last-10 mean)"], 0.05)
         self.assertEqual(bounds["mlp AMP final loss vs FP32 (last-10 mean)"], 0.05)
+        self.assertEqual(bounds["sine 512^2 AMP-bf16 step vs minamp AMP-f16"], 1.05)
+        self.assertEqual(bounds["sine 512^2 AMP-bf16 peak memory vs minamp FP32"], 0.55)
+        self.assertEqual(bounds["sine AMP-bf16 final loss vs FP32 (last-10 mean)"], 0.05)
+
+    def test_bf16_steps_are_compared_with_f16_steps_of_the_same_run(self):
+        name = "sine 512^2 AMP-bf16 step vs minamp AMP-f16"
+        target = self.gpu_report(bf16_factor=1.05).targets()[name]
+        self.assertEqual((target["minamp"], target["reference"]), (4.2, 4.0))
+        self.assertAlmostEqual(target["ratio"], 1.05)
+        self.assertEqual(target["status"], "met")
+        self.assertEqual(self.gpu_report(bf16_factor=1.1).targets()[name]["status"], "missed")
 
     def test_the_gemm_targets_read_the_library_f16_rows(self):
         targets = self.gpu_report().targets()

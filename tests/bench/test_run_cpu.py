@@ -30,7 +30,7 @@ def log_call(name, args):
 
 
 def write_result(args, framework, median_ms, **extra):
-    precisions = option(args, "--precisions", "fp32,amp").split(",")
+    precisions = option(args, "--precisions", "fp32,amp,amp-bf16").split(",")
     runs = [step_run(option(args, "--models"), p, mode, median_ms, mode == "train")
             for p in precisions for mode in ("train", "infer")]
     with open(option(args, "--json"), "w") as f:
@@ -117,7 +117,8 @@ class RunCpuScript(unittest.TestCase):
         self.assertEqual([option(a, "--seed") for a in minamp[3:]], ["1", "2", "3", "4", "5"])
         self.assertTrue(all(option(a, "--size") == "64" for a in minamp if "sine" in a))
         self.assertEqual([(option(a, "--models"), option(a, "--precisions")) for a in pytorch],
-                         [(m, p) for m in ("mlp", "sine", "classify") for p in ("fp32", "amp")])
+                         [(m, p) for m in ("mlp", "sine", "classify")
+                          for p in ("fp32", "amp", "amp-bf16")])
         self.assertEqual({option(a, "--threads") for a in pytorch}, {"3"})
         # The FP32 runs, which the targets compare, take the steps minamp takes.
         for model in ("mlp", "sine", "classify"):

@@ -44,13 +44,15 @@ def count(value):
 OPTIONS = {
     "bench_train": {"--device": one_of("auto", "cpu", "cuda"),
                     "--models": list_of("mlp", "sine", "classify"),
-                    "--precisions": list_of("fp32", "amp"), "--steps": count, "--warmup": count,
+                    "--precisions": list_of("fp32", "amp", "amp-bf16"), "--steps": count,
+                    "--warmup": count,
                     "--infer-steps": count, "--profile": count, "--cuda-graph": None,
                     "--size": count, "--seed": count, "--json": str},
     "bench_gemm": {"--shapes": one_of("all", "square", "model", "tiny"),
                    "--precisions": one_of("f16", "f32", "f16,f32", "f32,f16"),
                    "--json": str, "--sweep": None},
-    "example": {"--compare": None, "--device": one_of("auto", "cpu", "cuda"), "--out": str},
+    "example": {"--compare": None, "--compare-dtypes": None,
+                "--device": one_of("auto", "cpu", "cuda"), "--out": str},
 }
 
 
@@ -79,7 +81,7 @@ def fake_bench_train(args):
         time.sleep(600)
     runs = []
     for model in option(args, "--models").split(","):
-        for precision in option(args, "--precisions", "fp32,amp").split(","):
+        for precision in option(args, "--precisions", "fp32,amp,amp-bf16").split(","):
             for mode in ("train", "infer", "train-graph"):
                 runs.append(step_run(model, precision, mode, 1.0, mode != "infer"))
     write_json(option(args, "--json"), {"framework": "minamp", "threads": 16, "sine_size": 512,
@@ -98,7 +100,7 @@ def fake_bench_gemm(args):
 def fake_pytorch(args):
     modes = ("train", "infer", "train-fused") if "--fused" in args else ("train", "infer")
     runs = [step_run(option(args, "--models"), precision, mode, 2.0, mode != "infer")
-            for precision in ("fp32", "amp") for mode in modes]
+            for precision in ("fp32", "amp", "amp-bf16") for mode in modes]
     write_json(option(args, "--json"), {"framework": "pytorch", "torch_version": "2.11.0",
                                         "threads": 16, "tf32_matmul": False, "tf32_cudnn": True,
                                         "sine_size": 512, "runs": runs, "models": {}})
@@ -106,7 +108,8 @@ def fake_pytorch(args):
 
 def fake_example(args):
     check_options("example", args)
-    for precision in ("fp32", "amp"):
+    both = "--compare-dtypes" in args
+    for precision in ("fp32", "amp") + (("amp-bf16",) if both else ()):
         folder = os.path.join(option(args, "--out"), precision)
         os.makedirs(folder, exist_ok=True)
         for name in ("metrics.csv", "summary.json", "loss.png"):
@@ -164,7 +167,7 @@ class RunGpuScript(unittest.TestCase):
         process, out, results = self.run_script()
         self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
         self.assertNotIn("time budget is spent", process.stdout)
-        self.assertEqual(process.stdout.count(": exit 0,"), 20, process.stdout[-3000:])
+        self.assertEqual(process.stdout.count(": exit 0,"), 23, process.stdout[-3000:])
 
         files = sorted(os.path.relpath(os.path.join(folder, f), out)
                        for folder, _, names in os.walk(out) for f in names)
@@ -182,10 +185,13 @@ class RunGpuScript(unittest.TestCase):
         self.assertEqual(statuses["mlp AMP step vs PyTorch eager AMP"], "missed")  # 1.0 / 2.0
         over_seeds = "sine AMP final loss vs FP32, mean over seeds 0, 1, 2, 3, 4, 5 (last-10 means)"
         self.assertEqual(statuses[over_seeds], "info (the target over seeds)")
+        bf16_seeds = over_seeds.replace("sine AMP", "sine AMP-bf16")
+        self.assertEqual(statuses[bf16_seeds], "met")
         with tarfile.open(os.path.join(out, name + "-parts.tgz")) as parts:
             members = {os.path.relpath(m, name + "-parts") for m in parts.getnames()}
-        for part in ("gemm-square-f16.json", "minamp-sine-amp.json", "pytorch-classify.json",
-                     "sine/amp/summary.json", "mlp/fp32/metrics.csv",
+        for part in ("gemm-square-f16.json", "minamp-sine-amp.json", "minamp-sine-amp-bf16.json",
+                     "pytorch-classify.json", "sine/amp/summary.json",
+                     "sine/amp-bf16/summary.json", "mlp/fp32/metrics.csv",
                      "seeds/minamp-sine-seed5.json"):
             self.assertIn(part, members)
 

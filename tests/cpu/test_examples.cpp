@@ -94,9 +94,19 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--lr -1", {"--lr", "got -1"}},
       {"--amp --compare", {"--amp", "--compare trains both FP32 and AMP"}},
       {"--log-every -1", {"--log-every"}},
-      {"--init-scale 1024", {"--init-scale", "only with --amp or --compare"}},
-      {"--no-loss-scaling", {"--no-loss-scaling", "only with --amp or --compare"}},
-      {"--growth-interval 5", {"--growth-interval", "only with --amp or --compare"}},
+      {"--init-scale 1024", {"--init-scale", "only with --amp, --compare or --compare-dtypes"}},
+      {"--no-loss-scaling",
+       {"--no-loss-scaling", "only with --amp, --compare or --compare-dtypes"}},
+      {"--growth-interval 5", {"--growth-interval", "only with --amp, --compare"}},
+      {"--amp-dtype bf16", {"--amp-dtype", "only with --amp, --compare or --compare-dtypes"}},
+      {"--amp --amp-dtype f32", {"--amp-dtype", "f32"}},
+      {"--compare-dtypes --compare", {"--compare-dtypes", "takes neither --amp nor --compare"}},
+      {"--compare-dtypes --amp-dtype bf16", {"--amp-dtype", "trains both f16 and bf16"}},
+      {"--amp --loss-scaling --no-loss-scaling", {"--loss-scaling", "contradicts"}},
+      {"--amp --loss-scaling", {"--loss-scaling", "f16 runs with loss scaling already"}},
+      {"--amp --amp-dtype bf16 --no-loss-scaling",
+       {"--no-loss-scaling", "bf16 runs without loss scaling already"}},
+      {"--amp --amp-dtype bf16 --init-scale 8", {"--init-scale", "in bf16 with --loss-scaling"}},
       {"--amp --init-scale 0", {"--init-scale", "expected a finite number > 2.9e-39", "got 0"}},
       {"--amp --init-scale nan", {"--init-scale", "got nan"}},
       {"--compare --init-scale -1", {"--init-scale", "got -1"}},
@@ -106,6 +116,7 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--amp --init-scale 1e-45 --epochs 1 --batches 1", {"--init-scale", "got 1e-45"}},
       {"--amp --growth-interval 0", {"--growth-interval", "expected an integer from 1 to"}},
       {"--resume a --compare", {"--resume", "cannot be combined with --compare"}},
+      {"--resume a --compare-dtypes", {"--resume", "--compare or --compare-dtypes"}},
       {"--resume a --load-weights b", {"--resume", "--load-weights"}},
       {"--load-weights /nonexistent.safetensors", {"No such file or directory"}},
       {"--save-weights ''", {"--save-weights", "expected a path"}},
@@ -151,6 +162,28 @@ TEST(Examples, ResumeRefusesACheckpointOfOtherDataSeedLearningRateOrScaler) {
     EXPECT_NE(run.status, 0) << args;
     EXPECT_NE(run.output.find(what), std::string::npos) << args << ": " << run.output;
   }
+  // The autocast dtype and loss scaling are part of the run: a checkpoint of AMP-bf16 resumes only
+  // as AMP-bf16, and a refusal names both dtypes.
+  const std::string bf16 = fresh_dir("resume_bf16");
+  ASSERT_EQ(run_program("mlp", "--amp --amp-dtype bf16 --epochs 2 --batches 3 --checkpoint-every 2 "
+                               "--out " +
+                                   bf16)
+                .status,
+            0);
+  const std::string bf16_resume = " --resume " + bf16 + "/checkpoint.safetensors --out " + out;
+  for (const auto& [args, what] :
+       {std::pair<const char*, const char*>{"--amp", "amp_dtype 'bf16', this run has 'f16'"},
+        {"", "precision 'amp-bf16', this run has 'fp32'"},
+        {"--amp --amp-dtype bf16 --loss-scaling",
+         "precision 'amp-bf16', this run has 'amp-bf16 with loss "
+         "scaling'"}}) {
+    const ProgramRun run =
+        run_program("mlp", std::string("--epochs 3 --batches 3 ") + args + bf16_resume);
+    EXPECT_NE(run.status, 0) << args;
+    EXPECT_NE(run.output.find(what), std::string::npos) << args << ": " << run.output;
+  }
+  EXPECT_EQ(
+      run_program("mlp", "--amp --amp-dtype bf16 --epochs 3 --batches 3" + bf16_resume).status, 0);
   const std::string weights_dir = fresh_dir("resume_weights");
   ASSERT_EQ(run_program("mlp", "--epochs 1 --batches 3 --save-weights " + weights_dir + " --out " +
                                    fresh_dir("resume_weights_run"))
@@ -549,6 +582,65 @@ TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
     for (int i = 0; i < 50; ++i) first += losses[i], last += losses[150 + i];
     EXPECT_LT(last, first) << precision;
   }
+}
+
+// --compare-dtypes: FP32, AMP-f16 and AMP-bf16 from one init, each in its own folder, side by side
+// in one table (time, memory, losses, skipped steps); bf16 runs without loss scaling.
+TEST(Examples, CompareDtypesTrainsFp32F16AndBf16SideBySide) {
+  const std::string out = fresh_dir("compare_dtypes");
+  const ProgramRun run = run_program("mlp", "--compare-dtypes --epochs 1 --batches 8 --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  const size_t table = run.output.find("\nTraining\n");
+  ASSERT_NE(table, std::string::npos) << run.output;
+  const std::string training = run.output.substr(table);
+  EXPECT_NE(training.find("skipped"), std::string::npos) << training;
+  const std::pair<const char*, const char*> runs[] = {
+      {"fp32", "FP32"}, {"amp", "AMP-f16"}, {"amp-bf16", "AMP-bf16"}};
+  for (const auto& [folder, label] : runs) {
+    const nlohmann::json s =
+        nlohmann::json::parse(minamp::io::read_file(out + "/" + folder + "/summary.json"));
+    EXPECT_EQ(s["precision"], folder);
+    EXPECT_EQ(s["amp_dtype"], std::string(folder) == "fp32"  ? nlohmann::json()
+                              : std::string(folder) == "amp" ? nlohmann::json("f16")
+                                                             : nlohmann::json("bf16"));
+    EXPECT_EQ(s["loss_scaling"], std::string(folder) == "amp") << folder;
+    EXPECT_EQ(s["skipped_steps"], 0) << folder;
+    // The row: label, time, memory (value and unit), final loss, last-10 mean, skipped steps.
+    const size_t at = training.find(std::string("\n  ") + label + " ");
+    ASSERT_NE(at, std::string::npos) << label << "\n" << training;
+    std::istringstream row(training.substr(at));
+    std::string name, unit, final_loss, tail_mean;
+    double seconds = 0, mib = 0;
+    int64_t skipped = -1;
+    row >> name >> seconds >> mib >> unit >> final_loss >> tail_mean >> skipped;
+    std::ostringstream printed;
+    printed << s["final_loss"].get<double>();
+    EXPECT_EQ(final_loss, printed.str()) << label;
+    EXPECT_EQ(skipped, 0) << label;
+    if (std::string(folder) != "fp32") {
+      EXPECT_NE(training.find(std::string("  ") + label + ": time saved: "), std::string::npos)
+          << training;
+    }
+  }
+  EXPECT_NE(run.output.find("AMP-bf16: 0 skipped steps, final scale 1 (no loss scaling)"),
+            std::string::npos)
+      << run.output;
+  EXPECT_FALSE(std::filesystem::exists(out + "/amp-bf16/loss_scale.png"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/amp/loss_scale.png"));
+}
+
+// --diagnose on the last step: the range table has f16 (at 1 and at S) and bf16 columns, the
+// update table says what 16-bit weights would lose, and gradients.png is written.
+TEST(Examples, DiagnoseReportsBothFormatsAndDrawsTheHistogram) {
+  const std::string out = fresh_dir("diagnose");
+  const ProgramRun run =
+      run_program("sine", "--device cpu --size 8 --hidden 8 --steps 3 --diagnose --out " + out);
+  ASSERT_EQ(run.status, 0) << run.output;
+  for (const char* part : {"range of activation gradients in f16 and bf16", "f16 at S = 65536",
+                           "bf16 at scale 1", "range of weight gradients in f16 and bf16",
+                           "weights in f16", "weights in bf16", "conv2d#0", "0.weight"})
+    EXPECT_NE(run.output.find(part), std::string::npos) << part << "\n" << run.output;
+  EXPECT_GT(std::filesystem::file_size(out + "/gradients.png"), 1000u);
 }
 
 // --compare --save-weights DIR: each precision keeps its weights in its own folder, both runs

@@ -159,8 +159,10 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
       EXPECT_FALSE(field(field(r, "profile"), "ops").empty()) << name;
     }
   }
-  EXPECT_EQ(final_loss.size(), 12u) << "mlp and sine x FP32 and AMP x train, infer, train-graph";
-  for (const char* name : {"mlp fp32 ", "mlp amp ", "sine fp32 ", "sine amp "}) {
+  EXPECT_EQ(final_loss.size(), 18u)
+      << "mlp and sine x FP32, AMP and AMP-bf16 x train, infer, train-graph";
+  for (const char* name :
+       {"mlp fp32 ", "mlp amp ", "mlp amp-bf16 ", "sine fp32 ", "sine amp ", "sine amp-bf16 "}) {
     const std::string key = name;
     ASSERT_TRUE(final_loss.count(key + "train") && final_loss.count(key + "train-graph")) << key;
     EXPECT_TRUE(std::isfinite(final_loss.at(key + "train"))) << key;
