@@ -132,7 +132,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kThinN; ++j)
         if (j < n) acc[j] += value * b_at<kTransB>(b, k, n, kk, j);
     }
-    for (int j = 0; j < n; ++j) store_output(c, n, int(row), j, acc[j], ep);
+#pragma unroll
+    for (int j = 0; j < kThinN; ++j) // a constant bound: acc stays in registers
+      if (j < n) store_output(c, n, int(row), j, acc[j], ep);
   }
 }
 
