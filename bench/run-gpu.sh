@@ -58,9 +58,13 @@ declare -A steps=(
 # op), so the log shows where a step's GPU time goes; and the same training replayed from a CUDA
 # graph of one step (mode train-graph), which removes the launch overhead.
 minamp_extra="--profile 5 --cuda-graph"
-# PyTorch only, for the models with a step-time target: the same training with the fused
-# optimizers too (mode train-fused), whose AMP step does not read found_inf on the host.
-declare -A pytorch_extra=([mlp]="--fused" [sine]="--fused")
+# PyTorch only: the other training configurations a PyTorch user would pick (NCHW, fused
+# optimizers, both, torch.compile), so that each target compares with the fastest of them; mlp
+# has no convs (NCHW is its only layout) and no compile (its step is launch-bound).
+declare -A pytorch_extra=([mlp]="--configs fused" [sine]="--configs nchw,fused,nchw-fused,compile"
+  [classify]="--configs nchw,fused,nchw-fused,compile")
+# torch.compile's first step compiles: the conv nets' PyTorch stages need longer.
+declare -A pytorch_limit=([mlp]=90 [sine]=200 [classify]=200)
 
 # GoogleTest is only needed because CMakeLists.txt requires it at configure time.
 # shellcheck disable=SC2317 # configure and build_benches run through `stage` (bash -c)
@@ -124,8 +128,8 @@ run_gemm() {
 }
 
 # run_model MODEL: minamp in FP32, then AMP, then AMP-bf16 (one process each, so that a slow or
-# failing AMP run keeps the FP32 result), then PyTorch (which rewrites its JSON after every run, the informational
-# fused-optimizer runs last), so that each pair is measured close in time.
+# failing AMP run keeps the FP32 result), then PyTorch (which rewrites its JSON after every run,
+# the other configurations last), so that each pair is measured close in time.
 run_model() {
   local m=$1 p
   for p in fp32 amp amp-bf16; do
@@ -134,7 +138,8 @@ run_model() {
       --precisions "$p" ${steps[$m]} $minamp_extra --json "$work/minamp-$m-$p.json"
   done
   # shellcheck disable=SC2086
-  stage "pytorch $m" 90 "$python" bench/pytorch/train.py --device cuda --models "$m" \
+  stage "pytorch $m" "${pytorch_limit[$m]}" "$python" bench/pytorch/train.py --device cuda \
+    --models "$m" \
     ${steps[$m]} ${pytorch_extra[$m]:-} --json "$work/pytorch-$m.json"
 }
 

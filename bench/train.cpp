@@ -21,6 +21,7 @@
 #include "cli.h"
 #include "io/atomic_file.h"
 #include "kernels/backend.h"
+#include "kernels/gemm_version.h"
 #include "kernels/profile.h"
 #include "nn/module.h"
 #include "ops/ops.h"
@@ -521,6 +522,7 @@ int run(int argc, char** argv) {
   require(!cfg.cuda_graph || cfg.device == Device::cuda, "--cuda-graph",
           "needs --device cuda (CUDA graphs replay GPU work)");
   if (cfg.size == 0) cfg.size = examples::default_sine_size(cfg.device);
+  gemm_version(); // an unknown MINAMP_GEMM_VERSION is refused before any model runs
 
   const bool sine = std::find(model_names.begin(), model_names.end(), "sine") != model_names.end();
   std::printf("bench_train on %s (%d threads): %lld warm-up + %lld timed steps%s\n",

@@ -143,9 +143,22 @@ GemmKernelInfo gemm_v3_kernel_info();
 GemmKernelInfo gemm_v4_kernel_info();
 GemmKernelInfo gemm_v5_kernel_info();
 
-// Picks the kernel from the operands' dtype.
+// GEMMs too thin for tensor-core tiles (gemm_thin.cu, is_thin_gemm in gemm_plan.h), of plain
+// or transposed matrices.
+inline bool thin_gemm_applies(const GemmArgs& args) {
+  const auto plain = [](const GemmOperand& op) {
+    return op.kind == OperandKind::matrix || op.kind == OperandKind::transposed;
+  };
+  return plain(args.a) && plain(args.b) && is_thin_gemm(args.m, args.n, args.k);
+}
+void thin_gemm(const GemmArgs& args);
+
+// Picks the kernel: a thin GEMM on CUDA cores (unless a tensor-core version is forced), else by
+// the operands' dtype.
 inline void run_gemm(const GemmArgs& args) {
-  if (is_half_precision(args.ab_dtype))
+  if (gemm_version() == GemmVersion::automatic && thin_gemm_applies(args))
+    thin_gemm(args);
+  else if (is_half_precision(args.ab_dtype))
     tensor_core_gemm(args);
   else
     simt_gemm(args);

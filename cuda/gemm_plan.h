@@ -108,6 +108,15 @@ inline GemmPlan plan_gemm(int64_t m, int64_t n, int64_t k, BlockTile large, Bloc
   return with_medium;
 }
 
+// GEMMs too thin for tensor-core tiles, which run on CUDA cores (cuda/gemm_thin.cu): a K of at
+// most kThinK (a tile would pad it to BK = 32), or an N of at most kThinN (padded to a 64-wide
+// tile) over at least kThinNMinRows rows (with fewer rows and a long K, split K on the tensor
+// cores keeps more SMs busy than a warp per row).
+constexpr int64_t kThinK = 8, kThinN = 4, kThinNMinRows = 4096;
+inline bool is_thin_gemm(int64_t m, int64_t n, int64_t k) {
+  return k <= kThinK || (n <= kThinN && m >= kThinNMinRows);
+}
+
 // The compute capability (major * 10 + minor) mma.sync.m16n8k16 needs.
 constexpr int kMmaSyncCapability = 80;
 

@@ -1,7 +1,7 @@
 """The three benchmark models of bench/train.cpp in PyTorch, with the same shapes, batches,
 losses and optimizers: mlp (the seed config), sine (the ROCm blog's conv net) and classify (the
 benchmark's own small CNN). Conv nets run NCHW modules in channels_last memory format, which is
-minamp's NHWC layout."""
+minamp's NHWC layout, unless built with channels_last=False (PyTorch's default NCHW layout)."""
 
 import math
 
@@ -59,7 +59,11 @@ def sine_data(size):
     return grid, (bins.double() / 3.0).float().view(1, 1, size, size)
 
 
-def sine(device, seed, size):
+def memory_format(channels_last):
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def sine(device, seed, size, channels_last=True):
     """1x1 Conv(2,256)+BN+ReLU, 2x[Conv(256,256)+BN+ReLU], Conv(256,1); MSE; Adam lr 1e-3."""
     torch.manual_seed(seed)
     hidden, layers, channels = 256, [], 2
@@ -67,18 +71,19 @@ def sine(device, seed, size):
         layers += [nn.Conv2d(channels, hidden, 1), nn.BatchNorm2d(hidden), nn.ReLU()]
         channels = hidden
     layers.append(nn.Conv2d(hidden, 1, 1))
-    model = nn.Sequential(*layers).to(device, memory_format=torch.channels_last)
+    layout = memory_format(channels_last)
+    model = nn.Sequential(*layers).to(device, memory_format=layout)
     grid, target = sine_data(size)
     return Workload(
-        "sine", model, [grid.to(device, memory_format=torch.channels_last)],
-        [target.to(device, memory_format=torch.channels_last)], nn.functional.mse_loss,
+        "sine", model, [grid.to(device, memory_format=layout)],
+        [target.to(device, memory_format=layout)], nn.functional.mse_loss,
         lambda params, **impl: torch.optim.Adam(params, lr=1e-3, **impl),
         f"1x1 Conv(2,256)+BN+ReLU, 2x[Conv(256,256)+BN+ReLU], Conv(256,1), MSE, grid {size}x{size}",
         "Adam lr 1e-3",
     )
 
 
-def classify(device, seed):
+def classify(device, seed, channels_last=True):
     """The benchmark's CNN on 28x28 grey: 4 x [Conv3x3 (no bias, padding 1)+BN+ReLU] with
     channels 1-32-32-64-64 and stride 2 in the 2nd and 4th, global average pool, Linear(64,10);
     cross-entropy; SGD lr 0.01 momentum 0.9; 4 random batches of 128."""
@@ -92,10 +97,11 @@ def classify(device, seed):
             nn.ReLU(),
         ]
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)]
-    model = nn.Sequential(*layers).to(device, memory_format=torch.channels_last)
+    layout = memory_format(channels_last)
+    model = nn.Sequential(*layers).to(device, memory_format=layout)
     gen = torch.Generator().manual_seed(seed + 1)
     inputs = [
-        torch.randn(128, 1, 28, 28, generator=gen).to(device, memory_format=torch.channels_last)
+        torch.randn(128, 1, 28, 28, generator=gen).to(device, memory_format=layout)
         for _ in range(4)
     ]
     targets = [torch.randint(0, 10, (128,), generator=gen).to(device) for _ in range(4)]
@@ -109,11 +115,12 @@ def classify(device, seed):
     )
 
 
-def build(name, device, seed, size):
+def build(name, device, seed, size, channels_last=True):
+    """A workload; channels_last picks the conv nets' memory format (mlp has no convs)."""
     if name == "mlp":
         return mlp(device, seed)
     if name == "sine":
-        return sine(device, seed, size)
+        return sine(device, seed, size, channels_last)
     if name == "classify":
-        return classify(device, seed)
+        return classify(device, seed, channels_last)
     raise ValueError(f"unknown model '{name}' (expected mlp, sine or classify)")

@@ -98,7 +98,8 @@ def fake_bench_gemm(args):
 
 
 def fake_pytorch(args):
-    modes = ("train", "infer", "train-fused") if "--fused" in args else ("train", "infer")
+    configs = [c for c in (option(args, "--configs") or "").split(",") if c]
+    modes = ("train", "infer") + tuple("train-" + c for c in configs)
     runs = [step_run(option(args, "--models"), precision, mode, 2.0, mode != "infer")
             for precision in ("fp32", "amp", "amp-bf16") for mode in modes]
     write_json(option(args, "--json"), {"framework": "pytorch", "torch_version": "2.11.0",

@@ -66,6 +66,16 @@ TEST(Examples, UnknownFlagIsAUsageErrorNamingIt) {
   EXPECT_NE(run.output.find("--bogus-flag"), std::string::npos) << run.output;
 }
 
+// MINAMP_GEMM_VERSION (kernels/gemm_version.h) is read before anything is written: an unknown
+// version is a one-line error naming the variable, on every backend, and leaves no output folder.
+TEST(Examples, UnknownGemmVersionIsRefusedBeforeAnythingIsWritten) {
+  const std::string out = fresh_dir("bad_gemm_version");
+  const ProgramRun run = run_program("mlp", "--epochs 1 --out " + out, "MINAMP_GEMM_VERSION=v9");
+  expect_one_line_error(run, "MINAMP_GEMM_VERSION=v9",
+                        {"MINAMP_GEMM_VERSION", "expected auto, v1, v2, v3, v4 or v5, got 'v9'"});
+  EXPECT_FALSE(std::filesystem::exists(out)) << out;
+}
+
 TEST(Examples, BadValuesAreOneLineErrors) {
   ProgramRun run = run_program("mlp", "--widths 16,x --out " + fresh_dir("bad_widths"));
   EXPECT_NE(run.status, 0);

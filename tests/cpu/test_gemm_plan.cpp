@@ -184,5 +184,18 @@ TEST(GemmPlan, VersionsRefuseWhatTheyCannotRunNamingWhy) {
   EXPECT_EQ(gemm_refusal(plan_version(GemmVersion::automatic, 80), DType::bf16, 80), "");
 }
 
+// The sine net's first conv (K = 2), its last conv (N = 1) and that conv's input gradient (K = 1)
+// run on CUDA cores; its weight gradients over 262144 pixels (M = 256, N = 2; M = 1) stay on the
+// tensor cores, split over K, as do its hidden convs.
+TEST(GemmPlan, ThinGemmsAreSinesFirstAndLastConvs) {
+  EXPECT_TRUE(is_thin_gemm(262144, 256, 2));
+  EXPECT_TRUE(is_thin_gemm(262144, 1, 256));
+  EXPECT_TRUE(is_thin_gemm(262144, 256, 1));
+  EXPECT_FALSE(is_thin_gemm(256, 2, 262144));
+  EXPECT_FALSE(is_thin_gemm(1, 256, 262144));
+  EXPECT_FALSE(is_thin_gemm(262144, 256, 256));
+  EXPECT_FALSE(is_thin_gemm(100352, 32, 9)) << "classify's first conv: K = 9";
+}
+
 } // namespace
 } // namespace minamp::gpu

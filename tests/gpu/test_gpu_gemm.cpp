@@ -231,6 +231,33 @@ TEST(GpuGemm, SplitKLongK) {
                        ++seed);
 }
 
+// GEMMs too thin for tensor-core tiles run on CUDA cores (cuda/gemm_thin.cu): a K of at most 8
+// (one thread per 4 columns; packed stores where N is a multiple of 4), and an N of at most 4
+// over >= 4096 rows (a warp per row with 4-element loads where K allows; a thread per row when A
+// is transposed). Every transpose, both output dtypes, the whole epilogue.
+TEST(GpuGemm, ThinShapesOnCudaCores) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 7500;
+  for (const DTypePair& d : kDTypePairs)
+    for (bool trans_a : {false, true})
+      for (bool trans_b : {false, true}) {
+        for (int64_t k : {1, 2, 8})
+          for (int64_t n : {64, 130})
+            expect_matches_cpu(GemmCase{100, n, k, trans_a, trans_b, d.ab, d.c, 0.5f,
+                                        k == 2 ? -1.0f : 0.0f, true, k != 1},
+                               ++seed);
+        expect_matches_cpu(GemmCase{4100, 3, 40, trans_a, trans_b, d.ab, d.c, 1.0f, 0.5f, true,
+                                    true},
+                           ++seed);
+      }
+  // N = 1 and 4 with K = 37 (4-element loads impossible) and 40, f16 in and out.
+  for (bool trans_a : {false, true})
+    for (int64_t n : {1, 4})
+      expect_matches_cpu(GemmCase{4100, n, n == 1 ? 37 : 40, trans_a, true, DType::f16,
+                                  DType::f16, 1.0f, 0.0f, true, false},
+                         ++seed);
+}
+
 // ---- Each version of the ladder, forced (gemm_version.h), on the cases above that it takes.
 
 const GemmVersion kVersions[] = {GemmVersion::v1_naive, GemmVersion::v2_wmma,
