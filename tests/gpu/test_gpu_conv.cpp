@@ -228,7 +228,7 @@ TEST(GpuConv, RejectsBadArguments) {
                      "conv2d_forward", "[Cout, kh, kw, Cin] with the Cin of x", "f16[4, 3, 3, 5]");
   Tensor y_wrong = test::poisoned({1, 4, 5, 4}, DType::f16, Device::cuda);
   test::expect_error([&] { kernels::conv2d_forward(x, w, y_wrong, c.params(), {}); },
-                     "conv2d_forward", "expects y f32/f16 [1, 5, 5, 4]", "f16[1, 4, 5, 4]");
+                     "conv2d_forward", "expects y f32/f16/bf16 [1, 5, 5, 4]", "f16[1, 4, 5, 4]");
   const Tensor x_rank3 = test::random_tensor(rng, {5, 5, 3}, DType::f16, Device::cuda);
   test::expect_error([&] { kernels::conv2d_forward(x_rank3, w, y, c.params(), {}); },
                      "conv2d_forward", "expects x f32/f16/bf16 [N, H, W, Cin]", "f16[5, 5, 3]");
@@ -261,7 +261,7 @@ TEST(GpuConv, RejectsBadArguments) {
                      "conv2d_backward", "expects dw f32 shaped like w");
   Tensor dw = test::poisoned(c.w_shape(), DType::f32, Device::cuda);
   test::expect_error([&] { kernels::conv2d_backward(x, w, y_wrong, dx, dw, c.params()); },
-                     "conv2d_backward", "expects dy f32/f16 [1, 5, 5, 4]", "f16[1, 4, 5, 4]");
+                     "conv2d_backward", "expects dy f32/f16/bf16 [1, 5, 5, 4]", "f16[1, 4, 5, 4]");
 }
 
 // Degenerate sizes the CPU reference accepts, gathered and pointwise, f32 and f16: an empty batch

@@ -250,12 +250,13 @@ TEST(GpuGemm, ThinShapesOnCudaCores) {
                                     true},
                            ++seed);
       }
-  // N = 1 and 4 with K = 37 (4-element loads impossible) and 40, f16 in and out.
-  for (bool trans_a : {false, true})
-    for (int64_t n : {1, 4})
-      expect_matches_cpu(GemmCase{4100, n, n == 1 ? 37 : 40, trans_a, true, DType::f16,
-                                  DType::f16, 1.0f, 0.0f, true, false},
-                         ++seed);
+  // N = 1 and 4 with K = 37 (4-element loads impossible) and 40, f16 or bf16 in and out.
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (bool trans_a : {false, true})
+      for (int64_t n : {1, 4})
+        expect_matches_cpu(GemmCase{4100, n, n == 1 ? 37 : 40, trans_a, true, dtype, dtype, 1.0f,
+                                    0.0f, true, false},
+                           ++seed);
 }
 
 // ---- Each version of the ladder, forced (gemm_version.h), on the cases above that it takes.
