@@ -53,6 +53,7 @@ weight_gradient_report(const std::vector<std::pair<std::string, Parameter*>>& pa
                        float stored_scale, float target_scale) {
   std::vector<RangeReport> out;
   for (const auto& [name, p] : params) {
+    if (!p->requires_grad()) continue; // frozen: no gradient
     out.push_back({name, to_counts(range_counts(p->grad(), 1.0f / stored_scale)),
                    to_counts(range_counts(p->grad(), target_scale / stored_scale))});
   }
@@ -62,7 +63,9 @@ weight_gradient_report(const std::vector<std::pair<std::string, Parameter*>>& pa
 std::string
 first_nonfinite_parameter(const std::vector<std::pair<std::string, Parameter*>>& params) {
   for (auto it = params.rbegin(); it != params.rend(); ++it)
-    if (to_counts(range_counts(it->second->grad(), 1.0f)).nonfinite > 0) return it->first;
+    if (it->second->requires_grad() &&
+        to_counts(range_counts(it->second->grad(), 1.0f)).nonfinite > 0)
+      return it->first;
   return "";
 }
 

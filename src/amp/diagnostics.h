@@ -50,7 +50,7 @@ private:
   std::vector<Entry> entries_; // in backward order
 };
 
-// The same counts for the parameters' gradients (stored x stored_scale).
+// The same counts for the parameters' gradients (stored x stored_scale); frozen ones have none.
 std::vector<RangeReport>
 weight_gradient_report(const std::vector<std::pair<std::string, Parameter*>>& params,
                        float stored_scale, float target_scale);
