@@ -66,7 +66,7 @@ enum class OptimizerKind { sgd, adam };
 // Everything an example defines: how to build its model, its batches and its loss.
 struct TrainSpec {
   std::string example;
-  std::function<std::unique_ptr<nn::Sequential>(Rng& rng)> build_model;
+  std::function<std::unique_ptr<nn::Module>(Rng& rng)> build_model;
   std::function<Batch(int64_t step, Device device)> batch;
   LossKind loss = LossKind::mse;
   OptimizerKind optimizer = OptimizerKind::sgd;
@@ -86,7 +86,7 @@ struct TrainSpec {
   std::function<Batch(int64_t index, Device device)> eval_batch;
   // Called after the last step with the trained model (e.g. to write images); `amp` says
   // whether this run trained with mixed precision.
-  std::function<void(nn::Sequential& model, Device device, bool amp, const std::string& out_dir)>
+  std::function<void(nn::Module& model, Device device, bool amp, const std::string& out_dir)>
       finish;
   std::vector<std::string> output_files; // the files `finish` writes into out_dir
   // The files the run reads (e.g. its data set): a run whose output would replace one is refused.
@@ -127,6 +127,12 @@ RunResult train(const TrainSpec& spec, const Options& options, Device device, bo
 // run after its current step (train), the second ends the program at once; the program then
 // returns 128 + the signal (130 for SIGINT, 143 for SIGTERM) with one line saying so.
 int run_example(const TrainSpec& spec, const Options& options);
+
+// For what a program writes without training (transfer --predict and --max-batch): checks the
+// folder `dir` (named by --out) and its `files` as run_example checks its runs' (none may be one
+// of `inputs`), makes and locks it, runs `write`, and removes it again if it is left empty.
+void with_output_folder(const std::string& dir, const std::vector<std::string>& files,
+                        const std::vector<std::string>& inputs, const std::function<void()>& write);
 
 // Names the options that set how much memory the program needs, as given (e.g. "--size 8192,
 // --hidden 256 and --layers 2"), for guarded_main's out-of-memory error.

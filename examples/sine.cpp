@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
       return resident;
     };
     spec.output_files = {"sine.png"};
-    spec.finish = [&](nn::Sequential& model, Device device, bool amp, const std::string& out_dir) {
+    spec.finish = [&](nn::Module& model, Device device, bool amp, const std::string& out_dir) {
       model.eval();
       NoGrad no_grad;
       amp::Autocast autocast(amp);

@@ -66,26 +66,30 @@ const char* resnet_arch_name(ResNetArch arch) {
   return "resnet";
 }
 
+void ResidualBlock::register_layers(std::initializer_list<std::pair<const char*, Module*>> layers,
+                                    int64_t in_channels, int64_t out_channels, int stride,
+                                    Rng& rng) {
+  for (const auto& [name, layer] : layers) register_child(name, layer);
+  if (stride == 1 && in_channels == out_channels) return;
+  downsample = nn::downsample(in_channels, out_channels, stride, rng);
+  register_child("downsample", downsample.get());
+}
+
+Var ResidualBlock::add_shortcut(const Var& out, const Var& x) {
+  return ops::add(out, downsample ? (*downsample)(x) : x, /*relu=*/true);
+}
+
 BasicBlock::BasicBlock(int64_t in_channels, int64_t planes, int stride, Rng& rng)
     : conv1(in_channels, planes, 3, rng, stride, 1, false),
       conv2(planes, planes, 3, rng, 1, 1, false), bn1(planes), bn2(planes) {
   kaiming_normal_fan_out(conv1.weight, rng);
   kaiming_normal_fan_out(conv2.weight, rng);
   bn1.absorb_relu();
-  register_child("conv1", &conv1);
-  register_child("bn1", &bn1);
-  register_child("conv2", &conv2);
-  register_child("bn2", &bn2);
-  if (stride != 1 || in_channels != planes * kExpansion) {
-    downsample = nn::downsample(in_channels, planes * kExpansion, stride, rng);
-    register_child("downsample", downsample.get());
-  }
+  register_layers({{"conv1", &conv1}, {"bn1", &bn1}, {"conv2", &conv2}, {"bn2", &bn2}}, in_channels,
+                  planes * kExpansion, stride, rng);
 }
 
-Var BasicBlock::forward(const Var& x) {
-  const Var out = bn2(conv2(bn1(conv1(x))));
-  return ops::add(out, downsample ? (*downsample)(x) : x, /*relu=*/true);
-}
+Var BasicBlock::forward(const Var& x) { return add_shortcut(bn2(conv2(bn1(conv1(x)))), x); }
 
 std::string BasicBlock::describe() const {
   const Shape& s = conv1.weight.master().shape(); // [planes, 3, 3, in]
@@ -100,21 +104,17 @@ Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int stride, Rng& rng
   for (Conv2d* conv : {&conv1, &conv2, &conv3}) kaiming_normal_fan_out(conv->weight, rng);
   bn1.absorb_relu();
   bn2.absorb_relu();
-  register_child("conv1", &conv1);
-  register_child("bn1", &bn1);
-  register_child("conv2", &conv2);
-  register_child("bn2", &bn2);
-  register_child("conv3", &conv3);
-  register_child("bn3", &bn3);
-  if (stride != 1 || in_channels != planes * kExpansion) {
-    downsample = nn::downsample(in_channels, planes * kExpansion, stride, rng);
-    register_child("downsample", downsample.get());
-  }
+  register_layers({{"conv1", &conv1},
+                   {"bn1", &bn1},
+                   {"conv2", &conv2},
+                   {"bn2", &bn2},
+                   {"conv3", &conv3},
+                   {"bn3", &bn3}},
+                  in_channels, planes * kExpansion, stride, rng);
 }
 
 Var Bottleneck::forward(const Var& x) {
-  const Var out = bn3(conv3(bn2(conv2(bn1(conv1(x))))));
-  return ops::add(out, downsample ? (*downsample)(x) : x, /*relu=*/true);
+  return add_shortcut(bn3(conv3(bn2(conv2(bn1(conv1(x)))))), x);
 }
 
 std::string Bottleneck::describe() const {

@@ -7,6 +7,7 @@
 // image with the same values), output logits [N, num_classes].
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -28,8 +29,23 @@ struct ResNetOptions {
   int64_t width = 64;
 };
 
+// What the blocks share: the shortcut, x itself or downsample(x) where the block changes the size
+// or the channels, added to the block's output before the last ReLU.
+class ResidualBlock : public Module {
+public:
+  std::unique_ptr<Sequential> downsample; // conv1x1(stride) BN, or null
+
+protected:
+  // Registers `layers` under their torchvision names, then the downsample shortcut when the block
+  // maps in_channels to another number of channels or has a stride.
+  void register_layers(std::initializer_list<std::pair<const char*, Module*>> layers,
+                       int64_t in_channels, int64_t out_channels, int stride, Rng& rng);
+  // relu(out + shortcut(x)).
+  Var add_shortcut(const Var& out, const Var& x);
+};
+
 // conv3x3(stride) BN ReLU, conv3x3 BN, + x (or downsample(x) where the shape changes), ReLU.
-class BasicBlock : public Module {
+class BasicBlock : public ResidualBlock {
 public:
   static constexpr int64_t kExpansion = 1;
   BasicBlock(int64_t in_channels, int64_t planes, int stride, Rng& rng);
@@ -38,12 +54,11 @@ public:
 
   Conv2d conv1, conv2;
   BatchNorm bn1, bn2;
-  std::unique_ptr<Sequential> downsample; // conv1x1(stride) BN, or null
 };
 
 // conv1x1 BN ReLU, conv3x3(stride) BN ReLU, conv1x1 (to 4 x planes) BN, + x (or downsample(x)),
 // ReLU.
-class Bottleneck : public Module {
+class Bottleneck : public ResidualBlock {
 public:
   static constexpr int64_t kExpansion = 4;
   Bottleneck(int64_t in_channels, int64_t planes, int stride, Rng& rng);
@@ -52,7 +67,6 @@ public:
 
   Conv2d conv1, conv2, conv3;
   BatchNorm bn1, bn2, bn3;
-  std::unique_ptr<Sequential> downsample;
 };
 
 // conv1 (7x7, stride 2) bn1 ReLU maxpool (3x3, stride 2), layer1-4 (layer2-4 halve the size),
