@@ -1,4 +1,4 @@
-"""The PyTorch peer of bench_train: the same three models (models.py), eager FP32 and eager AMP
+"""The PyTorch peer of bench_train: the same models (models.py), eager FP32 and eager AMP
 (torch.autocast + torch.amp.GradScaler), timed the same way — warm-up steps, then each step
 timed by the wall clock with the device synchronised before each clock read; median, p10, p90 —
 plus forward-only inference, peak memory and the final loss. Writes JSON with the torch
@@ -160,13 +160,17 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=10, help="untimed training steps first")
     p.add_argument("--infer-steps", type=int, default=20, help="timed forward-only passes")
     p.add_argument("--size", type=int, default=0, help="sine grid (0: 512 on cuda, 64 on cpu)")
+    p.add_argument("--resnet-size", type=int, default=0,
+                   help="ResNet-50 image side (0: 224 on cuda, 64 on cpu)")
+    p.add_argument("--resnet-batch", type=int, default=0,
+                   help="ResNet-50 images per batch (0: 64 on cuda, 4 on cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
     p.add_argument("--fused", action="store_true",
                    help="also train with the fused optimizers (mode train-fused)")
     p.add_argument("--json", help="write the results to this JSON file")
     args = p.parse_args()
-    for option, value, accepted in (("--models", args.models, ("mlp", "sine", "classify")),
+    for option, value, accepted in (("--models", args.models, models.MODELS),
                                     ("--precisions", args.precisions, ("fp32", "amp"))):
         unknown = [v for v in value.split(",") if v not in accepted]
         if unknown:
@@ -175,6 +179,10 @@ def parse_args():
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.size == 0:
         args.size = 512 if args.device == "cuda" else 64
+    if args.resnet_size == 0:
+        args.resnet_size = 224 if args.device == "cuda" else 64
+    if args.resnet_batch == 0:
+        args.resnet_batch = 64 if args.device == "cuda" else 4
     return args
 
 
@@ -187,8 +195,9 @@ def environment(args):
            "cuda_matmul_fp32_precision": getattr(torch.backends.cuda.matmul, "fp32_precision",
                                                  None),
            "cudnn_benchmark": torch.backends.cudnn.benchmark,
-           "mode": "eager", "memory_format": "channels_last for sine and classify",
+           "mode": "eager", "memory_format": "channels_last for the conv nets",
            "sine_size": args.size, "seed": args.seed,
+           "resnet": {"size": args.resnet_size, "batch": args.resnet_batch, "width": 64},
            "timing": "wall clock per step, device synchronised before each clock read",
            "optimizer_impl": ("torch.optim defaults (mode train; GradScaler.step reads found_inf "
                               "on the host every AMP step)"
@@ -215,7 +224,8 @@ def run_all(args, device, save):
     def measure(name, precision, label, parts):
         """parts: (mode, function of the workload returning its run), run in order; a failing
         part is recorded under its mode and ends the list."""
-        w = models.build(name, args.device, args.seed, args.size)
+        w = models.build(name, args.device, args.seed, args.size, args.resnet_size,
+                         args.resnet_batch)
         for mode, part in parts:
             try:
                 runs.append(part(w))
@@ -228,7 +238,8 @@ def run_all(args, device, save):
                 return
 
     for name in args.models.split(","):
-        w = models.build(name, args.device, args.seed, args.size)
+        w = models.build(name, args.device, args.seed, args.size, args.resnet_size,
+                         args.resnet_batch)
         info[name] = {"description": w.description, "optimizer": w.optimizer}
         del w
         for precision in args.precisions.split(","):
