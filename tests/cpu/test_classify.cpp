@@ -21,7 +21,6 @@ namespace minamp {
 namespace {
 
 namespace fs = std::filesystem;
-using test::expect_error_line;
 using test::fresh_dir;
 using test::ProgramRun;
 using test::run_program;
@@ -81,6 +80,11 @@ const std::string& data() {
 std::string small_run(const std::string& data_dir, int epochs, int batch_size = 32, int width = 4) {
   return "--data " + data_dir + " --epochs " + std::to_string(epochs) + " --batch-size " +
          std::to_string(batch_size) + " --width " + std::to_string(width);
+}
+
+// Expects a failed run with exactly one error line, containing each of `fragments`.
+void expect_one_line_error(const ProgramRun& run, const std::vector<std::string>& fragments) {
+  test::expect_error_line(run, fragments);
 }
 
 bool is_png(const std::string& path) {
@@ -229,20 +233,21 @@ TEST(Classify, EpochsDropTheLastPartialBatch) {
 
 TEST(Classify, DataProblemsAreOneLineErrorsWithNoOutput) {
   const std::string out = fresh_dir("classify_bad_data");
-  expect_error_line(run_program("classify", "--data /nonexistent/fm --out " + out),
-                    {"/nonexistent/fm", "dataset-fashion-mnist"});
-  expect_error_line(run_program("classify", "--images /nonexistent/img --out " + out),
-                    {"/nonexistent/img", "not a directory"});
-  expect_error_line(run_program("classify", small_run(data(), 1, 385) + " --out " + out),
-                    {"--batch-size", "385 is more than the 384 training images"});
+  expect_one_line_error(run_program("classify", "--data /nonexistent/fm --out " + out),
+                        {"/nonexistent/fm", "dataset-fashion-mnist"});
+  expect_one_line_error(run_program("classify", "--images /nonexistent/img --out " + out),
+                        {"/nonexistent/img", "not a directory"});
+  expect_one_line_error(run_program("classify", small_run(data(), 1, 385) + " --out " + out),
+                        {"--batch-size", "385 is more than the 384 training images"});
   const ProgramRun whole_batch = run_program("classify", small_run(data(), 1, 384) + " --out " +
                                                              fresh_dir("classify_whole_batch"));
   EXPECT_EQ(whole_batch.status, 0) << "one batch of all the training images\n"
                                    << whole_batch.output;
   // Options that would be ignored are refused.
-  expect_error_line(run_program("classify", small_run(data(), 1) + " --image-size 16 --out " + out),
-                    {"--image-size requires --images"});
-  expect_error_line(
+  expect_one_line_error(
+      run_program("classify", small_run(data(), 1) + " --image-size 16 --out " + out),
+      {"--image-size requires --images"});
+  expect_one_line_error(
       run_program("classify", small_run(data(), 1) + " --images data/tiny-images --out " + out),
       {"--data excludes --images"});
 
@@ -250,18 +255,18 @@ TEST(Classify, DataProblemsAreOneLineErrorsWithNoOutput) {
   const std::string images = bad + "/train-images-idx3-ubyte.gz";
   const std::string whole = io::read_file(images);
   io::write_file_atomically(images, whole.substr(0, whole.size() / 2));
-  expect_error_line(run_program("classify", small_run(bad, 1) + " --out " + out), {images});
+  expect_one_line_error(run_program("classify", small_run(bad, 1) + " --out " + out), {images});
 
   Rng rng(3);
   write_split(bad, "train", 40, rng);
   write_idx_gz(bad + "/train-labels-idx1-ubyte.gz", {39}, std::vector<uint8_t>(39, 1));
-  expect_error_line(run_program("classify", small_run(bad, 1) + " --out " + out),
-                    {"train-labels-idx1-ubyte.gz", "39 labels for the 40 images"});
+  expect_one_line_error(run_program("classify", small_run(bad, 1) + " --out " + out),
+                        {"train-labels-idx1-ubyte.gz", "39 labels for the 40 images"});
   std::vector<uint8_t> labels(40, 2);
   labels[7] = 10; // 10 classes: 0 to 9
   write_split(bad, "train", 40, rng, labels);
-  expect_error_line(run_program("classify", small_run(bad, 1) + " --out " + out),
-                    {"train-labels-idx1-ubyte.gz", "label 10 of image 7"});
+  expect_one_line_error(run_program("classify", small_run(bad, 1) + " --out " + out),
+                        {"train-labels-idx1-ubyte.gz", "label 10 of image 7"});
   EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
 }
 
@@ -271,15 +276,15 @@ TEST(Classify, ImageFoldersThatCannotTrainAreOneLineErrors) {
   const std::string one_class = fresh_dir("classify_one_class");
   fs::create_directories(one_class);
   fs::copy(fixture + "/circles", one_class + "/circles");
-  expect_error_line(run_program("classify", "--images " + one_class + " --out " + out),
-                    {one_class, "1 class; a classifier needs at least 2"});
+  expect_one_line_error(run_program("classify", "--images " + one_class + " --out " + out),
+                        {one_class, "1 class; a classifier needs at least 2"});
   const std::string one_each = fresh_dir("classify_one_image_each"); // all held out for testing
   for (const char* name : {"circles", "squares"}) {
     fs::create_directories(one_each + "/" + name);
     fs::copy(fixture + "/" + name + "/img0.png", one_each + "/" + name + "/img0.png");
   }
-  expect_error_line(run_program("classify", "--images " + one_each + " --out " + out),
-                    {one_each, "no training images", "--holdout-every"});
+  expect_one_line_error(run_program("classify", "--images " + one_each + " --out " + out),
+                        {one_each, "no training images", "--holdout-every"});
   EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
 }
 
@@ -293,7 +298,7 @@ TEST(Classify, AFifoForADataFileIsRefusedAtOnce) {
   const std::string out = fresh_dir("classify_fifo_out");
   const ProgramRun run = run_program("classify", small_run(dir, 1) + " --out " + out, "timeout 60");
   EXPECT_NE(run.status, 124) << "classify waited on the FIFO";
-  expect_error_line(run, {images, "not a regular file (a FIFO)"});
+  expect_one_line_error(run, {images, "not a regular file (a FIFO)"});
   EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
 }
 
@@ -328,24 +333,25 @@ TEST(Classify, BadCheckpointsAreOneLineErrorsWithNoOutput) {
   const std::string checkpoint = source + "/checkpoint.safetensors";
   const std::string out = fresh_dir("classify_bad_ckpt");
 
-  expect_error_line(
+  expect_one_line_error(
       run_program("classify", small_run(data(), 2) + " --resume " + checkpoint + " --out " + out),
       {checkpoint, "precision 'amp', this run has 'fp32'"});
-  expect_error_line(run_program("classify", small_run(data(), 2, 16) + " --amp " + "--resume " +
-                                                checkpoint + " --out " + out),
-                    {checkpoint, "batch_size '32', this run has '16'"});
+  expect_one_line_error(run_program("classify", small_run(data(), 2, 16) + " --amp " + "--resume " +
+                                                    checkpoint + " --out " + out),
+                        {checkpoint, "batch_size '32', this run has '16'"});
   // The data folder spelled another way is the same data: the width is what differs.
-  expect_error_line(run_program("classify", small_run(data() + "/./", 2, 32, 8) + " --amp " +
-                                                "--resume " + checkpoint + " --out " + out),
-                    {checkpoint, "width '4', this run has '8'"});
-  expect_error_line(run_program("classify", small_run(data(), 2) + " --subset 40 --amp " +
-                                                "--resume " + checkpoint + " --out " + out),
-                    {checkpoint, "subset '0', this run has '40'"});
-  expect_error_line(run_program("mlp", "--amp --resume " + checkpoint + " --out " + out),
-                    {checkpoint, "written by a run with example 'classify', this run has 'mlp'"});
-  expect_error_line(run_program("classify", small_run(data(), 2) + " --load-weights " + checkpoint +
-                                                " --out " + out),
-                    {checkpoint, "a training checkpoint, not a weights file", "--resume"});
+  expect_one_line_error(run_program("classify", small_run(data() + "/./", 2, 32, 8) + " --amp " +
+                                                    "--resume " + checkpoint + " --out " + out),
+                        {checkpoint, "width '4', this run has '8'"});
+  expect_one_line_error(run_program("classify", small_run(data(), 2) + " --subset 40 --amp " +
+                                                    "--resume " + checkpoint + " --out " + out),
+                        {checkpoint, "subset '0', this run has '40'"});
+  expect_one_line_error(
+      run_program("mlp", "--amp --resume " + checkpoint + " --out " + out),
+      {checkpoint, "written by a run with example 'classify', this run has 'mlp'"});
+  expect_one_line_error(run_program("classify", small_run(data(), 2) + " --load-weights " +
+                                                    checkpoint + " --out " + out),
+                        {checkpoint, "a training checkpoint, not a weights file", "--resume"});
 
   // An image folder split another way (--holdout-every) is other data, though as large.
   const std::string folder =
@@ -359,15 +365,15 @@ TEST(Classify, BadCheckpointsAreOneLineErrorsWithNoOutput) {
                 .status,
             0);
   const std::string folder_checkpoint = folder_source + "/checkpoint.safetensors";
-  expect_error_line(run_program("classify", folder + " --epochs 3 --holdout-every 2 --resume " +
-                                                folder_checkpoint + " --out " + out),
-                    {folder_checkpoint, "holdout_every '3', this run has '2'"});
+  expect_one_line_error(run_program("classify", folder + " --epochs 3 --holdout-every 2 --resume " +
+                                                    folder_checkpoint + " --out " + out),
+                        {folder_checkpoint, "holdout_every '3', this run has '2'"});
 
   const std::string truncated = fresh_dir("classify_truncated.safetensors");
   io::write_file_atomically(truncated, io::read_file(checkpoint).substr(0, 1000));
-  expect_error_line(run_program("classify", small_run(data(), 2) + " --amp --resume " + truncated +
-                                                " --out " + out),
-                    {truncated});
+  expect_one_line_error(run_program("classify", small_run(data(), 2) + " --amp --resume " +
+                                                    truncated + " --out " + out),
+                        {truncated});
   EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
 }
 
