@@ -425,7 +425,7 @@ int main(int argc, char** argv) {
     std::string skipped;
     if (!t.pretrained.empty()) {
       const io::SafetensorsFile file = io::load_safetensors(t.pretrained);
-      const Shape fc{classes, 8 * t.width * (t.arch == "resnet50" ? 4 : 1)};
+      const Shape fc{classes, nn::ResNet::num_features(resnet)};
       if (file.has_tensor("fc.weight") && file.tensor("fc.weight").shape() != fc) {
         skipped = "fc";
         std::printf("transfer: %s's fc is %s, this folder has %lld classes: fc starts from its "

@@ -125,10 +125,7 @@ std::string Bottleneck::describe() const {
 
 ResNet::ResNet(const ResNetOptions& options, Rng& rng)
     : options_(options), conv1(3, options.width, 7, rng, 2, 3, false), bn1(options.width),
-      maxpool(3, 2, 1), fc(8 * options.width *
-                               (options.arch == ResNetArch::resnet50 ? Bottleneck::kExpansion
-                                                                     : BasicBlock::kExpansion),
-                           options.num_classes, rng) {
+      maxpool(3, 2, 1), fc(num_features(options), options.num_classes, rng) {
   require(options.width > 0 && options.num_classes > 0, "ResNet",
           "width and num_classes must be positive, got ", options.width, " and ",
           options.num_classes);
@@ -151,7 +148,11 @@ ResNet::ResNet(const ResNetOptions& options, Rng& rng)
   register_child("fc", &fc);
 }
 
-int64_t ResNet::num_features() const { return fc.weight.master().shape()[1]; }
+int64_t ResNet::num_features(const ResNetOptions& options) {
+  const int64_t expansion =
+      options.arch == ResNetArch::resnet50 ? Bottleneck::kExpansion : BasicBlock::kExpansion;
+  return 8 * options.width * expansion;
+}
 
 Var ResNet::features(const Var& x) {
   const Var stem = maxpool(bn1(conv1(x)));

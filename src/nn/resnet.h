@@ -85,7 +85,8 @@ public:
   std::string describe() const override;
   const ResNetOptions& options() const { return options_; }
   // The width of the features fc reads: 8 x width x the block's expansion.
-  int64_t num_features() const;
+  int64_t num_features() const { return num_features(options_); }
+  static int64_t num_features(const ResNetOptions& options);
 
   Conv2d conv1;
   BatchNorm bn1;
