@@ -11,11 +11,14 @@ thread (cuobjdump -res-usage), local memory (spills), and the blocks per SM that
 shared memory and threads allow on an sm_90 SM (65536 registers, 228 KB of shared memory with
 1 KB reserved per block, 2048 threads, 32 blocks). These are the static figures a GPU run checks.
 
-    python3 bench/gemm_sass.py --kernels kernels.json --objects BUILD/CMakeFiles/minamp.dir/cuda
-        [--arch sm_90] [--json out.json]
+    python3 bench/gemm_sass.py (--kernels kernels.json | --bench-gemm BUILD/bench_gemm)
+        --objects BUILD/CMakeFiles/minamp.dir/cuda [--arch sm_90] [--json out.json]
+        [--skip-without-cuobjdump]
 
-kernels.json is what `bench_gemm --kernels` prints. cuobjdump comes from the CUDA toolkit or
-PyPI's nvidia-cuda-cuobjdump (its nvidia/cu13/bin is searched too); c++filt from binutils.
+kernels.json is what `bench_gemm --kernels` prints (--bench-gemm runs it). cuobjdump comes from
+the CUDA toolkit or PyPI's nvidia-cuda-cuobjdump (its nvidia/cu13/bin is searched too); c++filt
+from binutils. Exits 1 when a version's kernel is missing or touches local memory (a spill);
+with --skip-without-cuobjdump, 77 (a skipped test, for ctest) where there is no cuobjdump.
 """
 import argparse
 import glob
@@ -35,7 +38,11 @@ SM_BLOCKS = 32
 REGISTER_GRANULE = 8  # registers are allocated per thread in multiples of 8 (per warp: of 256)
 
 
+SKIPPED = 77  # ctest's SKIP_RETURN_CODE for this test
+
+
 def find_tool(name):
+    """The tool's path, or None."""
     found = shutil.which(name)
     if found:
         return found
@@ -46,7 +53,7 @@ def find_tool(name):
                 return candidate
     except ImportError:
         pass
-    sys.exit(f"gemm_sass: {name} not found (CUDA toolkit, or pip install nvidia-cuda-cuobjdump)")
+    return None
 
 
 def demangle(names):
@@ -177,17 +184,29 @@ def print_table(rows):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kernels", required=True, help="the JSON bench_gemm --kernels prints")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--kernels", help="the JSON bench_gemm --kernels prints")
+    source.add_argument("--bench-gemm", help="a bench_gemm binary to run with --kernels")
     p.add_argument("--objects", required=True, help="folder of the gemm_v*.cu.o objects")
     p.add_argument("--arch", default="sm_90", help="the architecture to disassemble (sm_90)")
     p.add_argument("--json", help="also write the figures to this JSON file")
+    p.add_argument("--skip-without-cuobjdump", action="store_true",
+                   help=f"exit {SKIPPED} (skipped) rather than 1 where cuobjdump is not found")
     args = p.parse_args()
-    try:
-        with open(args.kernels) as f:
-            kernels = json.load(f)
-    except (OSError, ValueError) as e:
-        sys.exit(f"gemm_sass: --kernels {args.kernels}: {e}")
     cuobjdump = find_tool("cuobjdump")
+    if not cuobjdump:
+        print("gemm_sass: cuobjdump not found (CUDA toolkit, or pip install "
+              "nvidia-cuda-cuobjdump)", file=sys.stderr)
+        return SKIPPED if args.skip_without_cuobjdump else 1
+    try:
+        if args.bench_gemm:
+            kernels = json.loads(subprocess.run([args.bench_gemm, "--kernels"], check=True,
+                                                capture_output=True, text=True).stdout)
+        else:
+            with open(args.kernels) as f:
+                kernels = json.load(f)
+    except (OSError, ValueError, subprocess.CalledProcessError) as e:
+        sys.exit(f"gemm_sass: the kernel list: {e}")
     rows = [analyse(info, args.objects, args.arch, cuobjdump) for info in kernels]
     print_table(rows)
     if args.json:

@@ -1,9 +1,9 @@
 """Merges one benchmark run — bench_train's JSON, the PyTorch peer's JSON and (on a GPU)
 bench_gemm's JSON — with where and when it ran (device, driver, commit, date), writes the
-combined JSON, prints the comparison table with the issue's targets and ratios, and writes the
-same table as Markdown for the README. A missing or unreadable input (a stage that failed or ran
-out of time) is listed as missing and the rest is still written; with no results at all it writes
-nothing and exits 1. Standard library only: it runs beside any Python."""
+combined JSON, prints the comparison table with the targets and ratios, and writes the
+same table as Markdown (bench/NOTES.md and the README quote it). A missing or unreadable input
+(a stage that failed or ran out of time) is listed as missing and the rest is still written; with
+no results at all it writes nothing and exits 1. Standard library only: it runs beside any Python."""
 
 import argparse
 import datetime
@@ -52,8 +52,10 @@ def where_and_when(platform_name, commit):
 
 
 MODELS, PRECISIONS, MODES = ("mlp", "sine", "classify"), ("fp32", "amp"), ("train", "infer")
-# Optional modes: minamp's CUDA-graph replay, PyTorch's fused optimizers; listed in this order.
-MODE_ORDER = ("train", "train-graph", "train-fused", "infer")
+# Optional modes: minamp's CUDA-graph replay, PyTorch's other configurations (bench/pytorch/
+# train.py's CONFIGS); listed in this order.
+MODE_ORDER = ("train", "train-graph", "train-nchw", "train-fused", "train-nchw-fused",
+              "train-compile", "infer")
 
 
 def load_one(path, problems):
@@ -120,6 +122,41 @@ def step_target(name, ours, theirs, bound, minamp, pytorch, info=None):
     a, b = find(minamp, *ours), find(pytorch, *theirs)
     return {"target": name, "minamp": median(a), "reference": median(b), "unit": "ms",
             "bound": bound, "ratio": ratio(median(a), median(b)), "le": True, "info": info}
+
+
+def fastest_peer(pytorch, model, precision):
+    """PyTorch's fastest training run of model and precision over every configuration it timed
+    (modes train, train-nchw, train-fused, ...), or None."""
+    runs = [r for r in (pytorch or {}).get("runs", []) if r["model"] == model
+            and r["precision"] == precision and r["mode"].startswith("train")
+            and "error" not in r]
+    return min(runs, key=median, default=None)
+
+
+def fastest_peer_target(name, model, bound, minamp, pytorch):
+    """minamp's AMP training step against the fastest PyTorch AMP configuration; the reference
+    names which one it was."""
+    a, b = find(minamp, model, "amp", "train"), fastest_peer(pytorch, model, "amp")
+    row = {"target": name, "minamp": median(a), "reference": median(b), "unit": "ms",
+           "bound": bound, "ratio": ratio(median(a), median(b)), "le": True}
+    if b:
+        row["reference_mode"] = b["mode"]
+    return row
+
+
+def peer_memory_target(name, model, bound, minamp, pytorch):
+    """minamp's AMP training peak against the leanest PyTorch AMP training configuration's."""
+    a = find(minamp, model, "amp", "train")
+    peaks = [r for r in (pytorch or {}).get("runs", []) if r["model"] == model
+             and r["precision"] == "amp" and r["mode"].startswith("train") and "error" not in r
+             and r.get("peak_bytes")]
+    b = min(peaks, key=lambda r: r["peak_bytes"], default=None)
+    pa, pb = a and a.get("peak_bytes"), b and b["peak_bytes"]
+    row = {"target": name, "minamp": pa and pa / 2**20, "reference": pb and pb / 2**20,
+           "unit": "MiB", "bound": bound, "ratio": ratio(pa, pb), "le": True}
+    if b:
+        row["reference_mode"] = b["mode"]
+    return row
 
 
 def memory_target(name, model, bound, minamp):
@@ -243,21 +280,19 @@ def cpu_targets(minamp, pytorch):
 def gpu_targets(minamp, pytorch, gemm):
     size = (minamp or pytorch or {}).get("sine_size", 512)
     return gemm_targets(gemm) + [
-        step_target(f"sine {size}^2 AMP step vs PyTorch eager AMP", ("sine", "amp", "train"),
-                    ("sine", "amp", "train"), 0.8, minamp, pytorch),
+        fastest_peer_target(f"sine {size}^2 AMP step vs the fastest PyTorch AMP configuration",
+                            "sine", 0.6, minamp, pytorch),
+        fastest_peer_target("classify AMP step vs the fastest PyTorch AMP configuration",
+                            "classify", 0.5, minamp, pytorch),
+        peer_memory_target(f"sine {size}^2 AMP peak memory vs the leanest PyTorch AMP "
+                           "configuration", "sine", 0.7, minamp, pytorch),
         step_target("mlp AMP step vs PyTorch eager AMP", ("mlp", "amp", "train"),
                     ("mlp", "amp", "train"), 0.2, minamp, pytorch),
         step_target("mlp AMP step replayed from a CUDA graph vs PyTorch eager AMP",
                     ("mlp", "amp", "train-graph"), ("mlp", "amp", "train"), 0.2, minamp, pytorch,
                     info=NOT_THE_PAIR),
         step_target(f"sine {size}^2 AMP step replayed from a CUDA graph vs PyTorch eager AMP",
-                    ("sine", "amp", "train-graph"), ("sine", "amp", "train"), 0.8, minamp,
-                    pytorch, info=NOT_THE_PAIR),
-        step_target("mlp AMP step vs PyTorch eager AMP with fused optimizers",
-                    ("mlp", "amp", "train"), ("mlp", "amp", "train-fused"), 0.2, minamp, pytorch,
-                    info=NOT_THE_PAIR),
-        step_target(f"sine {size}^2 AMP step vs PyTorch eager AMP with fused optimizers",
-                    ("sine", "amp", "train"), ("sine", "amp", "train-fused"), 0.8, minamp,
+                    ("sine", "amp", "train-graph"), ("sine", "amp", "train"), 0.6, minamp,
                     pytorch, info=NOT_THE_PAIR),
         memory_target(f"sine {size}^2 AMP peak memory vs minamp FP32", "sine", 0.55, minamp),
         loss_target("sine AMP final loss vs FP32 (last-10 mean)", "sine", minamp),
@@ -289,8 +324,11 @@ def target_lines(targets, markdown):
     rows = []
     for t in targets:
         bound = ("<= " if t["le"] else ">= ") + fmt(t["bound"])
-        rows.append([t["target"], f"{fmt(t['minamp'])} {t['unit']}",
-                     f"{fmt(t['reference'])} {t['unit']}", fmt(t["ratio"], 3), bound, verdict(t)])
+        reference = f"{fmt(t['reference'])} {t['unit']}"
+        if t.get("reference_mode"):
+            reference += f" ({t['reference_mode']})"
+        rows.append([t["target"], f"{fmt(t['minamp'])} {t['unit']}", reference,
+                     fmt(t["ratio"], 3), bound, verdict(t)])
     return table(head, rows, markdown) + by_seed_lines(targets)
 
 
@@ -397,9 +435,13 @@ def peer_notes(pytorch):
     if workspace:
         notes.append(f"PyTorch's peaks leave out cuBLAS's workspace ({workspace / 2**20:.3g} MiB "
                      "at most, held from the first GEMM on; minamp calls no cuBLAS).")
-    if any(r.get("mode") == "train-fused" for r in runs):
-        notes.append("PyTorch's train uses torch.optim's default optimizers, whose AMP step reads "
-                     "found_inf on the host; train-fused uses fused=True, which does not.")
+    if any(r.get("mode", "train") != "train" and r["mode"].startswith("train") for r in runs):
+        notes.append("PyTorch's train is eager, channels_last, with torch.optim's default "
+                     "optimizers, whose AMP step reads found_inf on the host; train-nchw runs "
+                     "NCHW, the -fused modes use fused=True (which does not read it), "
+                     "train-compile is torch.compile's default mode with fused optimizers (its "
+                     "compiling first step is not timed). A target against the fastest or leanest "
+                     "configuration names it.")
     return ["", " ".join(notes)] if notes else []
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU benchmark, run ON the GPU machine (no network) from the repository root with deps/
-# carried (scripts/gather-deps.sh): uses the configured build in $BUILD (default build-gpu, as
+# The GPU benchmark, run ON the GPU machine (which needs no network) from the repository root with
+# deps/ beside it (scripts/gather-deps.sh): uses the configured build in $BUILD (default build-gpu, as
 # scripts/gpu-check.sh leaves it) or configures one from deps/ for sm_90, builds bench_gemm,
 # bench_train and the sine and mlp examples, then runs, in the order the targets need them,
 # bench_gemm (WMMA / fp32 GEMMs vs cuBLAS), bench_train --device cuda (mlp, sine 512x512,
@@ -10,16 +10,16 @@
 # The log is written to ${OUT:-/tmp} as it comes, and the parts folder (/tmp/<name>-parts: the
 # per-tool JSON and the examples' outputs) is packed into $OUT/<name>-parts.tgz after every
 # stage, so that $OUT holds at most four files whatever happens (the log, the parts .tgz, and the
-# report's .json and .md when there is one; the device tool returns at most 8). The
-# report (whatever results there are, the missing ones listed) goes to
+# report's .json and .md when there is one), easy to copy back from a remote machine. The report
+# (whatever results there are, the missing ones listed) goes to
 # bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log beside it, and is copied to
 # $OUT. A run with no results at all writes nothing to bench/results. A target that does not
 # build leaves the others to run. Every stage has a time limit, cut to what is left of $BUDGET_S
 # seconds (default 540) in all, so a result comes back even when one hangs (later stages are then
 # skipped); expect 3-5 minutes on an H100, and up to 2 more for the seeds. COMMIT names the
-# measured commit where the copied tree has no .git: give the sha of the tree sent, with -dirty
-# if it has uncommitted changes (git diff --quiet HEAD || echo -dirty, on the machine that sends
-# it). PYTHON (default python3) runs bench/pytorch/train.py and bench/report.py; CUDA_HOME (default
+# measured commit where the tree has no .git (a copy): give the sha of the tree copied, with
+# -dirty if it has uncommitted changes (git diff --quiet HEAD || echo -dirty, where it was copied
+# from). PYTHON (default python3) runs bench/pytorch/train.py and bench/report.py; CUDA_HOME (default
 # /usr/local/cuda) has its bin/ appended to PATH; RESULTS (default bench/results) is where the
 # report goes (tests/bench/test_run_gpu.py runs the whole script on stand-in tools).
 #
@@ -57,9 +57,13 @@ declare -A steps=(
 # op), so the log shows where a step's GPU time goes; and the same training replayed from a CUDA
 # graph of one step (mode train-graph), which removes the launch overhead.
 minamp_extra="--profile 5 --cuda-graph"
-# PyTorch only, for the models with a step-time target: the same training with the fused
-# optimizers too (mode train-fused), whose AMP step does not read found_inf on the host.
-declare -A pytorch_extra=([mlp]="--fused" [sine]="--fused")
+# PyTorch only: the other training configurations a PyTorch user would pick (NCHW, fused
+# optimizers, both, torch.compile), so that each target compares with the fastest of them; mlp
+# has no convs (NCHW is its only layout) and no compile (its step is launch-bound).
+declare -A pytorch_extra=([mlp]="--configs fused" [sine]="--configs nchw,fused,nchw-fused,compile"
+  [classify]="--configs nchw,fused,nchw-fused,compile")
+# torch.compile's first step compiles: the conv nets' PyTorch stages need longer.
+declare -A pytorch_limit=([mlp]=90 [sine]=200 [classify]=200)
 
 # GoogleTest is only needed because CMakeLists.txt requires it at configure time.
 # shellcheck disable=SC2317 # configure and build_benches run through `stage` (bash -c)
@@ -123,8 +127,8 @@ run_gemm() {
 }
 
 # run_model MODEL: minamp in FP32, then AMP (one process each, so that a slow or failing AMP run
-# keeps the FP32 result), then PyTorch (which rewrites its JSON after every run, the informational
-# fused-optimizer runs last), so that each pair is measured close in time.
+# keeps the FP32 result), then PyTorch (which rewrites its JSON after every run, the other
+# configurations last), so that each pair is measured close in time.
 run_model() {
   local m=$1 p
   for p in fp32 amp; do
@@ -133,7 +137,8 @@ run_model() {
       --precisions "$p" ${steps[$m]} $minamp_extra --json "$work/minamp-$m-$p.json"
   done
   # shellcheck disable=SC2086
-  stage "pytorch $m" 90 "$python" bench/pytorch/train.py --device cuda --models "$m" \
+  stage "pytorch $m" "${pytorch_limit[$m]}" "$python" bench/pytorch/train.py --device cuda \
+    --models "$m" \
     ${steps[$m]} ${pytorch_extra[$m]:-} --json "$work/pytorch-$m.json"
 }
 

@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "io/atomic_file.h"
 #include "kernels/backend.h"
+#include "kernels/gemm_version.h"
 #include "kernels/profile.h"
 #include "nn/module.h"
 #include "nn/resnet.h"
@@ -567,6 +568,7 @@ int run(int argc, char** argv) {
   if (cfg.resnet_size == 0) cfg.resnet_size = gpu ? 224 : emulated ? 32 : 64;
   if (cfg.resnet_batch == 0) cfg.resnet_batch = gpu ? 64 : emulated ? 2 : 4;
   if (cfg.resnet_width == 0) cfg.resnet_width = emulated ? 8 : 64;
+  gemm_version(); // an unknown MINAMP_GEMM_VERSION is refused before any model runs
 
   const bool sine = std::find(model_names.begin(), model_names.end(), "sine") != model_names.end();
   std::printf("bench_train on %s (%d threads): %lld warm-up + %lld timed steps%s\n",

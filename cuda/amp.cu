@@ -53,11 +53,7 @@ __global__ void amp_update_scale_kernel(float* scale, int32_t* growth_tracker,
 
 void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf) {
   const char* op = "amp_unscale";
-  require_f32(op, "scale", scale, 1);
-  require_f32(op, "found_inf", found_inf, 1);
-  for (const Tensor* grad : grads)
-    require(grad && grad->defined() && grad->dtype() == DType::f32, op,
-            "gradients must be defined f32 tensors, got ", describe(grad));
+  require_amp_unscale(grads, scale, found_inf);
 
   const float* scale_ptr = ptr<const float>(scale);
   float* found_inf_ptr = ptr<float>(found_inf);
@@ -73,11 +69,7 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
 void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found_inf,
                       const ScalerParams& scaler) {
   const char* op = "amp_update_scale";
-  require_f32(op, "scale", scale, 1);
-  require_f32(op, "found_inf", found_inf, 1);
-  require(growth_tracker.defined() && growth_tracker.dtype() == DType::i32 &&
-              growth_tracker.numel() == 1,
-          op, "growth_tracker must be i32 with 1 element, got ", describe(growth_tracker));
+  require_amp_update_scale(scale, growth_tracker, found_inf);
   amp_update_scale_kernel<<<1, 1, 0, stream()>>>(ptr<float>(scale), ptr<int32_t>(growth_tracker),
                                                  ptr<const float>(found_inf), scaler);
   CUDA_CHECK_LAUNCH(op);

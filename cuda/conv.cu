@@ -22,33 +22,18 @@ namespace minamp::gpu {
 
 namespace {
 
-// Checks x [N, H, W, Cin], w [Cout, kh, kw, Cin] and the conv parameters; returns the geometry.
-ConvGeometry conv_geometry(const char* op, const Tensor& x, const Tensor& w,
-                           const ConvParams& conv) {
-  require(x.defined() && x.shape().rank() == 4 && is_floating(x.dtype()), op,
-          "expects x f32/f16 [N, H, W, Cin], got ", describe(x));
-  require(w.defined() && w.shape().rank() == 4 && w.shape()[3] == x.shape()[3] &&
-              is_floating(w.dtype()),
-          op, "expects w f32/f16 [Cout, kh, kw, Cin] with the Cin of x ", describe(x), ", got ",
-          describe(w));
-  require(conv.stride >= 1 && conv.pad >= 0, op, "expects stride >= 1 and pad >= 0, got stride ",
-          conv.stride, ", pad ", conv.pad);
-  ConvGeometry g;
-  g.batch = int(x.shape()[0]), g.height = int(x.shape()[1]), g.width = int(x.shape()[2]);
-  g.channels = int(x.shape()[3]);
-  g.kernel_h = int(w.shape()[1]), g.kernel_w = int(w.shape()[2]);
-  g.stride = conv.stride, g.pad = conv.pad;
-  g.out_channels = int(w.shape()[0]);
-  require(g.height + 2 * g.pad >= g.kernel_h && g.width + 2 * g.pad >= g.kernel_w, op,
-          "the kernel of ", describe(w), " does not fit the padded input ", describe(x), " (pad ",
-          g.pad, ")");
-  g.out_h = (g.height + 2 * g.pad - g.kernel_h) / g.stride + 1;
-  g.out_w = (g.width + 2 * g.pad - g.kernel_w) / g.stride + 1;
+// The GEMM loaders' geometry of a checked convolution, once its extents are within the CUDA
+// kernels' 32-bit limit.
+ConvGeometry conv_geometry(const char* op, const ConvDims& d, const Tensor& x, const Tensor& w) {
+  const int64_t out_rows = d.n * d.out_pixels();
   require(x.numel() <= kMaxGemmExtent && w.numel() <= kMaxGemmExtent &&
-              g.out_pixels() * w.shape()[0] <= kMaxGemmExtent &&
-              g.out_pixels() * g.patch() <= kMaxGemmExtent,
+              out_rows * d.cout <= kMaxGemmExtent && out_rows * d.patch() <= kMaxGemmExtent,
           op, "sizes must fit in 32 bits (at most ", kMaxGemmExtent, " elements), got x ",
           describe(x), ", w ", describe(w));
+  ConvGeometry g;
+  g.batch = int(d.n), g.height = int(d.h), g.width = int(d.w), g.channels = int(d.cin);
+  g.kernel_h = int(d.kh), g.kernel_w = int(d.kw), g.stride = d.stride, g.pad = d.pad;
+  g.out_h = int(d.ho), g.out_w = int(d.wo), g.out_channels = int(d.cout);
   return g;
 }
 
@@ -65,15 +50,6 @@ Tensor as_dtype(const Tensor& t, DType dtype) {
   Tensor converted = Tensor::empty(t.shape(), dtype, Device::cuda);
   cast(t, converted);
   return converted;
-}
-
-// Throws Error unless `y` is a floating [N, Ho, Wo, Cout] tensor for this geometry.
-void require_output_shape(const char* op, const char* name, const Tensor& y, const ConvGeometry& g,
-                          int64_t out_channels) {
-  require(y.defined() && is_floating(y.dtype()) &&
-              y.shape() == Shape{g.batch, g.out_h, g.out_w, out_channels},
-          op, "expects ", name, " f32/f16 [", g.batch, ", ", g.out_h, ", ", g.out_w, ", ",
-          out_channels, "] (stride ", g.stride, ", pad ", g.pad, "), got ", describe(y));
 }
 
 // The conv input as the GEMM operand [N*Ho*Wo, kh*kw*Cin]: x itself for a pointwise conv.
@@ -164,12 +140,10 @@ void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, T
 
 void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParams& conv,
                     const GemmEpilogue& epilogue) {
-  const ConvGeometry g = conv_geometry("conv2d_forward", x, w, conv);
-  const int64_t out_channels = w.shape()[0];
-  require_output_shape("conv2d_forward", "y", y, g, out_channels);
+  const ConvDims d = require_conv2d_forward(x, w, y, conv, epilogue);
+  const ConvGeometry g = conv_geometry("conv2d_forward", d, x, w);
+  const int64_t out_channels = d.cout;
   const Tensor* bias = epilogue.bias;
-  require(!bias || (bias->dtype() == DType::f32 && bias->numel() == out_channels), "conv2d_forward",
-          "bias must be f32 [", out_channels, "], got ", describe(bias));
 
   const DType dtype = common_dtype({&x, &w});
   const Tensor x_in = as_dtype(x, dtype), w_in = as_dtype(w, dtype);
@@ -186,9 +160,8 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
 
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
                      const ConvParams& conv) {
-  const ConvGeometry g = conv_geometry("conv2d_backward", x, w, conv);
-  require_output_shape("conv2d_backward", "dy", dy, g, w.shape()[0]);
-  require_conv_gradients(x, w, dx, dw);
+  const ConvGeometry g =
+      conv_geometry("conv2d_backward", require_conv2d_backward(x, w, dy, dx, dw, conv), x, w);
   const DType dtype = common_dtype({&x, &w, &dy});
   const Tensor dy_in = as_dtype(dy, dtype);
   if (dx.defined()) input_gradient(as_dtype(w, dtype), dy_in, g, dx);

@@ -108,10 +108,7 @@ struct ReluGrad { // 0 where the forward output y <= 0, else dy (also at NaN, as
 } // namespace
 
 void fill(Tensor& dst, float value) {
-  require(dst.defined(), "fill", "dst is an undefined tensor");
-  // As the CPU reference: an i32 fill must truncate to an int32 (no NaN, inf or |value| >= 2^31).
-  require(dst.dtype() != DType::i32 || (value >= -2147483648.0f && value < 2147483648.0f), "fill",
-          "an i32 tensor cannot hold ", value, ", got ", describe(dst));
+  require_fill(dst, value);
   visit_storage(dst, [&](auto out) {
     using TOut = typename decltype(out)::type;
     launch_map("fill", ptr<TOut>(dst), dst.numel(), Constant{value});
@@ -122,7 +119,7 @@ void fill(Tensor& dst, float value) {
 // the device, where a bad value cannot be reported: NaN becomes 0, ±inf and values beyond int32
 // saturate (the CPU reference throws instead).
 void cast(const Tensor& src, Tensor& dst) {
-  require_same_numel("cast", "src", src, "dst", dst);
+  require_cast(src, dst);
   if (src.nbytes() == 0) return;
   if (src.dtype() == dst.dtype()) {
     CUDA_CHECK(
@@ -140,9 +137,7 @@ void cast(const Tensor& src, Tensor& dst) {
 }
 
 void add_inplace(Tensor& dst, const Tensor& src, float alpha) {
-  require_floating("add_inplace", "dst", dst);
-  require_floating("add_inplace", "src", src);
-  require_same_numel("add_inplace", "dst", dst, "src", src);
+  require_add_inplace(dst, src);
   visit_floating(dst, "add_inplace", [&](auto out) {
     visit_floating(src, "add_inplace", [&](auto in) {
       using TOut = typename decltype(out)::type;
@@ -154,10 +149,7 @@ void add_inplace(Tensor& dst, const Tensor& src, float alpha) {
 }
 
 void mul_scalar(const Tensor& src, const Tensor& scale, Tensor& dst) {
-  require_floating("mul_scalar", "src", src);
-  require_floating("mul_scalar", "dst", dst);
-  require_same_numel("mul_scalar", "src", src, "dst", dst);
-  require_f32("mul_scalar", "scale", scale, 1);
+  require_mul_scalar(src, scale, dst);
   visit_floating(dst, "mul_scalar", [&](auto out) {
     visit_floating(src, "mul_scalar", [&](auto in) {
       using TOut = typename decltype(out)::type;
@@ -184,9 +176,7 @@ void add_forward(const Tensor& a, const Tensor& b, Tensor& y, bool relu) {
 }
 
 void relu_forward(const Tensor& x, Tensor& y) {
-  require_floating("relu_forward", "x", x);
-  require(y.defined() && y.dtype() == x.dtype() && y.numel() == x.numel(), "relu_forward",
-          "y must match x ", describe(x), ", got ", describe(y));
+  require_relu_forward(x, y);
   visit_floating(x, "relu_forward", [&](auto type) {
     using T = typename decltype(type)::type;
     launch_map("relu_forward", ptr<T>(y), y.numel(), Relu{}, ptr<const T>(x));
@@ -270,9 +260,8 @@ __global__ void clip_coefficient_kernel(const float* sum_sq, float max_norm, flo
 } // namespace
 
 void bias_backward(const Tensor& dy, Tensor& db) {
-  require_floating("bias_backward", "dy", dy);
+  require_bias_backward(dy, db);
   const int64_t rows = dy.shape().rows(), cols = dy.shape().last(); // dy [rows, N]
-  require_f32("bias_backward", "db", db, cols);
   visit_floating(dy, "bias_backward", [&](auto type) {
     using T = typename decltype(type)::type;
     reduce_columns<1>(rows, int(cols), ColumnValue<T>{ptr<const T>(dy), int(cols)},
@@ -281,8 +270,7 @@ void bias_backward(const Tensor& dy, Tensor& db) {
 }
 
 void sum_squares(const Tensor& x, Tensor& sum_sq) {
-  require_floating("sum_squares", "x", x);
-  require_f32("sum_squares", "sum_sq", sum_sq, 1);
+  require_sum_squares(x, sum_sq);
   visit_floating(x, "sum_squares", [&](auto type) {
     using T = typename decltype(type)::type;
     reduce_all<1>(x.numel(), Square<T>{ptr<const T>(x)}, AddToScalar{ptr<float>(sum_sq)},
@@ -291,8 +279,7 @@ void sum_squares(const Tensor& x, Tensor& sum_sq) {
 }
 
 void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef) {
-  require_f32("clip_coefficient", "sum_sq", sum_sq, 1);
-  require_f32("clip_coefficient", "coef", coef, 1);
+  require_clip_coefficient(sum_sq, coef);
   clip_coefficient_kernel<<<1, 1, 0, stream()>>>(ptr<const float>(sum_sq), max_norm,
                                                  ptr<float>(coef));
   CUDA_CHECK_LAUNCH("clip_coefficient");
@@ -300,8 +287,7 @@ void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef) {
 
 // Counts are summed as floats: exact while every count stays below 2^24.
 void fp16_range_counts(const Tensor& x, float scale, Tensor& counts) {
-  require_floating("fp16_range_counts", "x", x);
-  require_f32("fp16_range_counts", "counts", counts, 5);
+  require_fp16_range_counts(x, counts);
   visit_floating(x, "fp16_range_counts", [&](auto type) {
     using T = typename decltype(type)::type;
     reduce_all<5>(x.numel(), Fp16Range<T>{ptr<const T>(x), scale}, AddCounts{ptr<float>(counts)},

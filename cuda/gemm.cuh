@@ -142,9 +142,22 @@ GemmKernelInfo gemm_v3_kernel_info();
 GemmKernelInfo gemm_v4_kernel_info();
 GemmKernelInfo gemm_v5_kernel_info();
 
-// Picks the kernel from the operands' dtype.
+// GEMMs too thin for tensor-core tiles (gemm_thin.cu, is_thin_gemm in gemm_plan.h), of plain
+// or transposed matrices.
+inline bool thin_gemm_applies(const GemmArgs& args) {
+  const auto plain = [](const GemmOperand& op) {
+    return op.kind == OperandKind::matrix || op.kind == OperandKind::transposed;
+  };
+  return plain(args.a) && plain(args.b) && is_thin_gemm(args.m, args.n, args.k);
+}
+void thin_gemm(const GemmArgs& args, DType ab_dtype);
+
+// Picks the kernel: a thin GEMM on CUDA cores (unless a tensor-core version is forced), else by
+// the operands' dtype.
 inline void run_gemm(const GemmArgs& args, DType ab_dtype) {
-  if (ab_dtype == DType::f16)
+  if (gemm_version() == GemmVersion::automatic && thin_gemm_applies(args))
+    thin_gemm(args, ab_dtype);
+  else if (ab_dtype == DType::f16)
     tensor_core_gemm(args);
   else
     simt_gemm(args);
@@ -717,10 +730,17 @@ inline void reduce_split_k(const float* partial, int splits, const GemmArgs& arg
 // ---------------------------------------------------------------------------------------------
 // The launcher.
 
+// Whether a kernel family has a third, medium tile configuration (Family::Medium).
+template <class Family, class = void> struct HasMediumTiles : std::false_type {};
+template <class Family>
+struct HasMediumTiles<Family, std::void_t<typename Family::Medium>> : std::true_type {};
+
 // The launch of one GEMM kernel family (WMMA or SIMT) for the operand pair OpA, OpB:
-// GemmLaunch<Family>::On<OpA, OpB>::run(args) launches the Large or Small configuration with K
-// split or not as plan_gemm says, and picks C's dtype. A Family provides
-//   using Large, Small;                                     the two tile configurations
+// GemmLaunch<Family>::On<OpA, OpB>::run(args) launches the Large, Medium (if the family has one)
+// or Small configuration with K split or not as plan_gemm says, and picks C's dtype. A Family
+// provides
+//   using Large, Small;                                     the tile configurations
+//   using Medium;                                           (optional) one between them
 //   static constexpr const char* kName;                     for launch errors
 //   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes();
 //   template <class Cfg, class OpA, class OpB, class CT> static auto kernel();
@@ -758,13 +778,23 @@ template <class Family> struct GemmLaunch {
       launch<Cfg, float>(args, partial.raw(), EpilogueArgs{}, split);
       reduce_split_k(ptr<float>(partial), split.splits, args);
     }
+    template <class Cfg> static BlockTile tile() { return {Cfg::BM, Cfg::BN, Cfg::BK}; }
+    template <class Cfg> static bool fits() {
+      return Family::template smem_bytes<Cfg, OpA, OpB>() <= max_dynamic_smem();
+    }
     static void run(const GemmArgs& args) {
       using Large = typename Family::Large;
       using Small = typename Family::Small;
-      constexpr int kLargeBytes = Family::template smem_bytes<Large, OpA, OpB>();
-      const GemmPlan plan = plan_gemm(args.m, args.n, args.k, {Large::BM, Large::BN, Large::BK},
-                                      {Small::BM, Small::BN, Small::BK},
-                                      kLargeBytes <= max_dynamic_smem(), sm_count());
+      GemmPlan plan;
+      if constexpr (HasMediumTiles<Family>::value) {
+        using Medium = typename Family::Medium;
+        plan = plan_gemm(args.m, args.n, args.k, tile<Large>(), tile<Medium>(), tile<Small>(),
+                         fits<Large>(), fits<Medium>(), sm_count());
+        if (plan.tiles == GemmTiles::medium) return whole_k<Medium>(args);
+      } else {
+        plan = plan_gemm(args.m, args.n, args.k, tile<Large>(), tile<Small>(), fits<Large>(),
+                         sm_count());
+      }
       if (plan.tiles == GemmTiles::large)
         whole_k<Large>(args);
       else if (plan.split.splits > 1)

@@ -9,21 +9,6 @@
 
 namespace minamp::gpu {
 
-namespace {
-
-// The [M, N, K] of C = op(A) @ op(B).
-struct GemmSizes {
-  int64_t m, n, k;
-};
-GemmSizes gemm_sizes(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
-  const int64_t m = trans_a ? a.shape().last() : a.shape().rows();
-  const int64_t k = trans_a ? a.shape().rows() : a.shape().last();
-  const int64_t n = trans_b ? b.shape().rows() : b.shape().last();
-  return {m, n, k};
-}
-
-} // namespace
-
 void tensor_core_gemm(const GemmArgs& args) {
   if (args.m == 0 || args.n == 0) return;
   const GemmVersion version = plan_version(gemm_version(), compute_capability());
@@ -46,19 +31,7 @@ void tensor_core_gemm(const GemmArgs& args) {
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           const GemmEpilogue& epilogue) {
-  const GemmSizes s = gemm_sizes(a, trans_a, b, trans_b);
-  const int64_t kb = trans_b ? b.shape().last() : b.shape().rows();
-  require(kb == s.k && c.shape().rows() == s.m && c.shape().last() == s.n, "gemm",
-          "expected op(A) [M, K], op(B) [K, N], C [M, N], got A ", describe(a),
-          (trans_a ? " (transposed)" : ""), ", B ", describe(b), (trans_b ? " (transposed)" : ""),
-          ", C ", describe(c));
-  require(a.dtype() == b.dtype() && (a.dtype() == DType::f16 || a.dtype() == DType::f32) &&
-              (c.dtype() == DType::f16 || c.dtype() == DType::f32),
-          "gemm", "expects A and B both f16 or both f32 and C f16 or f32, got A ", describe(a),
-          ", B ", describe(b), ", C ", describe(c));
-  if (epilogue.bias) // every argument of require is evaluated: never describe(*nullptr)
-    require(epilogue.bias->dtype() == DType::f32 && epilogue.bias->numel() == s.n, "gemm",
-            "bias must be f32 [", s.n, "], got ", describe(*epilogue.bias));
+  const GemmDims s = require_gemm(a, trans_a, b, trans_b, c, epilogue);
   require(s.m <= kMaxGemmExtent && s.n <= kMaxGemmExtent && s.k <= kMaxGemmExtent, "gemm",
           "sizes must fit in 32 bits (at most ", kMaxGemmExtent, "), got M ", s.m, ", N ", s.n,
           ", K ", s.k);

@@ -60,14 +60,18 @@ struct BlockTile {
 // The configurations of the two kernel families (gemm_wmma.cuh and gemm_fp32.cu build theirs from
 // these, so the plans tested on the CPU are the ones the kernels run).
 constexpr BlockTile kWmmaLargeTile{128, 128, 32}, kWmmaSmallTile{64, 64, 32}; // v2, v3
-constexpr BlockTile kMmaLargeTile{128, 128, 32}, kMmaSmallTile{64, 64, 32};   // v4, v5
+constexpr BlockTile kMmaLargeTile{128, 128, 32}, kMmaSmallTile{64, 64, 32};   // v4
+// v5's large tile: 128x256 (8 warps of 64x64), the fastest of its configurations on the 4096^3
+// and sine GEMMs of an H200 (bench/NOTES.md); v4's large tile is its medium one (2048^3 has 128
+// tiles of 128x256, too few for the SMs, and 256 of 128x128), v4's small tile its small one.
+constexpr BlockTile kMultistageLargeTile{128, 256, 32};
 constexpr BlockTile kSimtLargeTile{128, 128, 16}, kSimtSmallTile{64, 64, 16};
 
-enum class GemmTiles { large, small };
+enum class GemmTiles { large, medium, small };
 
 struct GemmPlan {
   GemmTiles tiles = GemmTiles::small;
-  KSplit split; // always one slice with the large tiles
+  KSplit split; // always one slice with the large and medium tiles
 };
 
 // The number of `tile`-sized blocks over C [m, n].
@@ -87,6 +91,27 @@ inline GemmPlan plan_gemm(int64_t m, int64_t n, int64_t k, BlockTile large, Bloc
   if (tile_count(m, n, large) >= sm_count && 4 * large_area <= 5 * small_area && large_fits)
     return {GemmTiles::large, KSplit{1, k}};
   return {GemmTiles::small, plan_k_split(tile_count(m, n, small), k, small.bk, sm_count)};
+}
+
+// The plan for a kernel with a third, medium configuration between the large and the small one:
+// the large tiles when plan_gemm takes them over the small ones, else the medium tiles when
+// plan_gemm would take those, else the small ones (with K split as plan_gemm says).
+inline GemmPlan plan_gemm(int64_t m, int64_t n, int64_t k, BlockTile large, BlockTile medium,
+                          BlockTile small, bool large_fits, bool medium_fits, int sm_count) {
+  const GemmPlan with_large = plan_gemm(m, n, k, large, small, large_fits, sm_count);
+  if (with_large.tiles == GemmTiles::large) return with_large;
+  const GemmPlan with_medium = plan_gemm(m, n, k, medium, small, medium_fits, sm_count);
+  if (with_medium.tiles == GemmTiles::large) return {GemmTiles::medium, KSplit{1, k}};
+  return with_medium;
+}
+
+// GEMMs too thin for tensor-core tiles, which run on CUDA cores (cuda/gemm_thin.cu): a K of at
+// most kThinK (a tile would pad it to BK = 32), or an N of at most kThinN (padded to a 64-wide
+// tile) over at least kThinNMinRows rows (with fewer rows and a long K, split K on the tensor
+// cores keeps more SMs busy than a warp per row).
+constexpr int64_t kThinK = 8, kThinN = 4, kThinNMinRows = 4096;
+inline bool is_thin_gemm(int64_t m, int64_t n, int64_t k) {
+  return k <= kThinK || (n <= kThinN && m >= kThinNMinRows);
 }
 
 // The compute capability (major * 10 + minor) mma.sync.m16n8k16 needs.

@@ -5,9 +5,8 @@
 // What it changes from v4 (gemm_v4_mma.cu). v4 runs each K tile as: wait for its copies, barrier,
 // issue the copies of a later tile, load the tile's first fragments, then the MMAs. Every warp
 // reaches the barrier with nothing left to multiply, and after it waits once more for its first
-// ldmatrix: with two warps per scheduler the tensor pipe idles at every tile. The SASS of v4's
-// main loop says so: 64 HMMA behind one BAR.SYNC and 16 LDSM whose first results the first HMMA
-// needs. v5's loop over the k-steps of tile kt:
+// ldmatrix: the SASS of v4's main loop has 64 HMMA behind one BAR.SYNC and 16 LDSM whose first
+// results the first HMMA needs. v5's loop over the k-steps of tile kt:
 //   - steps 0 .. last-1: load the fragments of step + 1, then the MMAs of this step (as v4);
 //   - the last step, whose fragments are already in registers: wait for tile kt + 1's copies,
 //     barrier (every warp has issued its ldmatrix of tile kt, so tile kt's buffer is free), issue
@@ -15,8 +14,15 @@
 //     then the last step's MMAs — the barrier's wait and the ldmatrix latency hide behind them.
 // All STAGES buffers hold tiles in flight (v4 keeps one of them for the tile being read), and the
 // wait is cp.async.wait_group STAGES - 2 at every tile. BK must hold an even number of 16-wide
-// steps so that the double-buffered fragments line up from one tile to the next.
-// Everything else (tiles, loaders, epilogue, split K, conv views) is v4's.
+// steps so that the double-buffered fragments line up from one tile to the next. The large tile
+// is 128x256, 8 warps of 64x64 in 3 stages, with v4's 128x128 tile as a medium one for grids
+// too small for it; everything else (small tile, loaders, epilogue, split K, conv views) is
+// v4's.
+//
+// What it bought, measured (H200, bench_gemm, f16): on v4's 128x128 tiles, nothing — 4096^3 at
+// 320.6 TFLOP/s against v4's 329.0 (the barrier was not what held v4 back); with 8 warps on
+// 128x256 tiles, 355.9 (0.48 of cuBLAS), the best of the configurations swept, and sine's forward
+// GEMM 212.8 against v4's 197.5. See bench/NOTES.md.
 #include <string>
 #include <vector>
 
@@ -27,9 +33,13 @@ namespace minamp::gpu {
 
 namespace {
 
-// v4's configurations: 4 warps of 64x64 and 4 warps of 32x32, 4 stages.
-using MmaLarge = MmaConfig<kMmaLargeTile.bm, kMmaLargeTile.bn, kMmaLargeTile.bk, 2, 2, 4>;
-using MmaSmall = MmaConfig<kMmaSmallTile.bm, kMmaSmallTile.bn, kMmaSmallTile.bk, 2, 2, 4>;
+// 8 warps of 64x64 in 3 stages (one block per SM: 135 KB of shared memory for the epilogue's
+// staging tile); v4's large configuration, 4 warps of 64x64 in 4 stages, for grids too small for
+// the 128x256 tiles (gemm_plan.h); and v4's small one, 4 warps of 32x32 in 4 stages.
+using MultistageLarge =
+    MmaConfig<kMultistageLargeTile.bm, kMultistageLargeTile.bn, kMultistageLargeTile.bk, 2, 4, 3>;
+using MultistageMedium = MmaConfig<kMmaLargeTile.bm, kMmaLargeTile.bn, kMmaLargeTile.bk, 2, 2, 4>;
+using MultistageSmall = MmaConfig<kMmaSmallTile.bm, kMmaSmallTile.bn, kMmaSmallTile.bk, 2, 2, 4>;
 
 // The main loop over `k_tiles` tiles (see the top of the file); load_a(tile, kt) and
 // load_b(tile, kt) issue the copies of K tile kt.
@@ -115,8 +125,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
 // v5 for GemmLaunch.
 struct V5Family {
-  using Large = MmaLarge;
-  using Small = MmaSmall;
+  using Large = MultistageLarge;
+  using Medium = MultistageMedium;
+  using Small = MultistageSmall;
   static constexpr const char* kName = "gemm v5 (mma.sync, multistage)";
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
     return GemmSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
@@ -138,8 +149,8 @@ void gemm_v5_multistage(const GemmArgs& args) {
 
 std::vector<GemmCandidate> gemm_v5_sweep() {
   return {sweep_candidate<V5Family, MmaConfig<128, 128, 64, 2, 2, 3>>("v5"),
-          sweep_candidate<V5Family, MmaConfig<128, 128, 32, 2, 2, 3>>("v5"),
-          sweep_candidate<V5Family, MmaConfig<128, 256, 32, 2, 4, 3>>("v5"),
+          sweep_candidate<V5Family, MmaConfig<128, 128, 32, 2, 2, 4>>("v5"),
+          sweep_candidate<V5Family, MmaConfig<128, 256, 64, 2, 4, 3>>("v5"),
           sweep_candidate<V5Family, MmaConfig<256, 128, 32, 4, 2, 3>>("v5")};
 }
 

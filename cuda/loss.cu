@@ -114,10 +114,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void mse_forward(const Tensor& pred, const Tensor& target, Tensor& loss) {
   const char* op = "mse_forward";
-  require_floating(op, "pred", pred);
-  require_floating(op, "target", target);
-  require_same_numel(op, "pred", pred, "target", target);
-  require_f32(op, "loss", loss, 1);
+  require_mse_forward(pred, target, loss);
   visit_floating(pred, op, [&](auto pred_type) {
     visit_floating(target, op, [&](auto target_type) {
       using TP = typename decltype(pred_type)::type;
@@ -130,12 +127,7 @@ void mse_forward(const Tensor& pred, const Tensor& target, Tensor& loss) {
 
 void mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss, Tensor& dpred) {
   const char* op = "mse_backward";
-  require_floating(op, "pred", pred);
-  require_floating(op, "target", target);
-  require_floating(op, "dpred", dpred);
-  require_same_numel(op, "pred", pred, "target", target);
-  require_same_numel(op, "pred", pred, "dpred", dpred);
-  require_f32(op, "dloss", dloss, 1);
+  require_mse_backward(pred, target, dloss, dpred);
   if (pred.numel() == 0) return;
   visit_floating(pred, op, [&](auto pred_type) {
     visit_floating(target, op, [&](auto target_type) {
@@ -154,8 +146,7 @@ void mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss,
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, Tensor& loss) {
   const char* op = "cross_entropy_forward";
-  const LogitDims d = require_logits_and_labels(op, logits, labels);
-  require_f32(op, "loss", loss, 1);
+  const LogitDims d = require_cross_entropy_forward(logits, labels, loss);
   const int blocks = grid_for(d.rows * 32, kThreads);
   Tensor partials = Tensor::empty({blocks}, DType::f32, Device::cuda);
   visit_floating(logits, op, [&](auto type) {

@@ -27,6 +27,7 @@
 #include "io/plot.h"
 #include "io/utf8.h"
 #include "kernels/backend.h"
+#include "kernels/gemm_version.h"
 #include "kernels/profile.h"
 #include "ops/ops.h"
 
@@ -1140,6 +1141,7 @@ std::string stop_line(const TrainSpec& spec, const Options& options,
 
 int run_example(const TrainSpec& spec, const Options& options) {
   const Device device = resolve_device(options.device);
+  gemm_version(); // an unknown MINAMP_GEMM_VERSION is refused here, before anything is written
   require(options.resume.empty() || options.load_weights.empty(), "--resume",
           "continues from the checkpoint's weights; it cannot be combined with --load-weights");
   require(options.resume.empty() || !options.compare, "--resume",

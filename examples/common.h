@@ -39,8 +39,8 @@ struct Options {
   bool compare = false;
   bool diagnose = false;
   bool profile = false; // time every op of training; print it and write profile.txt
-  float init_scale = 65536.0f;
-  int growth_interval = 2000;
+  float init_scale = amp::GradScalerOptions{}.init_scale;
+  int growth_interval = amp::GradScalerOptions{}.growth_interval;
   bool no_loss_scaling = false;
   int64_t log_every = 0;        // steps between progress lines; 0: a tenth of the run or 10 s
   std::string save_weights;     // directory for init.safetensors and final.safetensors

@@ -1,27 +1,27 @@
 #!/usr/bin/env bash
-# The GPU check, run ON the GPU machine from the repository root with deps/ carried (see
+# The GPU check, run ON the GPU machine from the repository root with deps/ beside it (see
 # scripts/gather-deps.sh): builds GoogleTest into /tmp/prefix, configures and builds minamp for
 # sm_90, reads the GEMM kernels' machine code (bench/gemm_sass.py: each version's main loop, no
 # local-memory LDL/STL), runs the whole test binary (a skipped GPU test fails it), then
 # compute-sanitizer memcheck on the GPU tests and racecheck on the GEMM and reduction tests.
 # Full logs go to ${OUT:-/tmp/minamp-gpu}: setup.log (device, GoogleTest, configure), build.log
 # (build, SASS), sass.json (the SASS figures), tests.log, memcheck.log, racecheck.log and extra.log
-# — seven files at most.
+# — seven files at most, few enough to copy back from a remote machine at once.
 # Every stage runs and is recorded even when an earlier one failed; each has a time limit, cut so
-# that all of them stay within $BUDGET_S seconds (default 560, under the device tool's 600 s per
-# call), so the summary always prints. A pass/fail table ends the output and the exit status is
+# that all of them stay within $BUDGET_S seconds (default 560: under ten minutes), so the summary
+# always prints. A pass/fail table ends the output and the exit status is
 # non-zero when any stage failed or timed out. The build folder is $BUILD (default build-gpu);
 # CUDA_HOME (default /usr/local/cuda) has its bin/ appended to PATH. ONLY (e.g. ONLY=racecheck)
 # names the check stages to run, of sass, tests, memcheck and racecheck (default: all), and
-# lifts their own time limits (the budget alone bounds them): a second call on a machine still
-# warm from the first (same build folder, nothing to rebuild) can so give a stage that the first
-# call cut short the whole budget; the stages not named are listed as not run.
+# lifts their own time limits (the budget alone bounds them): a second run in the same build
+# folder (nothing to rebuild) can so give a stage that the first run cut short the whole budget;
+# the stages not named are listed as not run.
 #
 #   bash scripts/gpu-check.sh [COMMAND [ARG...]]
 #
 # COMMAND with its arguments, if given, runs afterwards as one more stage, from the repository
-# root, its output in extra.log; files it writes belong outside $OUT (which returns 8 files at
-# most), packed into one, e.g.
+# root, its output in extra.log; files it writes belong outside $OUT (which keeps the six logs),
+# packed into one archive there, e.g.
 #   scripts/gpu-check.sh bash -c 'build-gpu/sine --compare --out /tmp/sine &&
 #     tar -czf "$OUT/sine.tgz" -C /tmp sine'
 # shellcheck disable=SC2317 # the stage functions run through run_stage (bash -c)
@@ -89,7 +89,7 @@ run_stage() {
   stage_results+=("$result, $((SECONDS - start)) s")
 }
 
-# Skipped when an earlier call on this machine installed it; a stale build folder (from another
+# Skipped when an earlier run on this machine installed it; a stale build folder (from another
 # checkout) is removed first.
 build_googletest() {
   [ -d "$gtest_prefix/lib/cmake/GTest" ] || [ -d "$gtest_prefix/lib64/cmake/GTest" ] && return 0

@@ -1,7 +1,8 @@
 """The benchmark models of bench/train.cpp in PyTorch, with the same shapes, batches, losses and
 optimizers: mlp (the seed config), sine (the ROCm blog's conv net), classify (the benchmark's own
 small CNN), resnet50 (torchvision's) and resnet50-frozen (its classifier alone). Conv nets run
-NCHW modules in channels_last memory format, which is minamp's NHWC layout."""
+NCHW modules in channels_last memory format, which is minamp's NHWC layout, unless built with
+channels_last=False (PyTorch's default NCHW layout)."""
 
 import math
 
@@ -59,7 +60,11 @@ def sine_data(size):
     return grid, (bins.double() / 3.0).float().view(1, 1, size, size)
 
 
-def sine(device, seed, size):
+def memory_format(channels_last):
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def sine(device, seed, size, channels_last=True):
     """1x1 Conv(2,256)+BN+ReLU, 2x[Conv(256,256)+BN+ReLU], Conv(256,1); MSE; Adam lr 1e-3."""
     torch.manual_seed(seed)
     hidden, layers, channels = 256, [], 2
@@ -67,18 +72,19 @@ def sine(device, seed, size):
         layers += [nn.Conv2d(channels, hidden, 1), nn.BatchNorm2d(hidden), nn.ReLU()]
         channels = hidden
     layers.append(nn.Conv2d(hidden, 1, 1))
-    model = nn.Sequential(*layers).to(device, memory_format=torch.channels_last)
+    layout = memory_format(channels_last)
+    model = nn.Sequential(*layers).to(device, memory_format=layout)
     grid, target = sine_data(size)
     return Workload(
-        "sine", model, [grid.to(device, memory_format=torch.channels_last)],
-        [target.to(device, memory_format=torch.channels_last)], nn.functional.mse_loss,
+        "sine", model, [grid.to(device, memory_format=layout)],
+        [target.to(device, memory_format=layout)], nn.functional.mse_loss,
         lambda params, **impl: torch.optim.Adam(params, lr=1e-3, **impl),
         f"1x1 Conv(2,256)+BN+ReLU, 2x[Conv(256,256)+BN+ReLU], Conv(256,1), MSE, grid {size}x{size}",
         "Adam lr 1e-3",
     )
 
 
-def classify(device, seed):
+def classify(device, seed, channels_last=True):
     """The benchmark's CNN on 28x28 grey: 4 x [Conv3x3 (no bias, padding 1)+BN+ReLU] with
     channels 1-32-32-64-64 and stride 2 in the 2nd and 4th, global average pool, Linear(64,10);
     cross-entropy; SGD lr 0.01 momentum 0.9; 4 random batches of 128."""
@@ -92,10 +98,11 @@ def classify(device, seed):
             nn.ReLU(),
         ]
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)]
-    model = nn.Sequential(*layers).to(device, memory_format=torch.channels_last)
+    layout = memory_format(channels_last)
+    model = nn.Sequential(*layers).to(device, memory_format=layout)
     gen = torch.Generator().manual_seed(seed + 1)
     inputs = [
-        torch.randn(128, 1, 28, 28, generator=gen).to(device, memory_format=torch.channels_last)
+        torch.randn(128, 1, 28, 28, generator=gen).to(device, memory_format=layout)
         for _ in range(4)
     ]
     targets = [torch.randint(0, 10, (128,), generator=gen).to(device) for _ in range(4)]
@@ -109,7 +116,7 @@ def classify(device, seed):
     )
 
 
-def resnet50(device, seed, size, batch, frozen):
+def resnet50(device, seed, size, batch, frozen, channels_last=True):
     """torchvision's resnet50 with 256 classes, cross-entropy, Adam lr 1e-4, 2 random batches of
     `batch` images at size x size; with `frozen`, every parameter but fc's has requires_grad
     False (autograd then records nothing for the backbone)."""
@@ -120,11 +127,11 @@ def resnet50(device, seed, size, batch, frozen):
     if frozen:
         model.requires_grad_(False)
         model.fc.requires_grad_(True)
-    model = model.to(device, memory_format=torch.channels_last)
+    layout = memory_format(channels_last)
+    model = model.to(device, memory_format=layout)
     gen = torch.Generator().manual_seed(seed + 1)
     inputs = [
-        torch.randn(batch, 3, size, size, generator=gen).to(device,
-                                                            memory_format=torch.channels_last)
+        torch.randn(batch, 3, size, size, generator=gen).to(device, memory_format=layout)
         for _ in range(2)
     ]
     targets = [torch.randint(0, 256, (batch,), generator=gen).to(device) for _ in range(2)]
@@ -142,13 +149,15 @@ def resnet50(device, seed, size, batch, frozen):
 MODELS = ("mlp", "sine", "classify", "resnet50", "resnet50-frozen")
 
 
-def build(name, device, seed, size, resnet_size=224, resnet_batch=64):
+def build(name, device, seed, size, channels_last=True, resnet_size=224, resnet_batch=64):
+    """A workload; channels_last picks the conv nets' memory format (mlp has no convs)."""
     if name == "mlp":
         return mlp(device, seed)
     if name == "sine":
-        return sine(device, seed, size)
+        return sine(device, seed, size, channels_last)
     if name == "classify":
-        return classify(device, seed)
+        return classify(device, seed, channels_last)
     if name in ("resnet50", "resnet50-frozen"):
-        return resnet50(device, seed, resnet_size, resnet_batch, name == "resnet50-frozen")
+        return resnet50(device, seed, resnet_size, resnet_batch, name == "resnet50-frozen",
+                        channels_last)
     raise ValueError(f"unknown model '{name}' (expected {', '.join(MODELS)})")

@@ -1,8 +1,10 @@
 """The PyTorch peer of bench_train: the same models (models.py), eager FP32 and eager AMP
 (torch.autocast + torch.amp.GradScaler), timed the same way — warm-up steps, then each step
 timed by the wall clock with the device synchronised before each clock read; median, p10, p90 —
-plus forward-only inference, peak memory and the final loss. Writes JSON with the torch
-version, the TF32 flags and the thread count."""
+plus forward-only inference, peak memory and the final loss. --configs adds the other training
+configurations a PyTorch user would reach for (CONFIGS: NCHW, fused optimizers, both,
+torch.compile), each a mode of its own, so that a comparison can take the fastest. Writes JSON
+with the torch version, the TF32 flags and the thread count."""
 
 import argparse
 import collections
@@ -93,16 +95,35 @@ def training_step(w, opt, scaler, amp, device):
     return step
 
 
-def train_run(w, amp, args, device, label, fused=False):
-    """Eager training with torch.optim's default implementation (mode train) or with fused=True
-    (mode train-fused), whose AMP step reads found_inf on the GPU: GradScaler.step of the default
-    optimizers copies found_inf to the host on every step to decide whether to skip it."""
-    opt = w.make_optimizer(w.model.parameters(), **({"fused": True} if fused else {}))
+# The training configurations, by mode: the conv nets' memory format, the optimizer's
+# implementation (fused=True: the AMP step reads found_inf on the GPU, where GradScaler.step of the
+# default optimizers copies it to the host every step to decide whether to skip), and whether the
+# model runs through torch.compile (default mode; its first step, which compiles, is timed on
+# its own as compile_s; AMP only). "train" is eager, channels_last (minamp's NHWC), default
+# optimizers.
+CONFIGS = {
+    "train": {"channels_last": True, "fused": False, "compile": False},
+    "train-nchw": {"channels_last": False, "fused": False, "compile": False},
+    "train-fused": {"channels_last": True, "fused": True, "compile": False},
+    "train-nchw-fused": {"channels_last": False, "fused": True, "compile": False},
+    "train-compile": {"channels_last": True, "fused": True, "compile": True},
+}
+
+
+def train_run(w, amp, args, device, label, mode="train"):
+    """Training in configuration `mode` (CONFIGS)."""
+    config = CONFIGS[mode]
+    opt = w.make_optimizer(w.model.parameters(), **({"fused": True} if config["fused"] else {}))
     scaler = torch.amp.GradScaler(device.name, enabled=amp)
+    if config["compile"]:
+        w.model = torch.compile(w.model)
     step = training_step(w, opt, scaler, amp, device)
-    mode = "train-fused" if fused else "train"
     print(f"  {label:<22} {mode}: {args.warmup} warm-up + {args.steps} timed steps", flush=True)
-    for i in range(args.warmup):
+    start = time.perf_counter()
+    step(0)
+    device.sync()
+    first_step_s = time.perf_counter() - start
+    for i in range(1, args.warmup):
         step(i)
     device.sync()
     device.reset_peak()
@@ -110,10 +131,13 @@ def train_run(w, amp, args, device, label, fused=False):
     ms = time_each(args.steps, lambda i: losses.append(step(args.warmup + i)), device)
     peak = device.peak(w.data_bytes())
     tail = [float(x) for x in losses]
-    return {"model": w.name, "precision": "amp" if amp else "fp32", "mode": mode,
-            "warmup": args.warmup, "steps": args.steps, "step_ms": summarize_ms(ms),
-            **peak, "data_bytes": w.data_bytes(), "final_loss": float(losses[-1]),
-            "loss_last10_mean": sum(tail) / len(tail), "final_scale": scaler.get_scale()}
+    run = {"model": w.name, "precision": "amp" if amp else "fp32", "mode": mode,
+           "warmup": args.warmup, "steps": args.steps, "step_ms": summarize_ms(ms),
+           **peak, "data_bytes": w.data_bytes(), "final_loss": float(losses[-1]),
+           "loss_last10_mean": sum(tail) / len(tail), "final_scale": scaler.get_scale()}
+    if config["compile"]:
+        run["compile_s"] = first_step_s
+    return run
 
 
 def inference_run(w, amp, args, device, label):
@@ -139,7 +163,7 @@ def inference_run(w, amp, args, device, label):
 def print_run(run):
     ms = run["step_ms"]
     peak = "n/a" if run["peak_bytes"] is None else f"{run['peak_bytes'] / 1048576:8.2f} MiB"
-    line = (f"  {run['model']:<8} {run['precision']:<4} {run['mode']:<11} median "
+    line = (f"  {run['model']:<8} {run['precision']:<4} {run['mode']:<16} median "
             f"{ms['median']:9.3f} ms  (p10 {ms['p10']:.3f}, p90 {ms['p90']:.3f})  peak {peak}")
     if "final_loss" in run:
         tail = min(run["steps"], 10)
@@ -166,13 +190,16 @@ def parse_args():
                    help="ResNet-50 images per batch (0: 64 on cuda, 4 on cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
-    p.add_argument("--fused", action="store_true",
-                   help="also train with the fused optimizers (mode train-fused)")
+    p.add_argument("--configs", default="",
+                   help="also train in these configurations (modes train-<name>), comma-separated "
+                        "from: " + ", ".join(m[len("train-"):] for m in CONFIGS if m != "train"))
     p.add_argument("--json", help="write the results to this JSON file")
     args = p.parse_args()
+    extra = tuple(m[len("train-"):] for m in CONFIGS if m != "train")
     for option, value, accepted in (("--models", args.models, models.MODELS),
-                                    ("--precisions", args.precisions, ("fp32", "amp"))):
-        unknown = [v for v in value.split(",") if v not in accepted]
+                                    ("--precisions", args.precisions, ("fp32", "amp")),
+                                    ("--configs", args.configs, extra)):
+        unknown = [v for v in value.split(",") if v and v not in accepted]
         if unknown:
             p.error(f"{option}: unknown value {unknown[0]!r} (expected {', '.join(accepted)})")
     if args.device == "auto":
@@ -195,13 +222,16 @@ def environment(args):
            "cuda_matmul_fp32_precision": getattr(torch.backends.cuda.matmul, "fp32_precision",
                                                  None),
            "cudnn_benchmark": torch.backends.cudnn.benchmark,
-           "mode": "eager", "memory_format": "channels_last for the conv nets",
+           "mode": "eager (train, train-nchw, train-fused, train-nchw-fused) or torch.compile "
+                   "(train-compile)",
+           "memory_format": "channels_last for the conv nets (NCHW in the -nchw modes)",
            "sine_size": args.size, "seed": args.seed,
            "resnet": {"size": args.resnet_size, "batch": args.resnet_batch, "width": 64},
            "timing": "wall clock per step, device synchronised before each clock read",
-           "optimizer_impl": ("torch.optim defaults (mode train; GradScaler.step reads found_inf "
-                              "on the host every AMP step)"
-                              + ("; fused=True (mode train-fused)" if args.fused else "")),
+           "optimizer_impl": ("torch.optim defaults (GradScaler.step reads found_inf on the host "
+                              "every AMP step); fused=True in the -fused and -compile modes"),
+           "configs": {m: c for m, c in CONFIGS.items()
+                       if m == "train" or m[len("train-"):] in args.configs.split(",")},
            "peak_memory": ("torch.cuda.max_memory_allocated over the timed steps, minus the "
                            "resident batches and the cuBLAS workspace (cublas_workspace_bytes)"
                            if args.device == "cuda"
@@ -214,32 +244,32 @@ def environment(args):
 
 
 def run_all(args, device, save):
-    """Each model and precision: training then inference on one workload, then (with --fused,
-    after both precisions: informational runs last) training with the fused optimizers on a fresh
-    one. A workload is dropped before the next is built, so that no other run's model or batches
-    are resident while a peak is measured. save(info, runs) follows every run, so that a run cut
-    short (a time limit, a crash in a library) keeps the ones before it."""
+    """Each model and precision: training then inference on one workload, then (with --configs,
+    after both precisions) training in each other configuration on a fresh one (mlp, which has no
+    convs, skips the NCHW ones). A workload is dropped before the next is built, so that no other
+    run's model or batches are resident while a peak is measured. save(info, runs) follows every
+    run, so that a run cut short (a time limit, a crash in a library) keeps the ones before it."""
     runs, info = [], {}
 
-    def measure(name, precision, label, parts):
+    def measure(name, precision, label, parts, channels_last=True):
         """parts: (mode, function of the workload returning its run), run in order; a failing
         part is recorded under its mode and ends the list."""
-        w = models.build(name, args.device, args.seed, args.size, args.resnet_size,
-                         args.resnet_batch)
+        w = models.build(name, args.device, args.seed, args.size, channels_last,
+                         args.resnet_size, args.resnet_batch)
         for mode, part in parts:
             try:
                 runs.append(part(w))
                 print_run(runs[-1])
                 save(info, runs)
-            except RuntimeError as error:  # e.g. an op without an f16 kernel on this device
+            except Exception as error:  # e.g. an op without an f16 kernel, a compiler missing
                 print(f"  {label} {mode}: failed: {error}", flush=True)
                 runs.append(run_error(name, precision, mode, error))
                 save(info, runs)
                 return
 
     for name in args.models.split(","):
-        w = models.build(name, args.device, args.seed, args.size, args.resnet_size,
-                         args.resnet_batch)
+        w = models.build(name, args.device, args.seed, args.size,
+                         resnet_size=args.resnet_size, resnet_batch=args.resnet_batch)
         info[name] = {"description": w.description, "optimizer": w.optimizer}
         del w
         for precision in args.precisions.split(","):
@@ -248,11 +278,18 @@ def run_all(args, device, save):
             measure(name, precision, label, [
                 ("train", lambda w: train_run(w, amp, args, device, label)),
                 ("infer", lambda w: inference_run(w, amp, args, device, label))])
-        for precision in args.precisions.split(",") if args.fused else []:
-            amp = precision == "amp"
-            label = f"{name} {precision} {args.device}"
-            measure(name, precision, label, [
-                ("train-fused", lambda w: train_run(w, amp, args, device, label, fused=True))])
+        for config in (c for c in args.configs.split(",") if c):
+            mode = "train-" + config
+            if name == "mlp" and not CONFIGS[mode]["channels_last"]:
+                continue  # no convs: the same as its channels_last configuration
+            for precision in args.precisions.split(","):
+                if CONFIGS[mode]["compile"] and precision != "amp":
+                    continue  # compiling takes 20-100 s; only the AMP targets compare with it
+                amp = precision == "amp"
+                label = f"{name} {precision} {args.device}"
+                measure(name, precision, label,
+                        [(mode, lambda w: train_run(w, amp, args, device, label, mode))],
+                        CONFIGS[mode]["channels_last"])
     return info, runs
 
 

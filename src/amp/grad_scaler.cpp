@@ -25,6 +25,10 @@ void require_valid(const char* op, const char* scale_name, float scale, float gr
 }
 } // namespace
 
+ScalerParams update_params(const GradScalerOptions& options) {
+  return {options.growth_factor, options.backoff_factor, options.growth_interval};
+}
+
 GradScaler::GradScaler(GradScalerOptions options, Device device) : options_(options) {
   require_valid("GradScaler", "init_scale", options_.init_scale, options_.growth_factor,
                 options_.backoff_factor, options_.growth_interval);
@@ -83,8 +87,7 @@ void GradScaler::update() {
     for (size_t i = 1; i < found_infs.size(); ++i)
       kernels::add_inplace(combined, *found_infs[i], 1);
   }
-  ScalerParams params{options_.growth_factor, options_.backoff_factor, options_.growth_interval};
-  kernels::amp_update_scale(scale_, growth_tracker_, combined, params);
+  kernels::amp_update_scale(scale_, growth_tracker_, combined, update_params(options_));
   last_found_inf_.clear();
   for (auto& [opt, state] : per_optimizer_) last_found_inf_[opt] = state.found_inf;
   per_optimizer_.clear();

@@ -28,6 +28,8 @@ constexpr float kScaleFloor = 0x1p-128f;
 // Whether GradScaler takes `scale`: finite and above kScaleFloor.
 inline bool is_valid_scale(float scale) { return std::isfinite(scale) && scale > kScaleFloor; }
 
+// PyTorch's defaults; the one place minamp states them (the examples' --init-scale and
+// --growth-interval default to these too).
 struct GradScalerOptions {
   float init_scale = 65536.0f; // 2^16
   float growth_factor = 2.0f;
@@ -36,12 +38,16 @@ struct GradScalerOptions {
   bool enabled = true;
 };
 
-// PyTorch's GradScaler.state_dict(), key for key.
+// The factors amp_update_scale takes from `options`.
+ScalerParams update_params(const GradScalerOptions& options);
+
+// PyTorch's GradScaler.state_dict(), key for key (state_dict() fills every field; a state left
+// at zero is refused by load_state_dict()).
 struct GradScalerState {
-  float scale = 65536.0f;
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
-  int growth_interval = 2000;
+  float scale = 0.0f;
+  float growth_factor = 0.0f;
+  float backoff_factor = 0.0f;
+  int growth_interval = 0;
   int growth_tracker = 0; // "_growth_tracker"
 };
 

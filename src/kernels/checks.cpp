@@ -1,5 +1,7 @@
-// The argument checks shared by the CPU and CUDA kernels.
+// The argument checks of every kernel, shared by the CPU and CUDA backends.
 #include "kernels/checks.h"
+
+#include <cstdint>
 
 namespace minamp {
 
@@ -19,23 +21,134 @@ void require_same_numel(const char* op, const char* name_a, const Tensor& a, con
           " must have the same number of elements, got ", describe(a), " and ", describe(b));
 }
 
-void require_param_slot(const char* op, const ParamSlot& slot, int states) {
-  require(slot.master && slot.master->defined(), op, "every parameter needs a master tensor");
-  const int64_t n = slot.master->numel();
-  require_f32(op, "master", *slot.master, n);
-  require(slot.grad != nullptr, op, "parameter ", describe(*slot.master), " has no gradient");
-  require_f32(op, "grad", *slot.grad, n);
-  if (states > 0) {
-    require(slot.state0 != nullptr, op, "parameter ", describe(*slot.master), " has no state0");
-    require_f32(op, "state0", *slot.state0, n);
-  }
-  if (states > 1) {
-    require(slot.state1 != nullptr, op, "parameter ", describe(*slot.master), " has no state1");
-    require_f32(op, "state1", *slot.state1, n);
-  }
-  if (slot.half && slot.half->defined())
-    require(slot.half->dtype() == DType::f16 && slot.half->numel() == n, op, "the f16 copy of ",
-            describe(*slot.master), " must be f16 of the same size, got ", describe(*slot.half));
+void require_fill(const Tensor& dst, float value) {
+  require(dst.defined(), "fill", "dst is an undefined tensor");
+  require(dst.dtype() != DType::i32 || fits_int32(value), "fill", "an i32 tensor cannot hold ",
+          value, ", got ", describe(dst));
+}
+
+void require_cast(const Tensor& src, const Tensor& dst) {
+  require_same_numel("cast", "src", src, "dst", dst);
+}
+
+void require_add_inplace(const Tensor& dst, const Tensor& src) {
+  require_floating("add_inplace", "dst", dst);
+  require_floating("add_inplace", "src", src);
+  require_same_numel("add_inplace", "dst", dst, "src", src);
+}
+
+void require_mul_scalar(const Tensor& src, const Tensor& scale, const Tensor& dst) {
+  require_floating("mul_scalar", "src", src);
+  require_floating("mul_scalar", "dst", dst);
+  require_same_numel("mul_scalar", "src", src, "dst", dst);
+  require_f32("mul_scalar", "scale", scale, 1);
+}
+
+namespace {
+
+// True when the bytes of `a` and `b` overlap (e.g. two views of one storage).
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0 || a.device() != b.device()) return false;
+  const auto a_begin = reinterpret_cast<uintptr_t>(a.raw());
+  const auto b_begin = reinterpret_cast<uintptr_t>(b.raw());
+  return a_begin < b_begin + uintptr_t(b.nbytes()) && b_begin < a_begin + uintptr_t(a.nbytes());
+}
+
+} // namespace
+
+GemmDims require_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                      const GemmEpilogue& epilogue) {
+  require_floating("gemm", "A", a);
+  require_floating("gemm", "B", b);
+  require_floating("gemm", "C", c);
+  require(a.dtype() == b.dtype(), "gemm", "A and B must share a floating dtype, got ", a.dtype(),
+          " and ", b.dtype());
+  const GemmDims d{trans_a ? a.shape().last() : a.shape().rows(),
+                   trans_b ? b.shape().rows() : b.shape().last(),
+                   trans_a ? a.shape().rows() : a.shape().last()};
+  const int64_t k_of_b = trans_b ? b.shape().last() : b.shape().rows();
+  require(k_of_b == d.k && c.shape().rows() == d.m && c.shape().last() == d.n, "gemm",
+          "expected op(A) [M, K], op(B) [K, N], C [M, N], got A ", describe(a),
+          (trans_a ? " (transposed)" : ""), ", B ", describe(b), (trans_b ? " (transposed)" : ""),
+          ", C ", describe(c));
+  if (epilogue.bias) require_f32("gemm", "bias", *epilogue.bias, d.n);
+  // Tiles of C are written while other tiles still read A and B (on either backend).
+  require(!overlaps(c, a) && !overlaps(c, b), "gemm", "C ", describe(c),
+          " shares memory with A or B; the product needs an output of its own");
+  return d;
+}
+
+void require_bias_backward(const Tensor& dy, const Tensor& db) {
+  require_floating("bias_backward", "dy", dy);
+  require_f32("bias_backward", "db", db, dy.shape().last());
+}
+
+void require_relu_forward(const Tensor& x, const Tensor& y) {
+  require_floating("relu_forward", "x", x);
+  require(y.defined() && y.dtype() == x.dtype() && y.numel() == x.numel(), "relu_forward",
+          "y must match x ", describe(x), ", got ", describe(y));
+}
+
+void require_relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  require_floating("relu_backward", "y", y);
+  require_floating("relu_backward", "dy", dy);
+  require_floating("relu_backward", "dx", dx);
+  require_same_numel("relu_backward", "y", y, "dy", dy);
+  require_same_numel("relu_backward", "dy", dy, "dx", dx);
+}
+
+namespace {
+
+// Checks x [N, H, W, Cin], w [Cout, kh, kw, Cin] and the conv parameters; returns the dims.
+ConvDims conv_dims(const char* op, const Tensor& x, const Tensor& w, const ConvParams& conv) {
+  require(x.defined() && x.shape().rank() == 4 && is_floating(x.dtype()), op,
+          "expects x f32/f16 [N, H, W, Cin], got ", describe(x));
+  require(w.defined() && w.shape().rank() == 4 && w.shape()[3] == x.shape()[3] &&
+              is_floating(w.dtype()),
+          op, "expects w f32/f16 [Cout, kh, kw, Cin] with the Cin of x ", describe(x), ", got ",
+          describe(w));
+  require(conv.stride >= 1 && conv.pad >= 0, op, "expects stride >= 1 and pad >= 0, got stride ",
+          conv.stride, ", pad ", conv.pad);
+  ConvDims d{};
+  d.n = x.shape()[0], d.h = x.shape()[1], d.w = x.shape()[2], d.cin = x.shape()[3];
+  d.cout = w.shape()[0], d.kh = w.shape()[1], d.kw = w.shape()[2];
+  d.stride = conv.stride, d.pad = conv.pad;
+  require(d.h + 2 * d.pad >= d.kh && d.w + 2 * d.pad >= d.kw, op, "the kernel of ", describe(w),
+          " does not fit the padded input ", describe(x), " (pad ", d.pad, ")");
+  d.ho = (d.h + 2 * d.pad - d.kh) / d.stride + 1;
+  d.wo = (d.w + 2 * d.pad - d.kw) / d.stride + 1;
+  return d;
+}
+
+// Unless `y` is a floating [N, Ho, Wo, Cout] tensor for these dims.
+void require_conv_output(const char* op, const char* name, const Tensor& y, const ConvDims& d) {
+  require(y.defined() && is_floating(y.dtype()) && y.shape() == Shape{d.n, d.ho, d.wo, d.cout}, op,
+          "expects ", name, " f32/f16 [", d.n, ", ", d.ho, ", ", d.wo, ", ", d.cout, "] (stride ",
+          d.stride, ", pad ", d.pad, "), got ", describe(y));
+}
+
+} // namespace
+
+ConvDims require_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y,
+                                const ConvParams& conv, const GemmEpilogue& epilogue) {
+  const ConvDims d = conv_dims("conv2d_forward", x, w, conv);
+  require_conv_output("conv2d_forward", "y", y, d);
+  if (epilogue.bias) require_f32("conv2d_forward", "bias", *epilogue.bias, d.cout);
+  return d;
+}
+
+ConvDims require_conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                 const Tensor& dx, const Tensor& dw, const ConvParams& conv) {
+  const char* op = "conv2d_backward";
+  const ConvDims d = conv_dims(op, x, w, conv);
+  require_conv_output(op, "dy", dy, d);
+  if (dx.defined())
+    require(is_floating(dx.dtype()) && dx.shape() == x.shape(), op, "expects dx shaped like x ",
+            describe(x), ", got ", describe(dx));
+  if (dw.defined())
+    require(dw.dtype() == DType::f32 && dw.shape() == w.shape(), op,
+            "expects dw f32 shaped like w ", describe(w), ", got ", describe(dw));
+  return d;
 }
 
 namespace {
@@ -167,7 +280,10 @@ MaxPoolDims require_maxpool2d_backward(const Tensor& dy, const Tensor& argmax, c
   return d;
 }
 
-LogitDims require_logits_and_labels(const char* op, const Tensor& logits, const Tensor& labels) {
+namespace {
+
+// Checks logits [N, K] (floating) and labels i32 [N]; returns N and K.
+LogitDims logits_and_labels(const char* op, const Tensor& logits, const Tensor& labels) {
   require_floating(op, "logits", logits);
   require(logits.shape().rank() == 2, op, "expects logits [N, K], got ", describe(logits));
   const LogitDims d{logits.shape()[0], logits.shape()[1]};
@@ -177,10 +293,39 @@ LogitDims require_logits_and_labels(const char* op, const Tensor& logits, const 
   return d;
 }
 
+} // namespace
+
+void require_mse_forward(const Tensor& pred, const Tensor& target, const Tensor& loss) {
+  const char* op = "mse_forward";
+  require_floating(op, "pred", pred);
+  require_floating(op, "target", target);
+  require_same_numel(op, "pred", pred, "target", target);
+  require_f32(op, "loss", loss, 1);
+}
+
+void require_mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss,
+                          const Tensor& dpred) {
+  const char* op = "mse_backward";
+  require_floating(op, "pred", pred);
+  require_floating(op, "target", target);
+  require_floating(op, "dpred", dpred);
+  require_same_numel(op, "pred", pred, "target", target);
+  require_same_numel(op, "pred", pred, "dpred", dpred);
+  require_f32(op, "dloss", dloss, 1);
+}
+
+LogitDims require_cross_entropy_forward(const Tensor& logits, const Tensor& labels,
+                                        const Tensor& loss) {
+  const char* op = "cross_entropy_forward";
+  const LogitDims d = logits_and_labels(op, logits, labels);
+  require_f32(op, "loss", loss, 1);
+  return d;
+}
+
 LogitDims require_cross_entropy_backward(const Tensor& logits, const Tensor& labels,
                                          const Tensor& dloss, const Tensor& dlogits) {
   const char* op = "cross_entropy_backward";
-  const LogitDims d = require_logits_and_labels(op, logits, labels);
+  const LogitDims d = logits_and_labels(op, logits, labels);
   require_f32(op, "dloss", dloss, 1);
   require(dlogits.defined() && is_floating(dlogits.dtype()) && dlogits.shape() == logits.shape(),
           op, "expects dlogits shaped like logits ", describe(logits), ", got ", describe(dlogits));
@@ -195,21 +340,100 @@ void require_add_forward(const Tensor& a, const Tensor& b, const Tensor& y) {
   require_same_numel("add_forward", "a", a, "y", y);
 }
 
-void require_relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
-  require_floating("relu_backward", "y", y);
-  require_floating("relu_backward", "dy", dy);
-  require_floating("relu_backward", "dx", dx);
-  require_same_numel("relu_backward", "y", y, "dy", dy);
-  require_same_numel("relu_backward", "dy", dy, "dx", dx);
+void require_sum_squares(const Tensor& x, const Tensor& sum_sq) {
+  require_floating("sum_squares", "x", x);
+  require_f32("sum_squares", "sum_sq", sum_sq, 1);
 }
 
-void require_conv_gradients(const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw) {
-  if (dx.defined())
-    require(is_floating(dx.dtype()) && dx.shape() == x.shape(), "conv2d_backward",
-            "expects dx shaped like x ", describe(x), ", got ", describe(dx));
-  if (dw.defined())
-    require(dw.dtype() == DType::f32 && dw.shape() == w.shape(), "conv2d_backward",
-            "expects dw f32 shaped like w ", describe(w), ", got ", describe(dw));
+void require_clip_coefficient(const Tensor& sum_sq, const Tensor& coef) {
+  require_f32("clip_coefficient", "sum_sq", sum_sq, 1);
+  require_f32("clip_coefficient", "coef", coef, 1);
+}
+
+namespace {
+
+// Unless every gradient is a defined f32 tensor.
+void require_f32_gradients(const char* op, const std::vector<Tensor*>& grads) {
+  for (const Tensor* grad : grads)
+    require(grad && grad->defined() && grad->dtype() == DType::f32, op,
+            "gradients must be defined f32 tensors, got ", describe(grad));
+}
+
+} // namespace
+
+void require_amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale,
+                         const Tensor& found_inf) {
+  require_f32("amp_unscale", "scale", scale, 1);
+  require_f32("amp_unscale", "found_inf", found_inf, 1);
+  require_f32_gradients("amp_unscale", grads);
+}
+
+void require_amp_update_scale(const Tensor& scale, const Tensor& growth_tracker,
+                              const Tensor& found_inf) {
+  const char* op = "amp_update_scale";
+  require_f32(op, "scale", scale, 1);
+  require_f32(op, "found_inf", found_inf, 1);
+  require(growth_tracker.defined() && growth_tracker.dtype() == DType::i32 &&
+              growth_tracker.numel() == 1,
+          op, "growth_tracker must be i32 with 1 element, got ", describe(growth_tracker));
+}
+
+void require_fp16_range_counts(const Tensor& x, const Tensor& counts) {
+  require_floating("fp16_range_counts", "x", x);
+  require_f32("fp16_range_counts", "counts", counts, 5);
+}
+
+void require_zero_grads(const std::vector<Tensor*>& grads) {
+  require_f32_gradients("zero_grads", grads);
+}
+
+namespace {
+
+// Unless the slot has master and grad f32 of one size, and an f16 copy of that size when it has
+// one.
+void require_param_slot(const char* op, const ParamSlot& slot) {
+  require(slot.master && slot.master->defined(), op, "every parameter needs a master tensor");
+  const int64_t n = slot.master->numel();
+  require_f32(op, "master", *slot.master, n);
+  require(slot.grad != nullptr, op, "parameter ", describe(*slot.master), " has no gradient");
+  require_f32(op, "grad", *slot.grad, n);
+  if (slot.half && slot.half->defined())
+    require(slot.half->dtype() == DType::f16 && slot.half->numel() == n, op, "the f16 copy of ",
+            describe(*slot.master), " must be f16 of the same size, got ", describe(*slot.half));
+}
+
+// Unless the optimizer state `name` of the slot is f32 of the master's size.
+void require_state(const char* op, const char* name, const Tensor* state, const ParamSlot& slot) {
+  require(state != nullptr, op, "parameter ", describe(*slot.master), " has no ", name);
+  require_f32(op, name, *state, slot.master->numel());
+}
+
+void require_found_inf(const char* op, const Tensor& found_inf) {
+  if (found_inf.defined()) require_f32(op, "found_inf", found_inf, 1);
+}
+
+} // namespace
+
+void require_sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd,
+                      const Tensor& found_inf) {
+  const char* op = "sgd_step";
+  require_found_inf(op, found_inf);
+  for (const ParamSlot& slot : params) {
+    require_param_slot(op, slot);
+    if (sgd.momentum != 0.0f) require_state(op, "momentum_buffer", slot.momentum_buffer, slot);
+  }
+}
+
+void require_adam_step(const std::vector<ParamSlot>& params, const Tensor& step,
+                       const Tensor& found_inf) {
+  const char* op = "adam_step";
+  require_f32(op, "step", step, 1);
+  require_found_inf(op, found_inf);
+  for (const ParamSlot& slot : params) {
+    require_param_slot(op, slot);
+    require_state(op, "exp_avg", slot.exp_avg, slot);
+    require_state(op, "exp_avg_sq", slot.exp_avg_sq, slot);
+  }
 }
 
 } // namespace minamp

@@ -1,23 +1,52 @@
-// Argument checks shared by both backends' kernels; each throws Error naming the op and the
-// tensor. (The dispatcher checks devices and GEMM shapes; kernels check what is theirs.)
+// Each kernel's argument checks, one function per op of kernel_list.h: both backends call it
+// first, so a contract is checked in one place and fails with one message on either device.
+// Each throws Error naming the op and the tensor. (The dispatcher, kernels::, checks that an op's
+// tensors share one device; a backend adds only its own limits, e.g. the CUDA kernels' 32-bit
+// extents.)
 #pragma once
 
 #include "kernels/kernels.h"
 
 namespace minamp {
 
-// Unless `tensor` is defined with a floating dtype:
+// The building blocks. Unless `tensor` is defined with a floating dtype:
 void require_floating(const char* op, const char* name, const Tensor& tensor);
 // Unless `tensor` is defined, f32 and has `numel` elements:
 void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel);
 // Unless both are defined and have the same number of elements:
 void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
                         const Tensor& b);
-// Unless the optimizer slot has master and grad f32 of one size, `states` state tensors (0, 1 or
-// 2) f32 of that size, and an f16 copy of that size when it has one:
-void require_param_slot(const char* op, const ParamSlot& slot, int states);
 
-// The per-op checks (what kernel_list.h promises about each argument), shared by both backends.
+// The per-op checks (what kernel_list.h promises about each argument).
+
+void require_fill(const Tensor& dst, float value);
+void require_cast(const Tensor& src, const Tensor& dst);
+void require_add_inplace(const Tensor& dst, const Tensor& src);
+void require_mul_scalar(const Tensor& src, const Tensor& scale, const Tensor& dst);
+
+struct GemmDims {
+  int64_t m, n, k; // C [M, N] = op(A) [M, K] @ op(B) [K, N]
+};
+GemmDims require_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                      const GemmEpilogue& epilogue);
+void require_bias_backward(const Tensor& dy, const Tensor& db);
+
+void require_relu_forward(const Tensor& x, const Tensor& y);
+void require_relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
+
+// The sizes of one convolution: x [N, H, W, Cin], w [Cout, kh, kw, Cin], y [N, Ho, Wo, Cout].
+struct ConvDims {
+  int64_t n, h, w, cin, cout, kh, kw, ho, wo;
+  int stride, pad;
+
+  int64_t patch() const { return kh * kw * cin; } // K of the forward GEMM: one im2col row
+  int64_t out_pixels() const { return ho * wo; }  // of one image
+  bool is_pointwise() const { return kh == 1 && kw == 1 && stride == 1 && pad == 0; }
+};
+ConvDims require_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y,
+                                const ConvParams& conv, const GemmEpilogue& epilogue);
+ConvDims require_conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                 const Tensor& dx, const Tensor& dw, const ConvParams& conv);
 
 struct BatchNormDims {
   int64_t rows, channels; // x viewed as [rows, C]
@@ -53,21 +82,33 @@ MaxPoolDims require_maxpool2d_forward(const Tensor& x, const Tensor& y, const Te
 MaxPoolDims require_maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Tensor& dx,
                                        const MaxPoolParams& pool);
 
+void require_mse_forward(const Tensor& pred, const Tensor& target, const Tensor& loss);
+void require_mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss,
+                          const Tensor& dpred);
+
 struct LogitDims {
   int64_t rows, classes; // logits [N, K]
 };
-// Checks logits [N, K] (floating) and labels i32 [N]; returns N and K.
-LogitDims require_logits_and_labels(const char* op, const Tensor& logits, const Tensor& labels);
-// The same, and dloss f32 [1], dlogits floating and shaped like logits.
+LogitDims require_cross_entropy_forward(const Tensor& logits, const Tensor& labels,
+                                        const Tensor& loss);
 LogitDims require_cross_entropy_backward(const Tensor& logits, const Tensor& labels,
                                          const Tensor& dloss, const Tensor& dlogits);
 
 // a, b and y floating with one size.
 void require_add_forward(const Tensor& a, const Tensor& b, const Tensor& y);
-// y, dy and dx floating with one size.
-void require_relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
+void require_sum_squares(const Tensor& x, const Tensor& sum_sq);
+void require_clip_coefficient(const Tensor& sum_sq, const Tensor& coef);
 
-// The conv gradients that are defined: dx floating and shaped like x, dw f32 and shaped like w.
-void require_conv_gradients(const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw);
+void require_amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale,
+                         const Tensor& found_inf);
+void require_amp_update_scale(const Tensor& scale, const Tensor& growth_tracker,
+                              const Tensor& found_inf);
+void require_fp16_range_counts(const Tensor& x, const Tensor& counts);
+
+void require_zero_grads(const std::vector<Tensor*>& grads);
+void require_sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd,
+                      const Tensor& found_inf);
+void require_adam_step(const std::vector<ParamSlot>& params, const Tensor& step,
+                       const Tensor& found_inf);
 
 } // namespace minamp

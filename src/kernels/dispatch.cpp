@@ -1,6 +1,7 @@
 // The kernels:: dispatcher: checks that an op's tensors share one device, then calls the CPU
 // reference (minamp::cpu) or the CUDA backend (minamp::gpu), timed when the op profiler is on.
-#include <cstdint>
+// The other argument checks are each op's require_<op> (kernels/checks.h), which both backends
+// call first.
 #include <initializer_list>
 
 #include "core/error.h"
@@ -28,19 +29,24 @@ Device common_device(const char* op, const std::vector<ParamSlot>& params) {
   Device device = Device::cpu;
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamSlot& p = params[i];
-    Device d = common_device(op, {p.master, p.grad, p.half, p.state0, p.state1});
+    Device d =
+        common_device(op, {p.master, p.grad, p.half, p.momentum_buffer, p.exp_avg, p.exp_avg_sq});
     require(i == 0 || d == device, op, "all parameters must be on one device");
     device = d;
   }
   return device;
 }
 
-// True when the bytes of `a` and `b` overlap (e.g. two views of one storage).
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0 || a.device() != b.device()) return false;
-  const auto a_begin = reinterpret_cast<uintptr_t>(a.raw());
-  const auto b_begin = reinterpret_cast<uintptr_t>(b.raw());
-  return a_begin < b_begin + uintptr_t(b.nbytes()) && b_begin < a_begin + uintptr_t(a.nbytes());
+// The one device of the defined tensors in `grads`; throws Error naming the op otherwise.
+Device common_device(const char* op, const std::vector<Tensor*>& grads) {
+  const Tensor* first = nullptr;
+  for (const Tensor* g : grads) {
+    if (!g || !g->defined()) continue; // require_<op> names it
+    if (!first) first = g;
+    require(g->device() == first->device(), op, "gradients on two devices: ", describe(*first),
+            " and ", describe(*g));
+  }
+  return first ? first->device() : Device::cpu;
 }
 
 #if !MINAMP_WITH_CUDA
@@ -70,49 +76,26 @@ void fill(Tensor& dst, float value) {
 }
 
 void cast(const Tensor& src, Tensor& dst) {
-  require(src.numel() == dst.numel(), "cast", "size mismatch: ", describe(src), " -> ",
-          describe(dst));
   MINAMP_DISPATCH("cast", common_device("cast", {&src, &dst}), cast(src, dst));
 }
 
 void add_inplace(Tensor& dst, const Tensor& src, float alpha) {
-  require(src.numel() == dst.numel(), "add_inplace", "size mismatch: ", describe(dst),
-          " += ", describe(src));
   MINAMP_DISPATCH("add_inplace", common_device("add_inplace", {&src, &dst}),
                   add_inplace(dst, src, alpha));
 }
 
 void mul_scalar(const Tensor& src, const Tensor& scale, Tensor& dst) {
-  require(scale.numel() == 1 && scale.dtype() == DType::f32, "mul_scalar",
-          "scale must be f32 with one element, got ", describe(scale));
   MINAMP_DISPATCH("mul_scalar", common_device("mul_scalar", {&src, &scale, &dst}),
                   mul_scalar(src, scale, dst));
 }
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           const GemmEpilogue& epilogue) {
-  const int64_t m = trans_a ? a.shape().last() : a.shape().rows();
-  const int64_t k = trans_a ? a.shape().rows() : a.shape().last();
-  const int64_t kb = trans_b ? b.shape().last() : b.shape().rows();
-  const int64_t n = trans_b ? b.shape().rows() : b.shape().last();
-  require(k == kb && c.shape().rows() == m && c.shape().last() == n, "gemm",
-          "shapes do not chain: A ", describe(a), (trans_a ? " (transposed)" : ""), ", B ",
-          describe(b), (trans_b ? " (transposed)" : ""), ", C ", describe(c));
-  require(a.dtype() == b.dtype() && is_floating(a.dtype()) && is_floating(c.dtype()), "gemm",
-          "A and B must share a floating dtype, got ", a.dtype(), " and ", b.dtype());
-  if (epilogue.bias)
-    require(epilogue.bias->numel() == n && epilogue.bias->dtype() == DType::f32, "gemm",
-            "bias must be f32 [", n, "], got ", describe(*epilogue.bias));
-  // Tiles of C are written while other tiles still read A and B (on either backend).
-  require(!overlaps(c, a) && !overlaps(c, b), "gemm", "C ", describe(c),
-          " shares memory with A or B; the product needs an output of its own");
   MINAMP_DISPATCH("gemm", common_device("gemm", {&a, &b, &c, epilogue.bias}),
                   gemm(a, trans_a, b, trans_b, c, epilogue));
 }
 
 void bias_backward(const Tensor& dy, Tensor& db) {
-  require(db.dtype() == DType::f32 && db.numel() == dy.shape().last(), "bias_backward",
-          "db must be f32 [", dy.shape().last(), "], got ", describe(db));
   MINAMP_DISPATCH("bias_backward", common_device("bias_backward", {&dy, &db}),
                   bias_backward(dy, db));
 }
@@ -217,13 +200,10 @@ void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef) {
 }
 
 void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf) {
-  Device device = common_device("amp_unscale", {&scale, &found_inf});
-  for (const Tensor* g : grads) {
-    require(g != nullptr && g->defined(), "amp_unscale", "every gradient must be a defined tensor");
-    require(g->dtype() == DType::f32, "amp_unscale", "gradients must be f32, got ", describe(*g));
-    require(g->device() == device, "amp_unscale", "gradient ", describe(*g), " is not on ", device,
-            " with the scale");
-  }
+  const Device device = common_device("amp_unscale", {&scale, &found_inf});
+  for (const Tensor* g : grads)
+    require(!g || !g->defined() || g->device() == device, "amp_unscale", "gradient ", describe(g),
+            " is not on ", device, " with the scale");
   MINAMP_DISPATCH("amp_unscale", device, amp_unscale(grads, scale, found_inf));
 }
 
@@ -236,13 +216,7 @@ void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found
 
 void zero_grads(const std::vector<Tensor*>& grads) {
   if (grads.empty()) return;
-  for (const Tensor* g : grads)
-    require(g != nullptr && g->defined(), "zero_grads", "every gradient must be a defined tensor");
-  const Device device = grads[0]->device();
-  for (const Tensor* g : grads)
-    require(g->device() == device, "zero_grads", "gradients on two devices: ", describe(*grads[0]),
-            " and ", describe(*g));
-  MINAMP_DISPATCH("zero_grads", device, zero_grads(grads));
+  MINAMP_DISPATCH("zero_grads", common_device("zero_grads", grads), zero_grads(grads));
 }
 
 void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf) {
@@ -263,8 +237,6 @@ void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Ten
 }
 
 void fp16_range_counts(const Tensor& x, float scale, Tensor& counts) {
-  require(counts.dtype() == DType::f32 && counts.numel() == 5, "fp16_range_counts",
-          "counts must be f32 [5], got ", describe(counts));
   MINAMP_DISPATCH("fp16_range_counts", common_device("fp16_range_counts", {&x, &counts}),
                   fp16_range_counts(x, scale, counts));
 }

@@ -34,20 +34,23 @@ struct BatchNormParams {
   bool relu = false;
 };
 
+// amp_update_scale's factors (amp::GradScalerOptions holds PyTorch's defaults).
 struct ScalerParams {
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
-  int growth_interval = 2000;
+  float growth_factor;
+  float backoff_factor;
+  int growth_interval;
 };
 
-// The tensors of one parameter that an optimizer step touches. `half` and the state tensors may
-// be undefined (no f16 copy; SGD without momentum).
+// The tensors of one parameter that an optimizer step touches, the state named as torch.optim
+// names it. `half` may be undefined (no f16 copy), and a step leaves the state it does not use
+// null: sgd_step reads momentum_buffer (with momentum only), adam_step exp_avg and exp_avg_sq.
 struct ParamSlot {
-  Tensor* master = nullptr; // f32, updated in place
-  Tensor* grad = nullptr;   // f32
-  Tensor* half = nullptr;   // f16 copy, rewritten from the updated master when defined
-  Tensor* state0 = nullptr; // SGD momentum buffer / Adam exp_avg
-  Tensor* state1 = nullptr; // Adam exp_avg_sq
+  Tensor* master = nullptr;          // f32, updated in place
+  Tensor* grad = nullptr;            // f32
+  Tensor* half = nullptr;            // f16 working copy, rewritten from the updated master
+  Tensor* momentum_buffer = nullptr; // f32, SGD with momentum
+  Tensor* exp_avg = nullptr;         // f32, Adam's first moment
+  Tensor* exp_avg_sq = nullptr;      // f32, Adam's second moment
 };
 
 struct SgdParams {

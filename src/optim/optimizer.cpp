@@ -41,8 +41,6 @@ std::vector<ParamSlot> Optimizer::slots() {
     out[i].master = &params_[i]->master();
     out[i].grad = &params_[i]->grad();
     out[i].half = &params_[i]->half_copy();
-    if (i < state0_.size()) out[i].state0 = &state0_[i];
-    if (i < state1_.size()) out[i].state1 = &state1_[i];
   }
   return out;
 }
@@ -62,7 +60,7 @@ SGD::SGD(const std::vector<Parameter*>& params, float lr, float momentum, float 
   require_hyperparameter("SGD", "momentum", momentum, 0.0f);
   require_hyperparameter("SGD", "weight_decay", weight_decay, 0.0f);
   lr_ = lr;
-  if (momentum_ != 0.0f) state0_ = zeros_like_masters(params_);
+  if (momentum_ != 0.0f) momentum_buffers_ = zeros_like_masters(params_);
 }
 
 void SGD::step(const Tensor& found_inf) {
@@ -70,13 +68,16 @@ void SGD::step(const Tensor& found_inf) {
   sgd.lr = lr_;
   sgd.momentum = momentum_;
   sgd.weight_decay = weight_decay_;
-  kernels::sgd_step(slots(), sgd, found_inf);
+  std::vector<ParamSlot> params = slots();
+  for (size_t i = 0; i < momentum_buffers_.size(); ++i)
+    params[i].momentum_buffer = &momentum_buffers_[i];
+  kernels::sgd_step(params, sgd, found_inf);
 }
 
 std::vector<std::pair<std::string, Tensor*>> SGD::named_state() {
   std::vector<std::pair<std::string, Tensor*>> out;
-  for (size_t i = 0; i < state0_.size(); ++i)
-    out.emplace_back(cat("momentum_buffer.", i), &state0_[i]);
+  for (size_t i = 0; i < momentum_buffers_.size(); ++i)
+    out.emplace_back(cat("momentum_buffer.", i), &momentum_buffers_[i]);
   return out;
 }
 
@@ -93,22 +94,27 @@ Adam::Adam(const std::vector<Parameter*>& params, float lr, float beta1, float b
   params_cfg_.beta2 = beta2;
   params_cfg_.eps = eps;
   params_cfg_.weight_decay = weight_decay;
-  state0_ = zeros_like_masters(params_);
-  state1_ = zeros_like_masters(params_);
+  exp_avgs_ = zeros_like_masters(params_);
+  exp_avg_sqs_ = zeros_like_masters(params_);
   step_ = Tensor::zeros({1}, DType::f32, params_[0]->master().device());
 }
 
 void Adam::step(const Tensor& found_inf) {
   AdamParams adam = params_cfg_;
   adam.lr = lr_;
-  kernels::adam_step(slots(), adam, step_, found_inf);
+  std::vector<ParamSlot> params = slots();
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].exp_avg = &exp_avgs_[i];
+    params[i].exp_avg_sq = &exp_avg_sqs_[i];
+  }
+  kernels::adam_step(params, adam, step_, found_inf);
 }
 
 std::vector<std::pair<std::string, Tensor*>> Adam::named_state() {
   std::vector<std::pair<std::string, Tensor*>> out{{"step", &step_}};
-  for (size_t i = 0; i < state0_.size(); ++i) {
-    out.emplace_back(cat("exp_avg.", i), &state0_[i]);
-    out.emplace_back(cat("exp_avg_sq.", i), &state1_[i]);
+  for (size_t i = 0; i < exp_avgs_.size(); ++i) {
+    out.emplace_back(cat("exp_avg.", i), &exp_avgs_[i]);
+    out.emplace_back(cat("exp_avg_sq.", i), &exp_avg_sqs_[i]);
   }
   return out;
 }

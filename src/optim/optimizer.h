@@ -30,10 +30,10 @@ public:
   virtual std::vector<std::pair<std::string, Tensor*>> named_state() = 0;
 
 protected:
-  // The kernels' view of params(); an Error if one was frozen since (it has no gradient).
+  // Master, gradient and f16 copy of every parameter, for the step kernels; an Error if one was
+  // frozen since (it has no gradient).
   std::vector<ParamSlot> slots();
   std::vector<Parameter*> params_;
-  std::vector<Tensor> state0_, state1_; // per-parameter moment buffers (as needed)
   float lr_ = 1e-3f;
 };
 
@@ -48,6 +48,7 @@ public:
 
 private:
   float momentum_, weight_decay_;
+  std::vector<Tensor> momentum_buffers_; // one per parameter, with momentum only
 };
 
 // Adam with bias correction and L2 weight decay, as torch.optim.Adam (defaults betas 0.9/0.999,
@@ -64,7 +65,8 @@ public:
 
 private:
   AdamParams params_cfg_;
-  Tensor step_; // f32 [1]
+  Tensor step_;                                // f32 [1]
+  std::vector<Tensor> exp_avgs_, exp_avg_sqs_; // one per parameter
 };
 
 // Scales all gradients (of the parameters that require grad) so that their global L2 norm is at

@@ -1,8 +1,8 @@
 """Test of bench/run-gpu.sh's plumbing without a GPU: the whole script runs on stand-in tools
 (nvidia-smi, cmake, bench_train, bench_gemm, the examples and PyTorch's train.py, each writing
 the files the real one writes, with made-up figures, and refusing an option or value the real one
-refuses), and the test checks what the GPU session depends on: every stage ran, the report lists
-nothing missing, and $OUT holds the four files the device tool can return (it returns at most 8);
+refuses), and the test checks what a GPU run depends on: every stage ran, the report lists
+nothing missing, and $OUT holds the four files the script promises;
 a stage that hangs is cut to the budget and the later ones are skipped, the report still written;
 with nothing built the script fails. Standard library only; ctest runs it as bench.run_gpu.
 
@@ -96,7 +96,8 @@ def fake_bench_gemm(args):
 
 
 def fake_pytorch(args):
-    modes = ("train", "infer", "train-fused") if "--fused" in args else ("train", "infer")
+    configs = [c for c in (option(args, "--configs") or "").split(",") if c]
+    modes = ("train", "infer") + tuple("train-" + c for c in configs)
     runs = [step_run(option(args, "--models"), precision, mode, 2.0, mode != "infer")
             for precision in ("fp32", "amp") for mode in modes]
     write_json(option(args, "--json"), {"framework": "pytorch", "torch_version": "2.11.0",

@@ -54,7 +54,7 @@ TEST(Examples, HelpListsTheCommonOptions) {
           "--growth-interval", "--no-loss-scaling", "--save-weights", "--load-weights",
           "--checkpoint-every", "--resume"})
       EXPECT_NE(run.output.find(option), std::string::npos) << name << " --help lacks " << option;
-    // The README's learning rate: 1e-3 for all three (Adam for sine and classify, SGD for mlp).
+    // The default learning rate: 1e-3 for all three (Adam for sine and classify, SGD for mlp).
     EXPECT_NE(run.output.find("--lr FLOAT=0.001 "), std::string::npos)
         << name << ": " << run.output;
   }
@@ -64,6 +64,16 @@ TEST(Examples, UnknownFlagIsAUsageErrorNamingIt) {
   const ProgramRun run = run_program("mlp", "--bogus-flag");
   EXPECT_NE(run.status, 0);
   EXPECT_NE(run.output.find("--bogus-flag"), std::string::npos) << run.output;
+}
+
+// MINAMP_GEMM_VERSION (kernels/gemm_version.h) is read before anything is written: an unknown
+// version is a one-line error naming the variable, on every backend, and leaves no output folder.
+TEST(Examples, UnknownGemmVersionIsRefusedBeforeAnythingIsWritten) {
+  const std::string out = fresh_dir("bad_gemm_version");
+  const ProgramRun run = run_program("mlp", "--epochs 1 --out " + out, "MINAMP_GEMM_VERSION=v9");
+  expect_one_line_error(run, "MINAMP_GEMM_VERSION=v9",
+                        {"MINAMP_GEMM_VERSION", "expected auto, v1, v2, v3, v4 or v5, got 'v9'"});
+  EXPECT_FALSE(std::filesystem::exists(out)) << out;
 }
 
 TEST(Examples, BadValuesAreOneLineErrors) {
@@ -226,6 +236,44 @@ TEST(Examples, CudaWithoutAGpuSaysWhy) {
     EXPECT_NE(run.output.find(minamp::cuda_unavailable_reason()), std::string::npos)
         << program << ": " << run.output;
     EXPECT_FALSE(std::filesystem::exists(out)) << program << " wrote " << out;
+  }
+}
+
+// The (step, loss, scale) lines minimal_amp prints: "step  50  loss 0.01234  scale 65536".
+struct LoopLine {
+  long long step;
+  double loss, scale;
+};
+std::vector<LoopLine> loop_lines(const std::string& output) {
+  std::vector<LoopLine> lines;
+  std::istringstream in(output);
+  std::string word;
+  LoopLine line{};
+  while (in >> word)
+    if (word == "step" && in >> line.step >> word >> line.loss >> word >> line.scale)
+      lines.push_back(line);
+  return lines;
+}
+
+// The README's loop, run as it stands in examples/minimal_amp.cpp: the MLP learns its function
+// under autocast with the scaler at PyTorch's initial scale, which no step overflows.
+TEST(Examples, MinimalAmpLearnsWithTheReadmesLoop) {
+  const ProgramRun run = run_program("minimal_amp", "--steps 300");
+  ASSERT_EQ(run.status, 0) << run.output;
+  const std::vector<LoopLine> lines = loop_lines(run.output);
+  ASSERT_EQ(lines.size(), 7u) << run.output; // steps 0, 50, ..., 250 and the last, 299
+  EXPECT_EQ(lines.back().step, 299);
+  EXPECT_LT(lines.back().loss, lines.front().loss / 4) << run.output;
+  for (const LoopLine& line : lines) EXPECT_EQ(line.scale, 65536.0) << run.output;
+
+  const ProgramRun bad = run_program("minimal_amp", "--steps 0");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("error: --steps"), std::string::npos) << bad.output;
+  if (!minamp::cuda_available()) {
+    const ProgramRun no_gpu = run_program("minimal_amp", "--device cuda");
+    EXPECT_NE(no_gpu.status, 0);
+    EXPECT_NE(no_gpu.output.find(minamp::cuda_unavailable_reason()), std::string::npos)
+        << no_gpu.output;
   }
 }
 

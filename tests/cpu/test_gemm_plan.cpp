@@ -128,5 +128,44 @@ TEST(GemmPlan, SineAndGemmBenchShapes) {
   EXPECT_EQ(square.split.splits, 1);
 }
 
+// v5 plans over three tiles: 128x256 where they fill the SMs, else 128x128, else 64x64.
+TEST(GemmPlan, MultistageTakesItsMediumTilesWhereTheLargeOnesLeaveSmsIdle) {
+  const auto v5 = [](int64_t m, int64_t n, int64_t k) {
+    return plan_gemm(m, n, k, kMultistageLargeTile, kMmaLargeTile, kMmaSmallTile, true, true,
+                     kH100Sms);
+  };
+  EXPECT_EQ(v5(4096, 4096, 4096).tiles, GemmTiles::large) << "512 tiles of 128x256";
+  EXPECT_EQ(v5(262144, 256, 256).tiles, GemmTiles::large) << "sine's forward: 2048 tiles";
+  EXPECT_EQ(v5(2048, 2048, 2048).tiles, GemmTiles::medium) << "128 large, 256 medium tiles";
+  EXPECT_EQ(v5(4099, 520, 72).tiles, GemmTiles::medium) << "99 large, 165 medium tiles";
+  EXPECT_EQ(v5(4099, 1040, 72).tiles, GemmTiles::large) << "165 large tiles";
+  EXPECT_EQ(v5(1024, 1024, 1024).tiles, GemmTiles::small) << "32 large, 64 medium tiles";
+  EXPECT_EQ(v5(1024, 1024, 1024).split.splits, 1) << "256 small tiles fill the SMs";
+  EXPECT_EQ(v5(4096, 4096, 4096).split.splits, 1);
+  // Too little shared memory for the large tiles (135 KB): the medium ones.
+  EXPECT_EQ(plan_gemm(4096, 4096, 4096, kMultistageLargeTile, kMmaLargeTile, kMmaSmallTile, false,
+                      true, kH100Sms)
+                .tiles,
+            GemmTiles::medium);
+  // A thin N = 64 pads 128- and 256-wide tiles: the small ones, K split as the two-tile plan does.
+  const GemmPlan thin = v5(256, 64, 262144);
+  EXPECT_EQ(thin.tiles, GemmTiles::small);
+  EXPECT_EQ(thin.split.splits,
+            plan_gemm(256, 64, 262144, kMmaLargeTile, kMmaSmallTile, true, kH100Sms).split.splits);
+}
+
+// The sine net's first conv (K = 2), its last conv (N = 1) and that conv's input gradient (K = 1)
+// run on CUDA cores; its weight gradients over 262144 pixels (M = 256, N = 2; M = 1) stay on the
+// tensor cores, split over K, as do its hidden convs.
+TEST(GemmPlan, ThinGemmsAreSinesFirstAndLastConvs) {
+  EXPECT_TRUE(is_thin_gemm(262144, 256, 2));
+  EXPECT_TRUE(is_thin_gemm(262144, 1, 256));
+  EXPECT_TRUE(is_thin_gemm(262144, 256, 1));
+  EXPECT_FALSE(is_thin_gemm(256, 2, 262144));
+  EXPECT_FALSE(is_thin_gemm(1, 256, 262144));
+  EXPECT_FALSE(is_thin_gemm(262144, 256, 256));
+  EXPECT_FALSE(is_thin_gemm(100352, 32, 9)) << "classify's first conv: K = 9";
+}
+
 } // namespace
 } // namespace minamp::gpu

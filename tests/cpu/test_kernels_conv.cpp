@@ -211,13 +211,13 @@ TEST(CpuConv, RejectsWrongRanksAndShapes) {
   ConvParams same;
   same.pad = 1;
   expect_error([&] { cpu::conv2d_forward(x2d, w, y, same, {}); }, "conv2d_forward",
-               "expects x [N, H, W, Cin], got f32[4, 3]");
+               "expects x f32/f16 [N, H, W, Cin], got f32[4, 3]");
   const Tensor w_bad_cin = random_tensor(rng, {2, 3, 3, 4});
   expect_error([&] { cpu::conv2d_forward(x, w_bad_cin, y, same, {}); }, "conv2d_forward",
                "[Cout, kh, kw, Cin]");
   Tensor y_wrong = poisoned({1, 3, 3, 2}); // the unpadded size, but pad is 1
   expect_error([&] { cpu::conv2d_forward(x, w, y_wrong, same, {}); }, "conv2d_forward",
-               "expects y [1, 5, 5, 2]");
+               "expects y f32/f16 [1, 5, 5, 2]");
   ConvParams bad_stride;
   bad_stride.stride = 0;
   expect_error([&] { cpu::conv2d_forward(x, w, y, bad_stride, {}); }, "conv2d_forward", "stride");

@@ -2,6 +2,7 @@
 // three steps and Adam's first bias-corrected steps (both worked out by hand in double), the
 // overflow skip that leaves every tensor untouched, the f16 copies, amp_unscale's inf / NaN
 // detection, every branch of amp_update_scale, and zero_grads.
+#include "amp/grad_scaler.h"
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -12,15 +13,15 @@ constexpr double kF32Tolerance = 1e-6;
 
 // The tensors of one parameter for an optimizer test, random except the zero optimizer state.
 struct Param {
-  Tensor master, grad, half, state0, state1;
+  Tensor master, grad, half, momentum_buffer, exp_avg, exp_avg_sq;
   Param(Rng& rng, const Shape& shape)
       : master(random_tensor(rng, shape)), grad(random_tensor(rng, shape)),
-        half(poisoned(shape, DType::f16)), state0(Tensor::zeros(shape)),
-        state1(Tensor::zeros(shape)) {}
-  ParamSlot slot() { return {&master, &grad, &half, &state0, &state1}; }
+        half(poisoned(shape, DType::f16)), momentum_buffer(Tensor::zeros(shape)),
+        exp_avg(Tensor::zeros(shape)), exp_avg_sq(Tensor::zeros(shape)) {}
+  ParamSlot slot() { return {&master, &grad, &half, &momentum_buffer, &exp_avg, &exp_avg_sq}; }
   std::vector<std::vector<float>> values() const {
-    return {master.to_vector(), grad.to_vector(), half.to_vector(), state0.to_vector(),
-            state1.to_vector()};
+    return {master.to_vector(),          grad.to_vector(),    half.to_vector(),
+            momentum_buffer.to_vector(), exp_avg.to_vector(), exp_avg_sq.to_vector()};
   }
 };
 
@@ -56,8 +57,8 @@ TEST(CpuSgd, MomentumAndWeightDecayOverThreeSteps) {
   }
   EXPECT_LT(relative_error_to(a.master, w[0]), kF32Tolerance);
   EXPECT_LT(relative_error_to(b.master, w[1]), kF32Tolerance);
-  EXPECT_LT(relative_error_to(a.state0, buf[0]), kF32Tolerance);
-  EXPECT_LT(relative_error_to(b.state0, buf[1]), kF32Tolerance);
+  EXPECT_LT(relative_error_to(a.momentum_buffer, buf[0]), kF32Tolerance);
+  EXPECT_LT(relative_error_to(b.momentum_buffer, buf[1]), kF32Tolerance);
   expect_half_copy(a);
   expect_half_copy(b);
 }
@@ -83,7 +84,7 @@ TEST(CpuSgd, PlainStepNeedsNoStateOrHalfCopy) {
       [&] {
         cpu::sgd_step({ParamSlot{&master, &grad}}, sgd, Tensor());
       },
-      "sgd_step", "no state0");
+      "sgd_step", "no momentum_buffer");
 }
 
 // Three steps against a double reference, with PyTorch's eps and with a large one, where an eps
@@ -114,8 +115,8 @@ TEST(CpuAdam, FirstStepsAreBiasCorrectedWithL2Decay) {
       EXPECT_EQ(step.item(), static_cast<float>(t));
       EXPECT_LT(relative_error_to(p.master, w), kF32Tolerance) << "eps " << eps << " step " << t;
     }
-    EXPECT_LT(relative_error_to(p.state0, m), kF32Tolerance) << "eps " << eps;
-    EXPECT_LT(relative_error_to(p.state1, v), kF32Tolerance) << "eps " << eps;
+    EXPECT_LT(relative_error_to(p.exp_avg, m), kF32Tolerance) << "eps " << eps;
+    EXPECT_LT(relative_error_to(p.exp_avg_sq, v), kF32Tolerance) << "eps " << eps;
     expect_half_copy(p);
   }
 }
@@ -124,8 +125,9 @@ TEST(CpuAdam, FirstStepsAreBiasCorrectedWithL2Decay) {
 TEST(CpuOptimizers, SkipEverythingWhenFoundInf) {
   Rng rng(64);
   Param p(rng, {5, 3});
-  p.state0 = random_tensor(rng, {5, 3});
-  p.state1 = random_tensor(rng, {5, 3}, DType::f32, Device::cpu, 0.1f, 1.0f);
+  p.momentum_buffer = random_tensor(rng, {5, 3});
+  p.exp_avg = random_tensor(rng, {5, 3});
+  p.exp_avg_sq = random_tensor(rng, {5, 3}, DType::f32, Device::cpu, 0.1f, 1.0f);
   p.half = p.master.to(DType::f16); // no NaN poison: the comparison below must be able to pass
   const auto before = p.values();
   SgdParams sgd;
@@ -147,10 +149,10 @@ TEST(CpuOptimizers, SkipEverythingWhenFoundInf) {
 TEST(CpuOptimizers, RejectMismatchedState) {
   Rng rng(65);
   Param p(rng, {4});
-  p.state1 = Tensor::zeros({5});
+  p.exp_avg_sq = Tensor::zeros({5});
   Tensor step = Tensor::zeros({1});
   expect_error([&] { cpu::adam_step({p.slot()}, AdamParams{}, step, Tensor()); }, "adam_step",
-               "state1 must be f32 with 4 elements, got f32[5]");
+               "exp_avg_sq must be f32 with 4 elements, got f32[5]");
   EXPECT_EQ(step.item(), 0.0f);
   // An f16 copy of another size would be written past its end.
   Param q(rng, {4});
@@ -207,12 +209,12 @@ TEST(CpuAmpUnscale, MultipliesByInverseScaleAndFlagsInfAndNaN) {
   EXPECT_EQ(found_inf.item(), 1.0f);
 }
 
-// The dispatcher names the problem instead of reading an undefined gradient.
+// The kernel names the problem instead of reading an undefined gradient.
 TEST(CpuAmpUnscale, UndefinedGradientIsAnError) {
   Tensor undefined;
   Tensor found_inf = flag(0.0f);
   expect_error([&] { kernels::amp_unscale({&undefined}, flag(2.0f), found_inf); }, "amp_unscale",
-               "every gradient must be a defined tensor");
+               "gradients must be defined f32 tensors, got undefined");
 }
 
 TEST(CpuZeroGrads, ZeroesEveryGradientAndRejectsOthers) {
@@ -226,7 +228,7 @@ TEST(CpuZeroGrads, ZeroesEveryGradientAndRejectsOthers) {
       [&] {
         kernels::zero_grads({&a, &undefined});
       },
-      "zero_grads", "every gradient must be a defined tensor");
+      "zero_grads", "gradients must be defined f32 tensors, got undefined");
   expect_error([&] { kernels::zero_grads({&half_grad}); }, "zero_grads", "f32");
 }
 
@@ -256,11 +258,12 @@ TEST(CpuAmpUpdateScale, FollowsPyTorchInEveryBranch) {
   // Growth to a non-finite scale is refused, but the count restarts all the same.
   EXPECT_EQ(update(3e38f, 2, 0.0f, params), Result(3e38f, 0));
   // PyTorch's defaults: interval 2000, factor 2.
-  EXPECT_EQ(update(65536.0f, 1998, 0.0f, ScalerParams{}), Result(65536.0f, 1999));
-  EXPECT_EQ(update(65536.0f, 1999, 0.0f, ScalerParams{}), Result(131072.0f, 0));
-  EXPECT_EQ(update(65536.0f, 1999, 1.0f, ScalerParams{}), Result(32768.0f, 0));
+  const ScalerParams defaults = amp::update_params({});
+  EXPECT_EQ(update(65536.0f, 1998, 0.0f, defaults), Result(65536.0f, 1999));
+  EXPECT_EQ(update(65536.0f, 1999, 0.0f, defaults), Result(131072.0f, 0));
+  EXPECT_EQ(update(65536.0f, 1999, 1.0f, defaults), Result(32768.0f, 0));
   // Backoff is its own factor, not the inverse of growth.
-  ScalerParams uneven;
+  ScalerParams uneven = defaults;
   uneven.backoff_factor = 0.125f;
   EXPECT_EQ(update(65536.0f, 0, 1.0f, uneven), Result(8192.0f, 0));
 

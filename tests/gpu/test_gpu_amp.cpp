@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "amp/grad_scaler.h"
 #include "kernels/kernels.h"
 #include "test_util.h"
 
@@ -200,32 +201,36 @@ TEST(GpuAmp, UpdateScaleBacksOffBelowOne) {
   Tensor scale = gpu(Tensor::full({1}, 1.0f));
   Tensor tracker = gpu(Tensor::zeros({1}, DType::i32));
   for (float expected : {0.5f, 0.25f}) {
-    kernels::amp_update_scale(scale, tracker, gpu(Tensor::full({1}, 1.0f)), ScalerParams{});
+    kernels::amp_update_scale(scale, tracker, gpu(Tensor::full({1}, 1.0f)), amp::update_params({}));
     EXPECT_EQ(scale.item(), expected);
   }
 }
 
 // ---- Optimizers.
 
-// One parameter on both devices: master, gradient, optional f16 copy, two state tensors.
+// One parameter on both devices: master, gradient, optional f16 copy, the optimizers' states.
 struct ParamPair {
-  Tensor master, grad, half, state0, state1;           // cpu
-  Tensor g_master, g_grad, g_half, g_state0, g_state1; // cuda
+  Tensor master, grad, half, momentum_buffer, exp_avg, exp_avg_sq;             // cpu
+  Tensor g_master, g_grad, g_half, g_momentum_buffer, g_exp_avg, g_exp_avg_sq; // cuda
 
   ParamPair(Rng& rng, int64_t n, bool with_half) {
     master = random_tensor(rng, {n});
     grad = random_tensor(rng, {n});
-    state0 = Tensor::zeros({n});
-    state1 = Tensor::zeros({n});
+    momentum_buffer = Tensor::zeros({n});
+    exp_avg = Tensor::zeros({n});
+    exp_avg_sq = Tensor::zeros({n});
     if (with_half) half = master.to(DType::f16);
     g_master = gpu(master);
     g_grad = gpu(grad);
-    g_state0 = gpu(state0);
-    g_state1 = gpu(state1);
+    g_momentum_buffer = gpu(momentum_buffer);
+    g_exp_avg = gpu(exp_avg);
+    g_exp_avg_sq = gpu(exp_avg_sq);
     if (with_half) g_half = test::poisoned({n}, DType::f16, Device::cuda);
   }
-  ParamSlot cpu_slot() { return {&master, &grad, &half, &state0, &state1}; }
-  ParamSlot gpu_slot() { return {&g_master, &g_grad, &g_half, &g_state0, &g_state1}; }
+  ParamSlot cpu_slot() { return {&master, &grad, &half, &momentum_buffer, &exp_avg, &exp_avg_sq}; }
+  ParamSlot gpu_slot() {
+    return {&g_master, &g_grad, &g_half, &g_momentum_buffer, &g_exp_avg, &g_exp_avg_sq};
+  }
   // New gradients for the next step, the same on both devices.
   void regrad(Rng& rng) {
     grad = random_tensor(rng, grad.shape());
@@ -250,8 +255,9 @@ void expect_params_match(std::vector<ParamPair>& params, bool with_states,
     const std::string name = cat(what, " ", describe(p.master));
     expect_close(p.g_master, p.master, tol, name + " master");
     if (with_states) {
-      expect_close(p.g_state0, p.state0, tol, name + " state0");
-      expect_close(p.g_state1, p.state1, tol, name + " state1");
+      expect_close(p.g_momentum_buffer, p.momentum_buffer, tol, name + " momentum_buffer");
+      expect_close(p.g_exp_avg, p.exp_avg, tol, name + " exp_avg");
+      expect_close(p.g_exp_avg_sq, p.exp_avg_sq, tol, name + " exp_avg_sq");
     }
     // The f16 copy is the GPU's own master rounded to nearest even, bit for bit.
     if (p.half.defined())
@@ -291,8 +297,8 @@ TEST(GpuOptim, TheF16CopyOfAMasterOutOfRangeIsInfOrNaN) {
   Tensor g_master = gpu(master), g_grad = gpu(grad);
   Tensor g_half = test::poisoned(shape, DType::f16, Device::cuda);
   const SgdParams sgd{0.1f, 0.0f, 0.0f};
-  kernels::sgd_step({{&g_master, &g_grad, &g_half, nullptr, nullptr}}, sgd, Tensor());
-  kernels::sgd_step({{&master, &grad, &half, nullptr, nullptr}}, sgd, Tensor());
+  kernels::sgd_step({{&g_master, &g_grad, &g_half}}, sgd, Tensor());
+  kernels::sgd_step({{&master, &grad, &half}}, sgd, Tensor());
   expect_equal(g_half, half, "f16 copies");
   EXPECT_EQ(half.to_vector()[0], INFINITY);
   EXPECT_EQ(half.to_vector()[2], 65504.0f);
@@ -348,8 +354,9 @@ TEST(GpuOptim, OverflowSkipsTheStepAndBacksOffTheScale) {
   Rng rng(74);
   std::vector<ParamPair> params = make_params(rng);
   for (ParamPair& p : params) {
-    p.g_state0 = gpu(random_tensor(rng, p.master.shape()));
-    p.g_state1 = gpu(random_tensor(rng, p.master.shape(), DType::f32, Device::cpu, 0.0f, 1.0f));
+    p.g_momentum_buffer = gpu(random_tensor(rng, p.master.shape()));
+    p.g_exp_avg = gpu(random_tensor(rng, p.master.shape()));
+    p.g_exp_avg_sq = gpu(random_tensor(rng, p.master.shape(), DType::f32, Device::cpu, 0.0f, 1.0f));
     if (p.half.defined()) p.g_half = gpu(p.half);
   }
   std::vector<float> bad = params[2].grad.to_vector();
@@ -358,12 +365,12 @@ TEST(GpuOptim, OverflowSkipsTheStepAndBacksOffTheScale) {
 
   // Snapshots to compare against after the skipped steps.
   struct Snapshot {
-    Tensor master, half, state0, state1;
+    Tensor master, half, momentum_buffer, exp_avg, exp_avg_sq;
   };
   std::vector<Snapshot> before;
   for (ParamPair& p : params)
     before.push_back({p.g_master.clone(), p.g_half.defined() ? p.g_half.clone() : Tensor(),
-                      p.g_state0.clone(), p.g_state1.clone()});
+                      p.g_momentum_buffer.clone(), p.g_exp_avg.clone(), p.g_exp_avg_sq.clone()});
 
   std::vector<Tensor*> grads;
   std::vector<ParamSlot> slots;
@@ -379,7 +386,7 @@ TEST(GpuOptim, OverflowSkipsTheStepAndBacksOffTheScale) {
   kernels::amp_unscale(grads, scale, found_inf);
   kernels::sgd_step(slots, SgdParams{0.1f, 0.9f, 1e-3f}, found_inf);
   kernels::adam_step(slots, AdamParams{}, step, found_inf);
-  kernels::amp_update_scale(scale, tracker, found_inf, ScalerParams{});
+  kernels::amp_update_scale(scale, tracker, found_inf, amp::update_params({}));
 
   EXPECT_EQ(found_inf.item(), 1.0f);
   EXPECT_EQ(step.item(), 7.0f);
@@ -388,8 +395,9 @@ TEST(GpuOptim, OverflowSkipsTheStepAndBacksOffTheScale) {
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string name = cat(describe(params[i].master));
     expect_equal(params[i].g_master, before[i].master, name + " master");
-    expect_equal(params[i].g_state0, before[i].state0, name + " state0");
-    expect_equal(params[i].g_state1, before[i].state1, name + " state1");
+    expect_equal(params[i].g_momentum_buffer, before[i].momentum_buffer, name + " momentum");
+    expect_equal(params[i].g_exp_avg, before[i].exp_avg, name + " exp_avg");
+    expect_equal(params[i].g_exp_avg_sq, before[i].exp_avg_sq, name + " exp_avg_sq");
     if (before[i].half.defined()) expect_equal(params[i].g_half, before[i].half, name + " half");
   }
 }

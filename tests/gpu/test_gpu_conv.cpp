@@ -135,6 +135,13 @@ TEST(GpuConv, ForwardAndBackwardOnGemmV2) {
   }
 }
 
+// 256 output channels over 133 row tiles: the forward's im2col gather on v5's 128x256 tiles
+// (the cases above are narrower, and take the 64x64 or 128x128 ones).
+TEST(GpuConv, ForwardGathersOnTheWidestTiles) {
+  MINAMP_REQUIRE_GPU();
+  check_forward({1, 130, 130, 8, 256, 3, 3, 1, 1}, DType::f16, DType::f16, true, 360);
+}
+
 TEST(GpuConv, BackwardOnlyOneGradient) {
   MINAMP_REQUIRE_GPU();
   const ConvCase c{1, 9, 7, 3, 6, 3, 3, 2, 1};
@@ -228,7 +235,7 @@ TEST(GpuConv, RejectsBadArguments) {
   GemmEpilogue with_bias;
   with_bias.bias = &bias_wrong;
   test::expect_error([&] { kernels::conv2d_forward(x, w, y, c.params(), with_bias); },
-                     "conv2d_forward", "bias must be f32 [4], got f32[5]");
+                     "conv2d_forward", "bias must be f32 with 4 elements, got f32[5]");
 
   Tensor dx;
   Tensor dw_f16 = test::poisoned(c.w_shape(), DType::f16, Device::cuda);

@@ -3,8 +3,7 @@
 // the same runs on the CPU end; bench_train's GPU path (CUDA events, op profile, graph replay)
 // writes every run (ResNet-50 too), and bench_gemm checks and times every precision against cuBLAS.
 // Compiled once per backend: MINAMP_EXAMPLE_SUFFIX names that backend's binaries ("" for the CUDA
-// build,
-// "_emulated" for the ones linked with the CPU emulator).
+// build, "_emulated" for the ones linked with the CPU emulator).
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +12,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "cpu/test_program.h"
@@ -80,6 +80,33 @@ TEST(GpuExamples, TransferCompareOnCudaEndsWhereTheCpuRunDoes) {
                            "--batch-size 2 --epochs 1 --val-fraction 0.34";
   expect_compare_matches_cpu("transfer", args, 1e-4, 2e-2);
   expect_compare_matches_cpu("transfer", args + " --freeze-backbone", 1e-4, 2e-2);
+}
+
+// The README's loop (examples/minimal_amp.cpp) on the GPU prints the CPU run's losses at the
+// same scale. Adam at lr 1e-2 magnifies f16 rounding differences as sine's does (the emulator's
+// truncating tensor-core sums end 0.6% from the CPU at step 19), hence sine's AMP tolerance.
+TEST(GpuExamples, MinimalAmpOnCudaPrintsTheCpuRunsLosses) {
+  MINAMP_REQUIRE_GPU();
+  const ProgramRun cpu = run_program("minimal_amp", "--device cpu --steps 20");
+  const ProgramRun gpu =
+      run_program(std::string("minimal_amp") + MINAMP_EXAMPLE_SUFFIX, "--device cuda --steps 20");
+  ASSERT_EQ(cpu.status, 0) << cpu.output;
+  ASSERT_EQ(gpu.status, 0) << gpu.output;
+  std::istringstream cpu_lines(cpu.output), gpu_lines(gpu.output);
+  std::string cpu_word, gpu_word;
+  int losses = 0;
+  while (cpu_lines >> cpu_word && gpu_lines >> gpu_word) {
+    if (cpu_word != "loss" && cpu_word != "scale") {
+      EXPECT_EQ(gpu_word, cpu_word);
+      continue;
+    }
+    double on_cpu = 0, on_gpu = 0;
+    ASSERT_TRUE(cpu_lines >> on_cpu && gpu_lines >> on_gpu) << gpu.output;
+    const double tolerance = cpu_word == "loss" ? 2e-2 * std::abs(on_cpu) : 0.0;
+    EXPECT_LE(std::abs(on_gpu - on_cpu), tolerance) << cpu_word << ": " << gpu.output;
+    losses += cpu_word == "loss";
+  }
+  EXPECT_EQ(losses, 2) << gpu.output; // steps 0 and 19
 }
 
 // The summary.json of this backend's `example` run with `args` into a fresh folder `name`; when
@@ -167,19 +194,20 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
 }
 
 // bench_gemm's quick shapes (square and edge tiles, both transposes, f16 and f32 outputs): every
-// result passes its check against cuBLAS and an fp64 sum, and gets a time for both libraries.
+// result — the library's, each GEMM version's and each sweep configuration's — passes its check
+// against cuBLAS and an fp64 sum, and gets a time for both libraries.
 TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
   MINAMP_REQUIRE_GPU();
   const std::string json = fresh_dir("bench_gemm_cuda.json");
   const ProgramRun run = run_program(std::string("bench_gemm") + MINAMP_EXAMPLE_SUFFIX,
-                                     "--shapes tiny --wmma-sweep --json " + json);
+                                     "--shapes tiny --sweep --json " + json);
   ASSERT_EQ(run.status, 0) << run.output;
   const nlohmann::json report = read_output_json(json);
-  // 3 shapes x f16, f32 with the library's kernels; the first two f16 shapes also with each of
-  // the sweep's 4 WMMA configurations, less those the device has too little shared memory for
-  // (none on sm_80+ or on the emulator).
+  // 3 shapes x f16, f32 with the library's kernels, the f16 ones also with each of the 5 versions;
+  // the first two f16 shapes also with each of the sweep's 6 configurations, less those the
+  // device has too little shared memory for (none on sm_80+ or on the emulator).
   ASSERT_EQ(field(report, "rows").size(),
-            6u + 2u * 4u - field(report, "wmma_sweep_skipped").size());
+            6u + 3u * 5u + 2u * 6u - field(report, "sweep_skipped").size());
   std::set<std::string> configs;
   for (const nlohmann::json& row : report.at("rows")) {
     const std::string what = row.at("shape").get<std::string>() + " " + row.at("ab_dtype").dump() +
@@ -203,8 +231,8 @@ TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
         row.at("minamp").at("tflops").get<double>() / row.at("cublas").at("tflops").get<double>();
     EXPECT_NEAR(row.at("ratio").get<double>(), ratio, 1e-12 * ratio) << what;
   }
-  if (report.at("wmma_sweep_skipped").empty()) {
-    EXPECT_EQ(configs.size(), 5u) << "library + 4 swept configurations";
+  if (report.at("sweep_skipped").empty()) {
+    EXPECT_EQ(configs.size(), 12u) << "library + 5 versions + 6 swept configurations";
   }
 }
 

@@ -153,9 +153,11 @@ TEST(GpuGemm, FusedReluPassesNaN) {
   }
 }
 
-// Shapes with enough 128x128 tiles to select the large configuration (>= one block per SM on
-// an H100), with ragged edges: with K = 72 every operand but a transposed A (rows of M = 4099)
-// takes the 16-byte copy path, with K = 37 only an untransposed B (rows of N = 520) does.
+// Shapes with enough 128x128 tiles to select the large configuration of the SIMT kernel and of
+// the 128x128 tensor-core versions (>= one block per SM on an H100; the library's v5 takes its
+// 64x64 tiles here, its 128x256 ones in GpuGemmVersions.LargeTilesAndSplitK), with ragged edges:
+// with K = 72 every operand but a transposed A (rows of M = 4099) takes the 16-byte copy path,
+// with K = 37 only an untransposed B (rows of N = 520) does.
 TEST(GpuGemm, LargeTilesWithEdges) {
   MINAMP_REQUIRE_GPU();
   uint64_t seed = 5000;
@@ -198,6 +200,33 @@ TEST(GpuGemm, SplitKLongK) {
   for (const DTypePair& d : kDTypePairs)
     expect_matches_cpu(GemmCase{40, 72, 8013, false, true, d.ab, d.c, 1.0f, 0.0f, false, false},
                        ++seed);
+}
+
+// GEMMs too thin for tensor-core tiles run on CUDA cores (cuda/gemm_thin.cu): a K of at most 8
+// (one thread per 4 columns; packed stores where N is a multiple of 4), and an N of at most 4
+// over >= 4096 rows (a warp per row with 4-element loads where K allows; a thread per row when A
+// is transposed). Every transpose, both output dtypes, the whole epilogue.
+TEST(GpuGemm, ThinShapesOnCudaCores) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 7500;
+  for (const DTypePair& d : kDTypePairs)
+    for (bool trans_a : {false, true})
+      for (bool trans_b : {false, true}) {
+        for (int64_t k : {1, 2, 8})
+          for (int64_t n : {64, 130})
+            expect_matches_cpu(GemmCase{100, n, k, trans_a, trans_b, d.ab, d.c, 0.5f,
+                                        k == 2 ? -1.0f : 0.0f, true, k != 1},
+                               ++seed);
+        expect_matches_cpu(GemmCase{4100, 3, 40, trans_a, trans_b, d.ab, d.c, 1.0f, 0.5f, true,
+                                    true},
+                           ++seed);
+      }
+  // N = 1 and 4 with K = 37 (4-element loads impossible) and 40, f16 in and out.
+  for (bool trans_a : {false, true})
+    for (int64_t n : {1, 4})
+      expect_matches_cpu(GemmCase{4100, n, n == 1 ? 37 : 40, trans_a, true, DType::f16,
+                                  DType::f16, 1.0f, 0.0f, true, false},
+                         ++seed);
 }
 
 // ---- Each version of the ladder, forced (gemm_version.h), on the cases above that it takes.
@@ -260,6 +289,13 @@ TEST(GpuGemmVersions, LargeTilesAndSplitK) {
           GemmCase{40, 72, 8013, trans, !trans, DType::f16, DType::f32, 0.5f, -1.0f, true, true},
           ++seed);
   }
+  // v5's large tile is 128x256: 33 x 5 of them over C, ragged on both edges.
+  ScopedGemmVersion v5(GemmVersion::v5_multistage);
+  uint64_t seed = 9100;
+  for (bool trans : {false, true})
+    expect_matches_cpu(
+        GemmCase{4099, 1040, 72, trans, !trans, DType::f16, DType::f16, 1.0f, 0.5f, true, true},
+        ++seed);
 }
 
 // v1 and v3 take plain matrices only: a conv's gathered operand is refused, naming the version.

@@ -7,14 +7,11 @@
 namespace minamp::cpu {
 
 void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor& found_inf) {
-  require_f32("amp_unscale", "scale", scale, 1);
-  require_f32("amp_unscale", "found_inf", found_inf, 1);
+  require_amp_unscale(grads, scale, found_inf);
   // As GradScaler.unscale_: the reciprocal in double, rounded to float.
   const float inv_scale = float(1.0 / double(scale.data<float>()[0]));
   bool overflow = false;
   for (Tensor* grad : grads) {
-    require(grad && grad->defined() && grad->dtype() == DType::f32, "amp_unscale",
-            "gradients must be defined f32 tensors, got ", describe(grad));
     float* g = grad->data<float>();
     for (int64_t i = 0; i < grad->numel();
          ++i) { // the unscaled g is checked (kernel_list.h says why)
@@ -27,12 +24,7 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
 
 void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found_inf,
                       const ScalerParams& scaler) {
-  require_f32("amp_update_scale", "scale", scale, 1);
-  require_f32("amp_update_scale", "found_inf", found_inf, 1);
-  require(growth_tracker.defined() && growth_tracker.dtype() == DType::i32 &&
-              growth_tracker.numel() == 1,
-          "amp_update_scale", "growth_tracker must be i32 with 1 element, got ",
-          describe(growth_tracker));
+  require_amp_update_scale(scale, growth_tracker, found_inf);
   float& current = scale.data<float>()[0];
   int32_t& tracker = growth_tracker.data<int32_t>()[0];
   if (found_inf.data<float>()[0] != 0.0f) { // overflow: back off, start counting again
@@ -51,8 +43,7 @@ void amp_update_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found
 }
 
 void fp16_range_counts(const Tensor& x, float scale, Tensor& counts) {
-  require_floating("fp16_range_counts", "x", x);
-  require_f32("fp16_range_counts", "counts", counts, 5);
+  require_fp16_range_counts(x, counts);
   const FloatInput values(x);
   double flushed = 0, subnormal = 0, overflowed = 0, nonzero = 0, nonfinite = 0;
   for (int64_t i = 0; i < values.size(); ++i) {

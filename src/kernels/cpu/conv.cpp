@@ -13,42 +13,6 @@ namespace minamp::cpu {
 
 namespace {
 
-// The sizes of one convolution: x [N, H, W, Cin], w [Cout, kh, kw, Cin], y [N, Ho, Wo, Cout].
-struct ConvDims {
-  int64_t n, h, w, cin, cout, kh, kw, ho, wo;
-  int stride, pad;
-
-  int64_t patch() const { return kh * kw * cin; } // K of the GEMM: one im2col row
-  int64_t out_pixels() const { return ho * wo; }
-  bool is_pointwise() const { return kh == 1 && kw == 1 && stride == 1 && pad == 0; }
-};
-
-ConvDims conv_dims(const char* op, const Tensor& x, const Tensor& w, const ConvParams& conv) {
-  require_floating(op, "x", x);
-  require_floating(op, "w", w);
-  require(x.shape().rank() == 4, op, "expects x [N, H, W, Cin], got ", describe(x));
-  require(w.shape().rank() == 4 && w.shape()[3] == x.shape()[3], op,
-          "expects w [Cout, kh, kw, Cin] with the Cin of x ", describe(x), ", got ", describe(w));
-  require(conv.stride >= 1 && conv.pad >= 0, op, "expects stride >= 1 and pad >= 0, got stride ",
-          conv.stride, ", pad ", conv.pad);
-  ConvDims d{};
-  d.n = x.shape()[0], d.h = x.shape()[1], d.w = x.shape()[2], d.cin = x.shape()[3];
-  d.cout = w.shape()[0], d.kh = w.shape()[1], d.kw = w.shape()[2];
-  d.stride = conv.stride, d.pad = conv.pad;
-  require(d.h + 2 * d.pad >= d.kh && d.w + 2 * d.pad >= d.kw, op, "the kernel of ", describe(w),
-          " does not fit the padded input ", describe(x), " (pad ", d.pad, ")");
-  d.ho = (d.h + 2 * d.pad - d.kh) / d.stride + 1;
-  d.wo = (d.w + 2 * d.pad - d.kw) / d.stride + 1;
-  return d;
-}
-
-// Throws Error unless `y` is [N, Ho, Wo, Cout] for these dims.
-void require_output_shape(const char* op, const char* name, const Tensor& y, const ConvDims& d) {
-  require(y.defined() && y.shape() == Shape{d.n, d.ho, d.wo, d.cout}, op, "expects ", name, " [",
-          d.n, ", ", d.ho, ", ", d.wo, ", ", d.cout, "] (stride ", d.stride, ", pad ", d.pad,
-          "), got ", describe(y));
-}
-
 // The input pixel an output pixel's kernel tap reads, or -1 when it falls in the padding.
 int64_t input_offset(const ConvDims& d, int64_t oh, int64_t ow, int64_t i, int64_t j) {
   const int64_t ih = oh * d.stride - d.pad + i, iw = ow * d.stride - d.pad + j;
@@ -165,10 +129,7 @@ void weight_gradient(const FloatInput& x, const FloatInput& dy, const ConvDims& 
 
 void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParams& conv,
                     const GemmEpilogue& epilogue) {
-  const ConvDims d = conv_dims("conv2d_forward", x, w, conv);
-  require_floating("conv2d_forward", "y", y);
-  require_output_shape("conv2d_forward", "y", y, d);
-  if (epilogue.bias) require_f32("conv2d_forward", "bias", *epilogue.bias, d.cout);
+  const ConvDims d = require_conv2d_forward(x, w, y, conv, epilogue);
 
   const FloatInput x_values(x), w_values(w);
   const ConstMatrixMap weights = w_values.matrix(d.cout, d.patch()); // [Cout, K]
@@ -190,10 +151,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
 
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
                      const ConvParams& conv) {
-  const ConvDims d = conv_dims("conv2d_backward", x, w, conv);
-  require_floating("conv2d_backward", "dy", dy);
-  require_output_shape("conv2d_backward", "dy", dy, d);
-  require_conv_gradients(x, w, dx, dw);
+  const ConvDims d = require_conv2d_backward(x, w, dy, dx, dw, conv);
   const FloatInput dy_values(dy);
   if (dx.defined()) input_gradient(dy_values, FloatInput(w), d, dx);
   if (dw.defined()) weight_gradient(FloatInput(x), dy_values, d, dw);

@@ -8,20 +8,17 @@
 namespace minamp::cpu {
 
 void fill(Tensor& dst, float value) {
+  require_fill(dst, value);
   const int64_t n = dst.numel();
   switch (dst.dtype()) {
   case DType::f32: std::fill_n(dst.data<float>(), n, value); break;
   case DType::f16: std::fill_n(dst.data<half>(), n, half(value)); break;
-  case DType::i32:
-    require(fits_int32(value), "fill", "an i32 tensor cannot hold ", value, ", got ",
-            describe(dst));
-    std::fill_n(dst.data<int32_t>(), n, static_cast<int32_t>(value));
-    break;
+  case DType::i32: std::fill_n(dst.data<int32_t>(), n, static_cast<int32_t>(value)); break;
   }
 }
 
 void cast(const Tensor& src, Tensor& dst) {
-  require_same_numel("cast", "src", src, "dst", dst);
+  require_cast(src, dst);
   const int64_t n = src.numel();
   if (src.dtype() == dst.dtype()) {
     if (src.nbytes() > 0) std::memcpy(dst.raw(), src.raw(), src.nbytes()); // empty: null pointers
@@ -51,9 +48,7 @@ void cast(const Tensor& src, Tensor& dst) {
 }
 
 void add_inplace(Tensor& dst, const Tensor& src, float alpha) {
-  require_floating("add_inplace", "dst", dst);
-  require_floating("add_inplace", "src", src);
-  require_same_numel("add_inplace", "dst", dst, "src", src);
+  require_add_inplace(dst, src);
   const FloatInput in(src);
   FloatOutput out(dst, true);
   for (int64_t i = 0; i < out.size(); ++i) out[i] += alpha * in[i];
@@ -61,10 +56,7 @@ void add_inplace(Tensor& dst, const Tensor& src, float alpha) {
 }
 
 void mul_scalar(const Tensor& src, const Tensor& scale, Tensor& dst) {
-  require_floating("mul_scalar", "src", src);
-  require_floating("mul_scalar", "dst", dst);
-  require_same_numel("mul_scalar", "src", src, "dst", dst);
-  require_f32("mul_scalar", "scale", scale, 1);
+  require_mul_scalar(src, scale, dst);
   const float factor = scale.data<float>()[0];
   const FloatInput in(src); // widened or in place; dst may alias src, read before write per i
   FloatOutput out(dst, false);
@@ -84,9 +76,7 @@ void add_forward(const Tensor& a, const Tensor& b, Tensor& y, bool relu) {
 }
 
 void relu_forward(const Tensor& x, Tensor& y) {
-  require_floating("relu_forward", "x", x);
-  require(y.defined() && y.dtype() == x.dtype() && y.numel() == x.numel(), "relu_forward",
-          "y must match x ", describe(x), ", got ", describe(y));
+  require_relu_forward(x, y);
   const FloatInput in(x);
   FloatOutput out(y, false);
   for (int64_t i = 0; i < out.size(); ++i) out[i] = relu(in[i]);

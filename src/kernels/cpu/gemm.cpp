@@ -9,15 +9,6 @@ namespace minamp::cpu {
 
 namespace {
 
-// The [rows, cols] matrix a tensor is viewed as: its [rows, last] view, transposed when asked.
-struct MatrixDims {
-  int64_t rows, cols;
-};
-MatrixDims op_dims(const Tensor& t, bool transposed) {
-  const Shape& s = t.shape();
-  return transposed ? MatrixDims{s.last(), s.rows()} : MatrixDims{s.rows(), s.last()};
-}
-
 // C = alpha * op(A) @ op(B) + beta * C, with a and b the stored (untransposed) matrices.
 void multiply(ConstMatrixMap a, bool trans_a, ConstMatrixMap b, bool trans_b, MatrixMap c,
               float alpha, float beta) {
@@ -39,21 +30,11 @@ void multiply(ConstMatrixMap a, bool trans_a, ConstMatrixMap b, bool trans_b, Ma
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           const GemmEpilogue& epilogue) {
-  require_floating("gemm", "A", a);
-  require_floating("gemm", "B", b);
-  require_floating("gemm", "C", c);
-  const MatrixDims op_a = op_dims(a, trans_a); // [M, K]
-  const MatrixDims op_b = op_dims(b, trans_b); // [K, N]
-  const int64_t m = op_a.rows, k = op_a.cols, n = op_b.cols;
-  require(op_b.rows == k && c.shape().rows() == m && c.shape().last() == n, "gemm",
-          "expected op(A) [M, K], op(B) [K, N], C [M, N], got A ", describe(a),
-          (trans_a ? " (transposed)" : ""), ", B ", describe(b), (trans_b ? " (transposed)" : ""),
-          ", C ", describe(c));
-  if (epilogue.bias) require_f32("gemm", "bias", *epilogue.bias, n);
+  const GemmDims d = require_gemm(a, trans_a, b, trans_b, c, epilogue);
 
   const FloatInput a_values(a), b_values(b);
   FloatOutput c_values(c, epilogue.beta != 0.0f);
-  MatrixMap c_matrix = c_values.matrix(m, n);
+  MatrixMap c_matrix = c_values.matrix(d.m, d.n);
   multiply(a_values.matrix(a.shape().rows(), a.shape().last()), trans_a,
            b_values.matrix(b.shape().rows(), b.shape().last()), trans_b, c_matrix, epilogue.alpha,
            epilogue.beta);
@@ -62,9 +43,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 }
 
 void bias_backward(const Tensor& dy, Tensor& db) {
-  require_floating("bias_backward", "dy", dy);
+  require_bias_backward(dy, db);
   const int64_t rows = dy.shape().rows(), cols = dy.shape().last(); // dy [rows, N]
-  require_f32("bias_backward", "db", db, cols);
   const FloatInput grad(dy);
   std::vector<double> sums(static_cast<size_t>(cols), 0.0);
   for (int64_t r = 0; r < rows; ++r)

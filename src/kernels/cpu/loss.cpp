@@ -34,10 +34,7 @@ double softmax_row(const float* row, int64_t classes, float* probs) {
 } // namespace
 
 void mse_forward(const Tensor& pred, const Tensor& target, Tensor& loss) {
-  require_floating("mse_forward", "pred", pred);
-  require_floating("mse_forward", "target", target);
-  require_same_numel("mse_forward", "pred", pred, "target", target);
-  require_f32("mse_forward", "loss", loss, 1);
+  require_mse_forward(pred, target, loss);
   const FloatInput p(pred), t(target);
   double sum = 0.0;
   for (int64_t i = 0; i < p.size(); ++i) {
@@ -48,12 +45,7 @@ void mse_forward(const Tensor& pred, const Tensor& target, Tensor& loss) {
 }
 
 void mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss, Tensor& dpred) {
-  require_floating("mse_backward", "pred", pred);
-  require_floating("mse_backward", "target", target);
-  require_floating("mse_backward", "dpred", dpred);
-  require_same_numel("mse_backward", "pred", pred, "target", target);
-  require_same_numel("mse_backward", "pred", pred, "dpred", dpred);
-  require_f32("mse_backward", "dloss", dloss, 1);
+  require_mse_backward(pred, target, dloss, dpred);
   const FloatInput p(pred), t(target);
   const float factor = dloss.data<float>()[0] * 2.0f / static_cast<float>(p.size());
   FloatOutput grad(dpred, false);
@@ -63,8 +55,7 @@ void mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss,
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, Tensor& loss) {
   const char* op = "cross_entropy_forward";
-  const LogitDims d = require_logits_and_labels(op, logits, labels);
-  require_f32(op, "loss", loss, 1);
+  const LogitDims d = require_cross_entropy_forward(logits, labels, loss);
   const FloatInput z(logits);
   const int32_t* y = labels.data<int32_t>();
   std::vector<float> probs(static_cast<size_t>(d.classes));

@@ -11,13 +11,13 @@ namespace minamp::cpu {
 namespace {
 
 // True when found_inf is defined and set: the step must change nothing.
-bool step_overflowed(const char* op, const Tensor& found_inf) {
-  if (!found_inf.defined()) return false;
-  require_f32(op, "found_inf", found_inf, 1);
-  return found_inf.data<float>()[0] != 0.0f;
+bool step_overflowed(const Tensor& found_inf) {
+  return found_inf.defined() && found_inf.data<float>()[0] != 0.0f;
 }
 
-// Rewrites the slot's f16 copy (when it has one) from the updated master.
+// The mixed-precision step's last move: the f16 working copy that the next forward reads under
+// autocast is rewritten from the updated fp32 master (when the parameter has one), rounded to
+// nearest even.
 void refresh_half_copy(const ParamSlot& slot) {
   if (!slot.half || !slot.half->defined()) return;
   const float* w = slot.master->data<float>();
@@ -28,21 +28,20 @@ void refresh_half_copy(const ParamSlot& slot) {
 } // namespace
 
 void zero_grads(const std::vector<Tensor*>& grads) {
+  require_zero_grads(grads);
   for (Tensor* grad : grads) {
-    require(grad && grad->defined() && grad->dtype() == DType::f32, "zero_grads",
-            "gradients must be defined f32 tensors, got ", describe(grad));
     std::fill_n(grad->data<float>(), grad->numel(), 0.0f);
   }
 }
 
 void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf) {
-  if (step_overflowed("sgd_step", found_inf)) return;
+  require_sgd_step(params, sgd, found_inf);
+  if (step_overflowed(found_inf)) return;
   const bool momentum = sgd.momentum != 0.0f;
-  for (const ParamSlot& slot : params) require_param_slot("sgd_step", slot, momentum ? 1 : 0);
   for (const ParamSlot& slot : params) {
     float* w = slot.master->data<float>();
     const float* g = slot.grad->data<float>();
-    float* buf = momentum ? slot.state0->data<float>() : nullptr;
+    float* buf = momentum ? slot.momentum_buffer->data<float>() : nullptr;
     for (int64_t i = 0; i < slot.master->numel(); ++i) {
       const float d = g[i] + sgd.weight_decay * w[i];
       if (momentum) {
@@ -58,9 +57,8 @@ void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const 
 
 void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Tensor& step,
                const Tensor& found_inf) {
-  require_f32("adam_step", "step", step, 1);
-  if (step_overflowed("adam_step", found_inf)) return;
-  for (const ParamSlot& slot : params) require_param_slot("adam_step", slot, 2);
+  require_adam_step(params, step, found_inf);
+  if (step_overflowed(found_inf)) return;
   const float t = step.data<float>()[0] += 1.0f;
   // In double, as PyTorch's Adam (Python floats): 1 - beta^t cancels digits at small t, and the
   // GPU's powf is not correctly rounded; this way both backends get the same two floats.
@@ -69,8 +67,8 @@ void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Ten
   for (const ParamSlot& slot : params) {
     float* w = slot.master->data<float>();
     const float* g = slot.grad->data<float>();
-    float* m = slot.state0->data<float>(); // exp_avg
-    float* v = slot.state1->data<float>(); // exp_avg_sq
+    float* m = slot.exp_avg->data<float>();
+    float* v = slot.exp_avg_sq->data<float>();
     for (int64_t i = 0; i < slot.master->numel(); ++i) {
       const float d = g[i] + adam.weight_decay * w[i]; // L2 decay (Adam, not AdamW)
       m[i] = adam.beta1 * m[i] + (1.0f - adam.beta1) * d;
@@ -82,8 +80,7 @@ void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Ten
 }
 
 void sum_squares(const Tensor& x, Tensor& sum_sq) {
-  require_floating("sum_squares", "x", x);
-  require_f32("sum_squares", "sum_sq", sum_sq, 1);
+  require_sum_squares(x, sum_sq);
   const FloatInput values(x);
   double sum = 0.0;
   for (int64_t i = 0; i < values.size(); ++i) sum += static_cast<double>(values[i]) * values[i];
@@ -91,8 +88,7 @@ void sum_squares(const Tensor& x, Tensor& sum_sq) {
 }
 
 void clip_coefficient(const Tensor& sum_sq, float max_norm, Tensor& coef) {
-  require_f32("clip_coefficient", "sum_sq", sum_sq, 1);
-  require_f32("clip_coefficient", "coef", coef, 1);
+  require_clip_coefficient(sum_sq, coef);
   const float norm = std::sqrt(sum_sq.data<float>()[0]);
   const float ratio = max_norm / (norm + 1e-6f);
   coef.data<float>()[0] = ratio > 1.0f ? 1.0f : ratio; // clamp(max=1), NaN passes through

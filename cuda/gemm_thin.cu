@@ -1,0 +1,193 @@
+// GEMMs too thin for tensor-core tiles, on CUDA cores: a K of a few elements (sine's first 1x1
+// conv, K = 2 input channels, and the input gradient of its last one, K = 1) or an N of a few
+// columns over many rows (its last conv, N = 1 output channel). A tensor-core block tile pads
+// K = 2 to BK = 32 and copies its two columns element by element, or N = 1 to a 64-wide tile
+// of which one column is kept: 16x to 64x the arithmetic of the GEMM, for what is a pass over
+// memory. These kernels read each operand once and do the FMAs in fp32 (products of the widened
+// inputs, summed in k order), with the fused epilogue; the planner sends a GEMM here when
+// gemm_version() is automatic (thin_gemm_applies, gemm.cuh).
+//
+//   thin K (K <= kThinK): a thread computes 4 consecutive columns of one row of C from the row's
+//     K values of A, writing them as one pack where C's rows allow;
+//   thin N (N <= kThinN, M >= kThinNMinRows): a warp sums one row of A against the N columns of
+//     B, each lane 4 consecutive k at a time (one 8- or 16-byte load where the row allows), the
+//     lanes' partial sums added by shuffles; a transposed A ([K, M], m contiguous) is read one
+//     row per thread instead, consecutive threads on consecutive rows.
+// Plain and transposed matrices only: the conv views with such shapes are 1x1 convs, which the
+// conv ops pass as plain matrices.
+#include "device.cuh"
+#include "gemm.cuh"
+#include "reduce.cuh"
+
+namespace minamp::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Element (i, k) of op(A) [M, K] and (k, j) of op(B) [K, N], from their stored layouts.
+template <bool kTransA, class T>
+__device__ __forceinline__ float a_at(const T* a, int m, int k, int i, int kk) {
+  return load_f(a, kTransA ? int64_t(kk) * m + i : int64_t(i) * k + kk);
+}
+template <bool kTransB, class T>
+__device__ __forceinline__ float b_at(const T* b, int k, int n, int kk, int j) {
+  return load_f(b, kTransB ? int64_t(j) * k + kk : int64_t(kk) * n + j);
+}
+
+// v = relu(alpha * acc + beta * C_old + bias), for the 4 columns from col of one row of C, stored
+// as one pack when `pack` (N a multiple of 4, C aligned), else element by element up to N.
+template <class CT>
+__device__ __forceinline__ void store_four(CT* c, int n, int row, int col, const float (&acc)[4],
+                                           const EpilogueArgs& ep, bool pack) {
+  if (!pack) {
+    for (int e = 0; e < 4 && col + e < n; ++e) store_output(c, n, row, col + e, acc[e], ep);
+    return;
+  }
+  const int64_t at = int64_t(row) * n + col;
+  Float4 v;
+  const Float4 old = ep.beta != 0.0f ? load4(c, at) : Float4{};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v.v[e] = ep.alpha * acc[e];
+    if (ep.beta != 0.0f) v.v[e] += ep.beta * old.v[e];
+    if (ep.bias) v.v[e] += ep.bias[col + e];
+    if (ep.relu) v.v[e] = v.v[e] < 0.0f ? 0.0f : v.v[e]; // NaN propagates
+  }
+  store4(c, at, v);
+}
+
+// C[M, N] = epilogue(op(A) @ op(B)) for K <= kThinK: one thread per 4 columns of a row.
+template <bool kTransA, bool kTransB, class T, class CT>
+__global__ void __launch_bounds__(kThreads)
+    gemm_thin_k_kernel(const T* a, const T* b, CT* c, int m, int n, int k, EpilogueArgs ep,
+                       bool pack) {
+  const int groups = (n + 3) / 4;
+  const int64_t total = int64_t(m) * groups;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int row = int(idx / groups), col = int(idx % groups) * 4;
+    float a_row[kThinK];
+#pragma unroll
+    for (int kk = 0; kk < kThinK; ++kk) a_row[kk] = kk < k ? a_at<kTransA>(a, m, k, row, kk) : 0.0f;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (col + e < n)
+#pragma unroll
+        for (int kk = 0; kk < kThinK; ++kk)
+          if (kk < k) acc[e] += a_row[kk] * b_at<kTransB>(b, k, n, kk, col + e);
+    store_four(c, n, row, col, acc, ep, pack);
+  }
+}
+
+// C[M, N] = epilogue(A @ op(B)) for N <= kThinN, A untransposed ([M, K], k contiguous): one warp
+// per row; `packed` when K is a multiple of 4 and A is aligned for 4-element loads.
+template <bool kTransB, class T, class CT>
+__global__ void __launch_bounds__(kThreads)
+    gemm_thin_n_rows_kernel(const T* a, const T* b, CT* c, int m, int n, int k, EpilogueArgs ep,
+                            bool packed) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; row < m; row += warps) {
+    const T* a_row = a + row * k;
+    float acc[kThinN] = {};
+    const auto add = [&](int kk, float value) {
+#pragma unroll
+      for (int j = 0; j < kThinN; ++j)
+        if (j < n) acc[j] += value * b_at<kTransB>(b, k, n, kk, j);
+    };
+    if (packed) {
+      for (int kk = 4 * lane; kk < k; kk += 4 * 32) {
+        const Float4 v = load4(a_row, kk);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) add(kk + e, v.v[e]);
+      }
+    } else {
+      for (int kk = lane; kk < k; kk += 32) add(kk, load_f(a_row, kk));
+    }
+#pragma unroll
+    for (int j = 0; j < kThinN; ++j) acc[j] = warp_sum(acc[j]);
+    if (lane < n) {
+      float mine = acc[0];
+#pragma unroll
+      for (int j = 1; j < kThinN; ++j)
+        if (lane == j) mine = acc[j];
+      store_output(c, n, int(row), lane, mine, ep);
+    }
+  }
+}
+
+// The same with A transposed (stored [K, M], m contiguous): one thread per row.
+template <bool kTransB, class T, class CT>
+__global__ void __launch_bounds__(kThreads)
+    gemm_thin_n_columns_kernel(const T* a, const T* b, CT* c, int m, int n, int k,
+                               EpilogueArgs ep) {
+  for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < m;
+       row += int64_t(gridDim.x) * blockDim.x) {
+    float acc[kThinN] = {};
+    for (int kk = 0; kk < k; ++kk) {
+      const float value = load_f(a, int64_t(kk) * m + row);
+#pragma unroll
+      for (int j = 0; j < kThinN; ++j)
+        if (j < n) acc[j] += value * b_at<kTransB>(b, k, n, kk, j);
+    }
+#pragma unroll
+    for (int j = 0; j < kThinN; ++j) // a constant bound: acc stays in registers
+      if (j < n) store_output(c, n, int(row), j, acc[j], ep);
+  }
+}
+
+template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmArgs& args) {
+  const T* a = static_cast<const T*>(args.a.data);
+  const T* b = static_cast<const T*>(args.b.data);
+  CT* c = static_cast<CT*>(args.c);
+  const int m = int(args.m), n = int(args.n), k = int(args.k);
+  if (args.k <= kThinK) {
+    const bool pack = n % 4 == 0 && aligned_for_pack(c);
+    gemm_thin_k_kernel<kTransA, kTransB, T, CT>
+        <<<grid_for(args.m * ((n + 3) / 4), kThreads), kThreads, 0, stream()>>>(
+            a, b, c, m, n, k, args.epilogue, pack);
+  } else if constexpr (kTransA) {
+    gemm_thin_n_columns_kernel<kTransB, T, CT>
+        <<<grid_for(args.m, kThreads), kThreads, 0, stream()>>>(a, b, c, m, n, k, args.epilogue);
+  } else {
+    const bool packed = k % 4 == 0 && aligned_for_pack(a);
+    gemm_thin_n_rows_kernel<kTransB, T, CT>
+        <<<grid_for(args.m * 32, kThreads), kThreads, 0, stream()>>>(a, b, c, m, n, k,
+                                                                     args.epilogue, packed);
+  }
+  CUDA_CHECK_LAUNCH("gemm (thin, CUDA cores)");
+}
+
+template <class T, class CT> void launch_for_transposes(const GemmArgs& args) {
+  const bool ta = args.a.kind == OperandKind::transposed;
+  const bool tb = args.b.kind == OperandKind::transposed;
+  if (ta && tb)
+    launch<true, true, T, CT>(args);
+  else if (ta)
+    launch<true, false, T, CT>(args);
+  else if (tb)
+    launch<false, true, T, CT>(args);
+  else
+    launch<false, false, T, CT>(args);
+}
+
+template <class T> void launch_for_output(const GemmArgs& args) {
+  if (args.c_dtype == DType::f16)
+    launch_for_transposes<T, __half>(args);
+  else
+    launch_for_transposes<T, float>(args);
+}
+
+} // namespace
+
+void thin_gemm(const GemmArgs& args, DType ab_dtype) {
+  if (args.m == 0 || args.n == 0) return;
+  if (ab_dtype == DType::f16)
+    launch_for_output<__half>(args);
+  else
+    launch_for_output<float>(args);
+}
+
+} // namespace minamp::gpu
