@@ -140,8 +140,9 @@ def resnet50(device, seed, size, batch, frozen, channels_last=True):
         nn.functional.cross_entropy,
         lambda params, **impl: torch.optim.Adam([p for p in params if p.requires_grad], lr=1e-4,
                                                 **impl),
-        f"torchvision resnet50, 256 classes, CE, {'backbone frozen (fc trains), ' if frozen else ''}"
-        f"batch {batch}, {size}x{size}x3 (random data)",
+        "torchvision resnet50, 256 classes, CE, "
+        f"{'backbone frozen (fc trains), ' if frozen else ''}batch {batch}, {size}x{size}x3 "
+        "(random data)",
         "Adam lr 1e-4",
     )
 
