@@ -306,6 +306,11 @@ def gpu_targets(minamp, pytorch, gemm):
                             "classify", 0.5, minamp, pytorch),
         peer_memory_target(f"sine {size}^2 AMP peak memory vs the leanest PyTorch AMP "
                            "configuration", "sine", 0.7, minamp, pytorch),
+        # ResNet-50's target is images/s >= 0.8 of PyTorch's: a step time <= 1 / 0.8 of its.
+        fastest_peer_target("resnet50 AMP step vs the fastest PyTorch AMP configuration",
+                            "resnet50", 1.25, minamp, pytorch),
+        peer_memory_target("resnet50 AMP peak memory vs the leanest PyTorch AMP configuration",
+                           "resnet50", 1.0, minamp, pytorch),
         step_target("mlp AMP step vs PyTorch eager AMP", ("mlp", "amp", "train"),
                     ("mlp", "amp", "train"), 0.2, minamp, pytorch),
         step_target("mlp AMP step replayed from a CUDA graph vs PyTorch eager AMP",

@@ -53,6 +53,8 @@ declare -A steps=(
   [sine]="--size 512 --warmup 12 --steps 500 --infer-steps 50"
   [mlp]="--warmup 50 --steps 450 --infer-steps 100"
   [classify]="--warmup 20 --steps 200 --infer-steps 50"
+  [resnet50]="--warmup 5 --steps 30 --infer-steps 10"
+  [resnet50-frozen]="--warmup 5 --steps 30 --infer-steps 10"
 )
 # minamp only: after its timed steps, a few more with the op profiler on (CUDA events around each
 # op), so the log shows where a step's GPU time goes; and the same training replayed from a CUDA
@@ -60,11 +62,13 @@ declare -A steps=(
 minamp_extra="--profile 5 --cuda-graph"
 # PyTorch only: the other training configurations a PyTorch user would pick (NCHW, fused
 # optimizers, both, torch.compile), so that each target compares with the fastest of them; mlp
-# has no convs (NCHW is its only layout) and no compile (its step is launch-bound).
+# has no convs (NCHW is its only layout) and no compile (its step is launch-bound); ResNet-50 is
+# compared with channels_last and fused Adam (the other configurations would not fit the budget).
 declare -A pytorch_extra=([mlp]="--configs fused" [sine]="--configs nchw,fused,nchw-fused,compile"
-  [classify]="--configs nchw,fused,nchw-fused,compile")
+  [classify]="--configs nchw,fused,nchw-fused,compile" [resnet50]="--configs fused"
+  [resnet50-frozen]="--configs fused")
 # torch.compile's first step compiles: the conv nets' PyTorch stages need longer.
-declare -A pytorch_limit=([mlp]=90 [sine]=200 [classify]=200)
+declare -A pytorch_limit=([mlp]=90 [sine]=200 [classify]=200 [resnet50]=120 [resnet50-frozen]=90)
 
 # GoogleTest is only needed because CMakeLists.txt requires it at configure time.
 # shellcheck disable=SC2317 # configure and build_benches run through `stage` (bash -c)
@@ -166,7 +170,7 @@ run_seeds() {
 }
 
 # The stages in the order the targets need them (a budget spent skips the last ones): the
-# 4096^3 GEMM, mlp and sine, then what is only informational.
+# 4096^3 GEMM, mlp, sine, classify and ResNet-50, then what is only informational.
 main() {
   echo "minamp GPU benchmark $name"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
@@ -181,6 +185,8 @@ main() {
   run_model sine
   run_gemm model-f16
   run_model classify
+  run_model resnet50
+  run_model resnet50-frozen
   run_gemm all-f32
   run_examples
   run_seeds

@@ -1,8 +1,9 @@
 // bench_train: per-step time (median, p10, p90 after warm-up), peak memory and final loss of
-// three models — mlp (the seed config), sine (the ROCm blog's conv net) and classify (this
-// benchmark's own small CNN) — in FP32, AMP (f16, loss scaling) and AMP-bf16 (no loss scaling),
-// for training steps and forward-only inference, on the CPU or a GPU. bench/pytorch/ holds the same
-// models in PyTorch, timed the same way.
+// mlp (the seed config), sine (the ROCm blog's conv net), classify (this benchmark's own small
+// CNN), resnet50 (torchvision's, fully trained) and resnet50-frozen (its classifier alone, the
+// transfer tutorial's fine-tuning) — in FP32, AMP (f16, loss scaling) and AMP-bf16 (no loss
+// scaling), for training steps and forward-only inference, on the CPU or a GPU. bench/pytorch/
+// holds the same models in PyTorch, timed the same way.
 #include <CLI/CLI.hpp>
 #include <Eigen/Core>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,7 @@
 #include "kernels/gemm_version.h"
 #include "kernels/profile.h"
 #include "nn/module.h"
+#include "nn/resnet.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
 #include "sine_data.h"
@@ -43,6 +45,9 @@ struct Config {
   int64_t profile_steps = 0; // training steps with the op profiler on, after the timed ones
   bool cuda_graph = false;   // also time training replayed from a CUDA graph of one step
   int64_t size = 0;          // sine grid; 0: 512 on a GPU, 64 on the CPU, 16 on the emulator
+  // ResNet-50's images, batch and stem width; 0: 224, 64 and 64 on a GPU, smaller elsewhere
+  // (64, 4, 64 on the CPU; 32, 2, 8 on the emulator).
+  int64_t resnet_size = 0, resnet_batch = 0, resnet_width = 0;
   uint64_t seed = 0;
 };
 
@@ -70,7 +75,7 @@ struct Workload {
       : name(std::move(name)), description(std::move(description)),
         optimizer(std::move(optimizer)) {}
   std::string name, description, optimizer;
-  std::unique_ptr<nn::Sequential> model;
+  std::unique_ptr<nn::Module> model;
   std::vector<Tensor> inputs, targets; // batch i % size() at step i
   LossKind loss = LossKind::mse;
   std::function<std::unique_ptr<optim::Optimizer>(std::vector<Parameter*>)> make_optimizer;
@@ -95,10 +100,11 @@ Workload mlp(const Config& cfg) {
   Workload w{"mlp", "Linear(8,16)-ReLU-Linear(16,16)-ReLU-Linear(16,1), MSE, batch 512",
              "SGD lr 1e-3"};
   Rng init(cfg.seed), data(cfg.seed + 1);
-  w.model = std::make_unique<nn::Sequential>();
-  w.model->emplace<nn::Linear>(8, 16, init).emplace<nn::ReLU>();
-  w.model->emplace<nn::Linear>(16, 16, init).emplace<nn::ReLU>();
-  w.model->emplace<nn::Linear>(16, 1, init);
+  auto model = std::make_unique<nn::Sequential>();
+  model->emplace<nn::Linear>(8, 16, init).emplace<nn::ReLU>();
+  model->emplace<nn::Linear>(16, 16, init).emplace<nn::ReLU>();
+  model->emplace<nn::Linear>(16, 1, init);
+  w.model = std::move(model);
   for (int64_t b = 0; b < batches; ++b) {
     w.inputs.push_back(
         Tensor::from_vector(normal_values(data, batch * 8), {batch, 8}, DType::f32, cfg.device));
@@ -120,15 +126,16 @@ Workload sine(const Config& cfg) {
       cat("1x1 Conv(2,256)+BN+ReLU, 2x[Conv(256,256)+BN+ReLU], Conv(256,1), MSE, grid ", s, "x", s),
       "Adam lr 1e-3"};
   Rng init(cfg.seed);
-  w.model = std::make_unique<nn::Sequential>();
+  auto model = std::make_unique<nn::Sequential>();
   int64_t in = 2;
   for (int layer = 0; layer < 3; ++layer) {
-    w.model->emplace<nn::Conv2d>(in, hidden, 1, init)
+    model->emplace<nn::Conv2d>(in, hidden, 1, init)
         .emplace<nn::BatchNorm>(hidden)
         .emplace<nn::ReLU>();
     in = hidden;
   }
-  w.model->emplace<nn::Conv2d>(hidden, 1, 1, init);
+  model->emplace<nn::Conv2d>(hidden, 1, 1, init);
+  w.model = std::move(model);
   const std::vector<float> grid = examples::coordinate_grid(s);
   w.inputs.push_back(Tensor::from_vector(grid, {1, s, s, 2}, DType::f32, cfg.device));
   w.targets.push_back(
@@ -151,15 +158,16 @@ Workload classify(const Config& cfg) {
              "own definition, random data)",
              "SGD lr 0.01 momentum 0.9"};
   Rng init(cfg.seed), data(cfg.seed + 1);
-  w.model = std::make_unique<nn::Sequential>();
+  auto model = std::make_unique<nn::Sequential>();
   const int64_t channels[5] = {1, 32, 32, 64, 64};
   for (int i = 0; i < 4; ++i) {
     const int stride = i % 2 == 1 ? 2 : 1;
-    w.model->emplace<nn::Conv2d>(channels[i], channels[i + 1], 3, init, stride, 1, false)
+    model->emplace<nn::Conv2d>(channels[i], channels[i + 1], 3, init, stride, 1, false)
         .emplace<nn::BatchNorm>(channels[i + 1])
         .emplace<nn::ReLU>();
   }
-  w.model->emplace<nn::GlobalAvgPool>().emplace<nn::Linear>(64, classes, init);
+  model->emplace<nn::GlobalAvgPool>().emplace<nn::Linear>(64, classes, init);
+  w.model = std::move(model);
   for (int64_t b = 0; b < batches; ++b) {
     std::vector<float> labels(static_cast<size_t>(batch));
     for (float& label : labels) label = static_cast<float>(data.below(classes));
@@ -174,11 +182,50 @@ Workload classify(const Config& cfg) {
   return w;
 }
 
-// The model called `name` (one of mlp, sine, classify: checked by parse_list).
+// resnet50 (torchvision's, mirrored in bench/pytorch/models.py): 256 classes (Caltech-256's),
+// cross-entropy, Adam lr 1e-4, 2 random batches of cfg.resnet_batch images at cfg.resnet_size;
+// with `frozen`, every parameter but fc's frozen (the transfer tutorial's fine-tuning: the
+// backbone keeps no activations and gets no gradients).
+Workload resnet50(const Config& cfg, bool frozen) {
+  const int64_t batch = cfg.resnet_batch, size = cfg.resnet_size, batches = 2, classes = 256;
+  Workload w{frozen ? "resnet50-frozen" : "resnet50",
+             cat("torchvision resnet50 (width ", cfg.resnet_width, "), ", classes, " classes, CE, ",
+                 frozen ? "backbone frozen (fc trains), " : "", "batch ", batch, ", ", size, "x",
+                 size, "x3 (random data)"),
+             "Adam lr 1e-4"};
+  Rng init(cfg.seed), data(cfg.seed + 1);
+  nn::ResNetOptions options;
+  options.arch = nn::ResNetArch::resnet50;
+  options.num_classes = classes;
+  options.width = cfg.resnet_width;
+  auto model = std::make_unique<nn::ResNet>(options, init);
+  if (frozen) {
+    model->requires_grad_(false);
+    model->fc.requires_grad_(true);
+  }
+  w.model = std::move(model);
+  for (int64_t b = 0; b < batches; ++b) {
+    std::vector<float> labels(static_cast<size_t>(batch));
+    for (float& label : labels) label = static_cast<float>(data.below(classes));
+    w.inputs.push_back(Tensor::from_vector(normal_values(data, batch * size * size * 3),
+                                           {batch, size, size, 3}, DType::f32, cfg.device));
+    w.targets.push_back(Tensor::from_vector(labels, {batch}, DType::i32, cfg.device));
+  }
+  w.loss = LossKind::cross_entropy;
+  w.make_optimizer = [](std::vector<Parameter*> p) {
+    return std::make_unique<optim::Adam>(std::move(p), 1e-4f);
+  };
+  return w;
+}
+
+const std::vector<std::string> kModels = {"mlp", "sine", "classify", "resnet50", "resnet50-frozen"};
+
+// The model called `name` (one of kModels: checked by parse_list).
 Workload build(const std::string& name, const Config& cfg) {
   if (name == "mlp") return mlp(cfg);
   if (name == "sine") return sine(cfg);
-  return classify(cfg);
+  if (name == "classify") return classify(cfg);
+  return resnet50(cfg, name == "resnet50-frozen");
 }
 
 // Linear interpolation between order statistics, as numpy.percentile's default.
@@ -474,15 +521,18 @@ void run_all(const std::vector<std::string>& models, const std::vector<std::stri
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"minamp bench_train: step time, peak memory and final loss of mlp, sine and "
-               "classify, FP32, AMP and AMP-bf16, training and inference"};
+  CLI::App app{"minamp bench_train: step time, peak memory and final loss of mlp, sine, "
+               "classify, resnet50 and resnet50-frozen, FP32, AMP and AMP-bf16, training and "
+               "inference"};
   Config cfg;
   std::string device = "auto", models = "mlp,sine,classify", precisions = "fp32,amp,amp-bf16";
   std::string json_path;
   app.add_option("--device", device, "auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--models", models, "comma-separated: mlp, sine, classify")->capture_default_str();
+  app.add_option("--models", models,
+                 "comma-separated: mlp, sine, classify, resnet50, resnet50-frozen")
+      ->capture_default_str();
   app.add_option("--precisions", precisions,
                  "comma-separated: fp32, amp (f16, loss scaling), amp-bf16 (no loss scaling)")
       ->capture_default_str();
@@ -505,6 +555,16 @@ int run(int argc, char** argv) {
   app.add_option("--size", cfg.size,
                  "sine grid size S (default 512 on a GPU, 64 on the CPU, 16 on the CUDA emulator)")
       ->transform(examples::integer_in(2, 8192));
+  app.add_option("--resnet-size", cfg.resnet_size,
+                 "ResNet-50 image side (default 224 on a GPU, 64 on the CPU, 32 on the emulator)")
+      ->transform(examples::integer_in(32, 1024));
+  app.add_option(
+         "--resnet-batch", cfg.resnet_batch,
+         "ResNet-50 images per batch (default 64 on a GPU, 4 on the CPU, 2 on the emulator)")
+      ->transform(examples::integer_in(1, 65536));
+  app.add_option("--resnet-width", cfg.resnet_width,
+                 "ResNet-50 stem width (default 64, torchvision's; 8 on the emulator)")
+      ->transform(examples::integer_in(1, 1024));
   app.add_option("--seed", cfg.seed, "seed of the weights and data")
       ->transform(examples::any_uint64())
       ->capture_default_str();
@@ -513,7 +573,7 @@ int run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (!json_path.empty()) io::require_writable(json_path, "--json");
 
-  const auto model_names = parse_list(models, "--models", {"mlp", "sine", "classify"});
+  const auto model_names = parse_list(models, "--models", kModels);
   const auto precision_names = parse_list(precisions, "--precisions", {"fp32", "amp", "amp-bf16"});
   if (device == "auto") device = cuda_available() ? "cuda" : "cpu";
   cfg.device = parse_device(device);
@@ -522,6 +582,11 @@ int run(int argc, char** argv) {
   require(!cfg.cuda_graph || cfg.device == Device::cuda, "--cuda-graph",
           "needs --device cuda (CUDA graphs replay GPU work)");
   if (cfg.size == 0) cfg.size = examples::default_sine_size(cfg.device);
+  const bool gpu = cfg.device == Device::cuda && !cuda_emulated();
+  const bool emulated = cfg.device == Device::cuda && cuda_emulated();
+  if (cfg.resnet_size == 0) cfg.resnet_size = gpu ? 224 : emulated ? 32 : 64;
+  if (cfg.resnet_batch == 0) cfg.resnet_batch = gpu ? 64 : emulated ? 2 : 4;
+  if (cfg.resnet_width == 0) cfg.resnet_width = emulated ? 8 : 64;
   gemm_version(); // an unknown MINAMP_GEMM_VERSION is refused before any model runs
 
   const bool sine = std::find(model_names.begin(), model_names.end(), "sine") != model_names.end();
@@ -529,16 +594,19 @@ int run(int argc, char** argv) {
               device_description(cfg.device).c_str(), Eigen::nbThreads(),
               static_cast<long long>(cfg.warmup), static_cast<long long>(cfg.steps),
               sine ? cat(", sine ", cfg.size, "x", cfg.size).c_str() : "");
-  json result = {{"framework", "minamp"},
-                 {"device", device_name(cfg.device)},
-                 {"device_name", device_description(cfg.device)},
-                 {"threads", Eigen::nbThreads()},
-                 {"sine_size", cfg.size},
-                 {"seed", cfg.seed},
-                 {"timing", "wall clock per step, device synchronised before each clock read"},
-                 {"peak_memory", "allocator peak over the timed steps, minus the resident batches"},
-                 {"models", json::object()},
-                 {"runs", json::array()}};
+  json result = {
+      {"framework", "minamp"},
+      {"device", device_name(cfg.device)},
+      {"device_name", device_description(cfg.device)},
+      {"threads", Eigen::nbThreads()},
+      {"sine_size", cfg.size},
+      {"resnet",
+       {{"size", cfg.resnet_size}, {"batch", cfg.resnet_batch}, {"width", cfg.resnet_width}}},
+      {"seed", cfg.seed},
+      {"timing", "wall clock per step, device synchronised before each clock read"},
+      {"peak_memory", "allocator peak over the timed steps, minus the resident batches"},
+      {"models", json::object()},
+      {"runs", json::array()}};
   const auto save = [&] {
     if (!json_path.empty()) io::write_file_atomically(json_path, result.dump(2) + "\n");
   };

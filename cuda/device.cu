@@ -106,6 +106,7 @@ public:
   }
 
 private:
+  const char* device_name() const override { return "cuda"; }
   static size_t size_class(size_t bytes) {
     if (cuda_exact_allocation()) return bytes;
     constexpr size_t kSmallGranule = 512, kLargeGranule = size_t(1) << 20;

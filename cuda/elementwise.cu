@@ -1,5 +1,5 @@
-// CUDA elementwise kernels: fill, cast, add_inplace, mul_scalar, ReLU, average pooling, and the
-// small reductions bias_backward, sum_squares, clip_coefficient and range_counts.
+// CUDA elementwise kernels: fill, cast, add_inplace, mul_scalar, add, ReLU, and the small
+// reductions bias_backward, sum_squares, clip_coefficient and range_counts.
 //
 // Every map goes through one generic kernel (map_kernel): four elements at a time with 16-byte
 // (f32, i32) or 8-byte (f16, bf16) accesses when every pointer is aligned for it, one at a time for
@@ -89,6 +89,13 @@ struct ScaleOnDevice { // v * scale[0], the scale read where it lives
   const float* scale;
   __device__ float operator()(float v) const { return v * *scale; }
 };
+struct AddRelu { // a + b, then ReLU when asked (NaN passes through)
+  bool relu;
+  __device__ float operator()(float a, float b) const {
+    const float sum = a + b;
+    return relu && sum < 0.0f ? 0.0f : sum;
+  }
+};
 struct Relu { // NaN passes through, as in PyTorch, so an overflow is never hidden
   __device__ float operator()(float v) const { return v < 0.0f ? 0.0f : v; }
 };
@@ -151,6 +158,21 @@ void mul_scalar(const Tensor& src, const Tensor& scale, Tensor& dst) {
   });
 }
 
+void add_forward(const Tensor& a, const Tensor& b, Tensor& y, bool relu) {
+  require_add_forward(a, b, y);
+  visit_floating(y, "add_forward", [&](auto out) {
+    visit_floating(a, "add_forward", [&](auto left) {
+      visit_floating(b, "add_forward", [&](auto right) {
+        using TOut = typename decltype(out)::type;
+        using TA = typename decltype(left)::type;
+        using TB = typename decltype(right)::type;
+        launch_map("add_forward", ptr<TOut>(y), y.numel(), AddRelu{relu}, ptr<const TA>(a),
+                   ptr<const TB>(b));
+      });
+    });
+  });
+}
+
 void relu_forward(const Tensor& x, Tensor& y) {
   require_relu_forward(x, y);
   visit_floating(x, "relu_forward", [&](auto type) {
@@ -170,66 +192,6 @@ void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
         launch_map("relu_backward", ptr<TOut>(dx), dx.numel(), ReluGrad{}, ptr<const TY>(y),
                    ptr<const TDy>(dy));
       });
-    });
-  });
-}
-
-// ---- Global average pooling over H, W of x [N, H, W, C].
-
-namespace {
-
-// y[s, c] = mean over pixels p of x[s, p, c]: one thread per output, consecutive threads take
-// consecutive channels so every pixel's load is coalesced.
-template <class TIn, class TOut>
-__global__ void __launch_bounds__(kThreads)
-    avgpool_forward_kernel(const TIn* x, TOut* y, PoolDims d) {
-  const int64_t outputs = d.n * d.channels;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < outputs;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t sample = i / d.channels, channel = i % d.channels;
-    const TIn* column = x + sample * d.pixels * d.channels + channel;
-    float sum = 0.0f;
-    for (int64_t p = 0; p < d.pixels; ++p) sum += load_f(column, p * d.channels);
-    store_f(y, i, sum / float(d.pixels));
-  }
-}
-
-// dx[s, p, c] = dy[s, c] / pixels.
-template <class TDy, class TDx>
-__global__ void __launch_bounds__(kThreads)
-    avgpool_backward_kernel(const TDy* dy, TDx* dx, PoolDims d) {
-  const int64_t size = d.n * d.pixels * d.channels;
-  const float share = 1.0f / float(d.pixels);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < size;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t sample = i / (d.pixels * d.channels), channel = i % d.channels;
-    store_f(dx, i, load_f(dy, sample * d.channels + channel) * share);
-  }
-}
-
-} // namespace
-
-void avgpool_forward(const Tensor& x, Tensor& y) {
-  const PoolDims d = require_avgpool_forward(x, y);
-  if (y.numel() == 0) return;
-  visit_floating(x, "avgpool_forward", [&](auto type) {
-    using T = typename decltype(type)::type;
-    avgpool_forward_kernel<<<grid_for(y.numel(), kThreads), kThreads, 0, stream()>>>(
-        ptr<const T>(x), ptr<T>(y), d);
-    CUDA_CHECK_LAUNCH("avgpool_forward");
-  });
-}
-
-void avgpool_backward(const Tensor& dy, Tensor& dx) {
-  const PoolDims d = require_avgpool_backward(dy, dx);
-  if (dx.numel() == 0) return;
-  visit_floating(dx, "avgpool_backward", [&](auto out) {
-    visit_floating(dy, "avgpool_backward", [&](auto in) {
-      using TDx = typename decltype(out)::type;
-      using TDy = typename decltype(in)::type;
-      avgpool_backward_kernel<<<grid_for(dx.numel(), kThreads), kThreads, 0, stream()>>>(
-          ptr<const TDy>(dy), ptr<TDx>(dx), d);
-      CUDA_CHECK_LAUNCH("avgpool_backward");
     });
   });
 }

@@ -69,6 +69,34 @@ inline CLI::Validator finite_number(std::function<bool(double)> accept,
       "");
 }
 
+// Check of a byte count: a whole number of bytes, or a number with a unit, 1000-based (KB, MB, GB,
+// TB) or 1024-based (KiB, MiB, GiB, TiB), e.g. 6GiB or 1.5GB; at least 1 byte and at most 2^62.
+// Handed on as the number of bytes in decimal (give it to Option::transform).
+inline CLI::Validator byte_size() {
+  return CLI::Validator(
+      [](std::string& text) {
+        static const std::pair<const char*, double> kUnits[] = {
+            {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+            {"KB", 1e3},     {"MB", 1e6},        {"GB", 1e9},           {"TB", 1e12},
+            {"B", 1.0},      {"", 1.0}};
+        const std::string expected =
+            "expected a size in bytes such as 6GiB, 512MiB or 1000000, got " + text;
+        char* end = nullptr;
+        const double number = std::strtod(text.c_str(), &end);
+        if (text.empty() || end == text.c_str() || !std::isfinite(number)) return expected;
+        const std::string unit(end);
+        for (const auto& [name, factor] : kUnits) {
+          if (unit != name) continue;
+          const double bytes = std::floor(number * factor);
+          if (!(bytes >= 1.0 && bytes <= 4611686018427387904.0)) return expected;
+          text = std::to_string(static_cast<int64_t>(bytes));
+          return std::string();
+        }
+        return expected;
+      },
+      "SIZE");
+}
+
 // Check of a path option: "" is refused instead of silently meaning "not given".
 inline const CLI::Validator kNonEmptyPath(
     [](const std::string& text) {

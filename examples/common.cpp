@@ -138,13 +138,6 @@ void require_outputs_usable(const std::vector<OutputDir>& outputs,
   }
 }
 
-// Whether a run in `precision` scales its loss: AMP-f16 unless --no-loss-scaling, AMP-bf16 only
-// with --loss-scaling (bf16 has float's range: PyTorch users train it without a scaler).
-bool scales_loss(const Options& options, const Precision& precision) {
-  if (!precision.amp) return false;
-  return precision.dtype == DType::f16 ? !options.no_loss_scaling : options.loss_scaling;
-}
-
 // The directories a run of `spec` in `precision` writes into, with the files it writes there.
 std::vector<OutputDir> output_dirs(const TrainSpec& spec, const Options& options,
                                    const Precision& precision, const std::string& out_dir) {
@@ -320,18 +313,20 @@ struct PendingStep {
   float wall_s = 0; // when the step was queued (on a GPU it may still be running)
 };
 
+// Per epoch; images_per_s and peak_mib are of its training steps (evaluation aside).
 struct EpochRecord {
   float train_loss = 0, train_accuracy = 0, test_loss = 0, test_accuracy = 0, wall_s = 0;
+  float images_per_s = 0, peak_mib = 0;
 };
 
-// The whole run so far. Training checkpoints carry it (as f32 [steps, 6] and [epochs, 5]
+// The whole run so far. Training checkpoints carry it (as f32 [steps, 6] and [epochs, 7]
 // tensors, one record a row), so a resumed run's logs and plots start at step 0.
 struct TrainLog {
   std::vector<StepRecord> steps;
   std::vector<EpochRecord> epochs;
 };
 
-constexpr int64_t kStepColumns = 6, kEpochColumns = 5;
+constexpr int64_t kStepColumns = 6, kEpochColumns = 7;
 
 template <class Record, size_t Columns>
 Tensor records_to_tensor(const std::vector<Record>& records) {
@@ -380,7 +375,7 @@ std::string invalid_record(const StepRecord& r, bool scaled) {
 }
 
 // The same for an epoch record: losses finite (non-finite ones need skipped steps, so a loss
-// scaler), accuracies in [0, 1], wall_s finite and >= 0.
+// scaler), accuracies in [0, 1], wall_s, images_per_s and peak_mib finite and >= 0.
 std::string invalid_record(const EpochRecord& r, bool scaled) {
   for (const auto& [name, value] :
        {std::pair{"train_loss", r.train_loss}, {"test_loss", r.test_loss}})
@@ -388,8 +383,10 @@ std::string invalid_record(const EpochRecord& r, bool scaled) {
   for (const auto& [name, value] :
        {std::pair{"train_accuracy", r.train_accuracy}, {"test_accuracy", r.test_accuracy}})
     if (!(value >= 0.0f && value <= 1.0f)) return cat(name, " is ", value, ", expected 0 to 1");
-  if (!(std::isfinite(r.wall_s) && r.wall_s >= 0.0f))
-    return cat("wall_s is ", r.wall_s, ", expected a time >= 0");
+  for (const auto& [name, value] :
+       {std::pair{"wall_s", r.wall_s}, {"images_per_s", r.images_per_s}, {"peak_mib", r.peak_mib}})
+    if (!(std::isfinite(value) && value >= 0.0f))
+      return cat(name, " is ", value, ", expected a finite value >= 0");
   return "";
 }
 
@@ -432,11 +429,12 @@ std::string metrics_csv(const TrainLog& log) {
 }
 
 std::string epochs_csv(const TrainLog& log) {
-  std::string csv = "epoch,train_loss,train_accuracy,test_loss,test_accuracy,wall_s\n";
+  std::string csv =
+      "epoch,train_loss,train_accuracy,test_loss,test_accuracy,wall_s,images_per_s,peak_mib\n";
   for (size_t i = 0; i < log.epochs.size(); ++i) {
     const EpochRecord& r = log.epochs[i];
     csv += cat(i + 1, ",", r.train_loss, ",", r.train_accuracy, ",", r.test_loss, ",",
-               r.test_accuracy, ",", r.wall_s, "\n");
+               r.test_accuracy, ",", r.wall_s, ",", r.images_per_s, ",", r.peak_mib, "\n");
   }
   return csv;
 }
@@ -520,7 +518,7 @@ struct Evaluation {
 };
 
 // Loss (and accuracy for cross-entropy) over the held-out batches, in eval mode, no graph.
-Evaluation evaluate(const TrainSpec& spec, nn::Sequential& model, Device device,
+Evaluation evaluate(const TrainSpec& spec, nn::Module& model, Device device,
                     const Precision& precision) {
   model.eval();
   double loss_sum = 0;
@@ -542,7 +540,7 @@ Evaluation evaluate(const TrainSpec& spec, nn::Sequential& model, Device device,
 }
 
 // Forward-only passes (no graph) over the first batch: time and peak memory of inference.
-void measure_inference(const TrainSpec& spec, nn::Sequential& model, Device device,
+void measure_inference(const TrainSpec& spec, nn::Module& model, Device device,
                        const Precision& precision, RunResult& result) {
   const int64_t passes = std::min<int64_t>(spec.steps, 20);
   const Batch batch = spec.batch(0, device);
@@ -564,7 +562,7 @@ void measure_inference(const TrainSpec& spec, nn::Sequential& model, Device devi
 
 // --diagnose on the last step, after backward: what f16 and bf16 would do with the activation
 // and weight gradients (printed, and the histogram written to out_dir/gradients.png).
-void print_diagnostics(nn::Sequential& model, const amp::ActivationGradientProbe& probe,
+void print_diagnostics(nn::Module& model, const amp::ActivationGradientProbe& probe,
                        float stored_scale, float target_scale, const std::string& title,
                        const std::string& out_dir) {
   const auto params = model.named_parameters();
@@ -666,7 +664,11 @@ private:
   void keep_figure(const Tensor& tensor, int64_t slot, int64_t column);
   // Reads the pending steps' figures on the host (one wait for the device) into the log.
   void read_pending();
-  void finish_epoch(int64_t epoch, double wall_s, Progress& progress);
+  // Ends epoch `epoch` at wall_s: its train figures from the log, its training speed from the
+  // steps first_step..last_step (those this process ran) in train_s, its peak memory, then the
+  // evaluation.
+  void finish_epoch(int64_t epoch, double wall_s, int64_t first_step, int64_t last_step,
+                    double train_s, size_t peak_bytes, Progress& progress);
   void write_outputs(const std::string& out_dir, const RunResult& result) const;
   void write_profile(const std::string& out_dir, int64_t steps) const;
 
@@ -675,7 +677,7 @@ private:
   Device device_;
   Precision precision_;
   std::string name_; // precision_.name()
-  std::unique_ptr<nn::Sequential> model_;
+  std::unique_ptr<nn::Module> model_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<amp::GradScaler> scaler_;
   DataOrder order_;
@@ -851,20 +853,26 @@ void Run::read_pending() {
   pending_.clear();
 }
 
-void Run::finish_epoch(int64_t epoch, double wall_s, Progress& progress) {
+void Run::finish_epoch(int64_t epoch, double wall_s, int64_t first_step, int64_t last_step,
+                       double train_s, size_t peak_bytes, Progress& progress) {
   EpochRecord record = train_figures(log_, epoch, spec_.steps_per_epoch);
+  double images = 0;
+  for (int64_t s = first_step; s <= last_step; ++s) images += log_.steps[size_t(s)].rows;
+  record.images_per_s = float(images / std::max(train_s, 1e-9));
+  record.peak_mib = float(double(peak_bytes) / 1048576.0);
   const Evaluation test = evaluate(spec_, *model_, device_, precision_);
   record.test_loss = unsigned_nan(float(test.loss));
   record.test_accuracy = float(test.accuracy);
   record.wall_s = float(wall_s);
   log_.epochs.push_back(record);
-  char line[160];
+  char line[224];
   std::snprintf(line, sizeof line,
-                "epoch %lld/%lld  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  (%.1f s)",
+                "epoch %lld/%lld  train loss %.4f acc %.2f%%  test loss %.4f acc %.2f%%  (%.1f s, "
+                "%.1f images/s, peak %.1f MiB)",
                 static_cast<long long>(epoch + 1),
                 static_cast<long long>(spec_.steps / spec_.steps_per_epoch), record.train_loss,
                 100.0 * record.train_accuracy, record.test_loss, 100.0 * record.test_accuracy,
-                wall_s);
+                wall_s, record.images_per_s, record.peak_mib);
   progress.note(line);
 }
 
@@ -877,14 +885,29 @@ RunResult Run::train(const std::string& out_dir) {
   result.precision = name_;
   Progress progress(cat(spec_.example, " ", name_, " ", device_), first_step_, spec_.steps,
                     options_.log_every, spec_.steps_per_epoch);
+  // The checkpoint's clock: its last step's, or its last epoch's when that ended later (after its
+  // evaluation), so that a resumed run's times never fall.
   wall_before_ = log_.steps.empty() ? 0.0 : log_.steps.back().wall_s;
+  if (!log_.epochs.empty())
+    wall_before_ = std::max(wall_before_, double(log_.epochs.back().wall_s));
   Allocator& allocator = allocator_for(device_);
   allocator.reset_peak();
   profile::set_enabled(options_.profile);
   const auto start = Clock::now();
+  // The epoch under way: its first step in this process, when it started, and the peak memory
+  // of the run before it (each epoch measures its own).
+  int64_t epoch_first_step = first_step_;
+  Clock::time_point epoch_start = start;
+  size_t peak_before_epoch = 0;
   for (int64_t s = first_step_; s < spec_.steps; ++s) {
     result.stop_signal = stop_signal();
     if (result.stop_signal != 0) break;
+    if (evaluates() && s % spec_.steps_per_epoch == 0) {
+      epoch_first_step = s;
+      epoch_start = Clock::now();
+      peak_before_epoch = std::max(peak_before_epoch, allocator.peak_bytes());
+      allocator.reset_peak();
+    }
     pending_.push_back(step(s, int64_t(pending_.size()), out_dir));
     pending_.back().wall_s = float(wall_before_ + seconds_since(start));
     const bool epoch_ends = evaluates() && (s + 1) % spec_.steps_per_epoch == 0;
@@ -897,7 +920,8 @@ RunResult Run::train(const std::string& out_dir) {
       progress.update(s, log_.steps.back().loss, log_.steps.back().scale);
     }
     if (epoch_ends)
-      finish_epoch(s / spec_.steps_per_epoch, wall_before_ + seconds_since(start), progress);
+      finish_epoch(s / spec_.steps_per_epoch, wall_before_ + seconds_since(start), epoch_first_step,
+                   s, seconds_since(epoch_start), allocator.peak_bytes(), progress);
     if (checkpoint) save_checkpoint(out_dir + "/checkpoint.safetensors");
   }
   const bool stopped = result.stop_signal != 0;
@@ -907,7 +931,7 @@ RunResult Run::train(const std::string& out_dir) {
     save_checkpoint(out_dir + "/checkpoint.safetensors");
   backend::cuda_synchronize();
   result.wall_s = seconds_since(start);
-  result.peak_bytes = allocator.peak_bytes();
+  result.peak_bytes = std::max(peak_before_epoch, allocator.peak_bytes());
   if (options_.profile) write_profile(out_dir, steps_done - first_step_);
   if (save_weights && !stopped) save_final_weights();
 
@@ -1274,6 +1298,15 @@ int run_example(const TrainSpec& spec, const Options& options) {
   return 0;
 }
 
+void with_output_folder(const std::string& dir, const std::vector<std::string>& files,
+                        const std::vector<std::string>& inputs,
+                        const std::function<void()>& write) {
+  const std::vector<OutputDir> outputs{{dir, "--out", files}};
+  require_outputs_usable(outputs, inputs);
+  const OutputFolders folders(outputs);
+  write();
+}
+
 namespace {
 std::string g_memory_options; // set_memory_options
 
@@ -1301,6 +1334,11 @@ int guarded_main(const std::function<int()>& body) {
     std::fprintf(stderr, "error: %s\n", e.what());
   }
   return 1;
+}
+
+bool scales_loss(const Options& options, const Precision& precision) {
+  if (!precision.amp) return false;
+  return precision.dtype == DType::f16 ? !options.no_loss_scaling : options.loss_scaling;
 }
 
 } // namespace minamp::examples

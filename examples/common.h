@@ -66,6 +66,10 @@ struct Precision {
   std::string name() const { return !amp ? "fp32" : dtype == DType::f16 ? "amp" : "amp-bf16"; }
 };
 
+// Whether a run in `precision` scales its loss: AMP-f16 unless --no-loss-scaling, AMP-bf16 only
+// with --loss-scaling (bf16 has float's range: PyTorch users train it without a scaler).
+bool scales_loss(const Options& options, const Precision& precision);
+
 // One training batch: the input and a target (f32 values for MSE, i32 labels for CE).
 struct Batch {
   Tensor input;
@@ -78,7 +82,7 @@ enum class OptimizerKind { sgd, adam };
 // Everything an example defines: how to build its model, its batches and its loss.
 struct TrainSpec {
   std::string example;
-  std::function<std::unique_ptr<nn::Sequential>(Rng& rng)> build_model;
+  std::function<std::unique_ptr<nn::Module>(Rng& rng)> build_model;
   std::function<Batch(int64_t step, Device device)> batch;
   LossKind loss = LossKind::mse;
   OptimizerKind optimizer = OptimizerKind::sgd;
@@ -98,7 +102,7 @@ struct TrainSpec {
   std::function<Batch(int64_t index, Device device)> eval_batch;
   // Called after the last step with the trained model (e.g. to write images); `precision` is
   // the run's (autocast it for inference as the run trained).
-  std::function<void(nn::Sequential& model, Device device, const Precision& precision,
+  std::function<void(nn::Module& model, Device device, const Precision& precision,
                      const std::string& out_dir)>
       finish;
   std::vector<std::string> output_files; // the files `finish` writes into out_dir
@@ -141,6 +145,12 @@ RunResult train(const TrainSpec& spec, const Options& options, Device device,
 // run after its current step (train), the second ends the program at once; the program then
 // returns 128 + the signal (130 for SIGINT, 143 for SIGTERM) with one line saying so.
 int run_example(const TrainSpec& spec, const Options& options);
+
+// For what a program writes without training (transfer --predict and --max-batch): checks the
+// folder `dir` (named by --out) and its `files` as run_example checks its runs' (none may be one
+// of `inputs`), makes and locks it, runs `write`, and removes it again if it is left empty.
+void with_output_folder(const std::string& dir, const std::vector<std::string>& files,
+                        const std::vector<std::string>& inputs, const std::function<void()>& write);
 
 // Names the options that set how much memory the program needs, as given (e.g. "--size 8192,
 // --hidden 256 and --layers 2"), for guarded_main's out-of-memory error.

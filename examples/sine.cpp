@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
       return resident;
     };
     spec.output_files = {"sine.png"};
-    spec.finish = [&](nn::Sequential& model, Device device, const examples::Precision& precision,
+    spec.finish = [&](nn::Module& model, Device device, const examples::Precision& precision,
                       const std::string& out_dir) {
       model.eval();
       NoGrad no_grad;

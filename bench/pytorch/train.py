@@ -1,4 +1,4 @@
-"""The PyTorch peer of bench_train: the same three models (models.py), eager FP32, eager AMP
+"""The PyTorch peer of bench_train: the same models (models.py), eager FP32, eager AMP
 (torch.autocast + torch.amp.GradScaler) and eager AMP-bf16 (torch.autocast(dtype=torch.bfloat16),
 no GradScaler), timed the same way — warm-up steps, then each step
 timed by the wall clock with the device synchronised before each clock read; median, p10, p90 —
@@ -196,6 +196,10 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=10, help="untimed training steps first")
     p.add_argument("--infer-steps", type=int, default=20, help="timed forward-only passes")
     p.add_argument("--size", type=int, default=0, help="sine grid (0: 512 on cuda, 64 on cpu)")
+    p.add_argument("--resnet-size", type=int, default=0,
+                   help="ResNet-50 image side (0: 224 on cuda, 64 on cpu)")
+    p.add_argument("--resnet-batch", type=int, default=0,
+                   help="ResNet-50 images per batch (0: 64 on cuda, 4 on cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
     p.add_argument("--configs", default="",
@@ -204,7 +208,7 @@ def parse_args():
     p.add_argument("--json", help="write the results to this JSON file")
     args = p.parse_args()
     extra = tuple(m[len("train-"):] for m in CONFIGS if m != "train")
-    for option, value, accepted in (("--models", args.models, ("mlp", "sine", "classify")),
+    for option, value, accepted in (("--models", args.models, models.MODELS),
                                     ("--precisions", args.precisions, tuple(PRECISIONS)),
                                     ("--configs", args.configs, extra)):
         unknown = [v for v in value.split(",") if v and v not in accepted]
@@ -214,6 +218,10 @@ def parse_args():
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.size == 0:
         args.size = 512 if args.device == "cuda" else 64
+    if args.resnet_size == 0:
+        args.resnet_size = 224 if args.device == "cuda" else 64
+    if args.resnet_batch == 0:
+        args.resnet_batch = 64 if args.device == "cuda" else 4
     return args
 
 
@@ -228,8 +236,9 @@ def environment(args):
            "cudnn_benchmark": torch.backends.cudnn.benchmark,
            "mode": "eager (train, train-nchw, train-fused, train-nchw-fused) or torch.compile "
                    "(train-compile)",
-           "memory_format": "channels_last for sine and classify (NCHW in the -nchw modes)",
+           "memory_format": "channels_last for the conv nets (NCHW in the -nchw modes)",
            "sine_size": args.size, "seed": args.seed,
+           "resnet": {"size": args.resnet_size, "batch": args.resnet_batch, "width": 64},
            "timing": "wall clock per step, device synchronised before each clock read",
            "optimizer_impl": ("torch.optim defaults (GradScaler.step reads found_inf on the host "
                               "every AMP step); fused=True in the -fused and -compile modes"),
@@ -257,7 +266,8 @@ def run_all(args, device, save):
     def measure(name, precision, label, parts, channels_last=True):
         """parts: (mode, function of the workload returning its run), run in order; a failing
         part is recorded under its mode and ends the list."""
-        w = models.build(name, args.device, args.seed, args.size, channels_last)
+        w = models.build(name, args.device, args.seed, args.size, channels_last,
+                         args.resnet_size, args.resnet_batch)
         for mode, part in parts:
             try:
                 runs.append(part(w))
@@ -270,7 +280,8 @@ def run_all(args, device, save):
                 return
 
     for name in args.models.split(","):
-        w = models.build(name, args.device, args.seed, args.size)
+        w = models.build(name, args.device, args.seed, args.size,
+                         resnet_size=args.resnet_size, resnet_batch=args.resnet_batch)
         info[name] = {"description": w.description, "optimizer": w.optimizer}
         del w
         for precision in args.precisions.split(","):

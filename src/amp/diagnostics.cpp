@@ -89,14 +89,16 @@ weight_gradient_report(const std::vector<std::pair<std::string, Parameter*>>& pa
                        float stored_scale, float target_scale) {
   std::vector<RangeReport> out;
   for (const auto& [name, p] : params)
-    out.push_back(range_report(name, p->grad(), stored_scale, target_scale));
+    if (p->requires_grad()) // frozen: no gradient
+      out.push_back(range_report(name, p->grad(), stored_scale, target_scale));
   return out;
 }
 
 std::string
 first_nonfinite_parameter(const std::vector<std::pair<std::string, Parameter*>>& params) {
   for (auto it = params.rbegin(); it != params.rend(); ++it)
-    if (to_counts(range_counts(it->second->grad(), 1.0f, DType::f16)).nonfinite > 0)
+    if (it->second->requires_grad() &&
+        to_counts(range_counts(it->second->grad(), 1.0f, DType::f16)).nonfinite > 0)
       return it->first;
   return "";
 }

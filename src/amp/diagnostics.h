@@ -65,7 +65,8 @@ private:
   std::vector<RangeReport> entries_; // in backward order, named by op
 };
 
-// The same counts for the parameters' gradients (stored x stored_scale); no histograms.
+// The same counts for the parameters' gradients (stored x stored_scale); frozen ones have none,
+// and no report has a histogram.
 std::vector<RangeReport>
 weight_gradient_report(const std::vector<std::pair<std::string, Parameter*>>& params,
                        float stored_scale, float target_scale);

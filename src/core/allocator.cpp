@@ -3,6 +3,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -14,6 +15,9 @@ namespace minamp {
 
 void* Allocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
+  if (limit_ != 0 && bytes > limit_ - std::min(live_, limit_))
+    throw OutOfMemory(cat(device_name(), " allocator: out of memory allocating ", bytes, " bytes: ",
+                          live_, " bytes are live and the memory limit is ", limit_, " bytes"));
   void* ptr = raw_allocate(bytes);
   live_ += bytes;
   if (live_ > peak_) peak_ = live_;
@@ -38,6 +42,7 @@ public:
   }
 
 private:
+  const char* device_name() const override { return "cpu"; }
   void* raw_allocate(size_t bytes) override {
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* ptr = std::aligned_alloc(64, rounded);

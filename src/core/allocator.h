@@ -1,5 +1,6 @@
 // Allocators: every tensor's memory comes from the allocator of its device, which counts live
-// and peak bytes so that examples and benchmarks can report peak memory.
+// and peak bytes so that examples and benchmarks can report peak memory, and can cap the live
+// bytes (a smaller device, replayed on a bigger one or on the CPU).
 #pragma once
 
 #include <cstddef>
@@ -20,13 +21,22 @@ public:
   // Starts a new peak measurement from the bytes live now.
   void reset_peak() { peak_ = live_; }
 
+  // Caps the bytes of live tensors (0: no cap, the default). A request that would take the live
+  // bytes past the cap throws OutOfMemory naming the request and the cap, as the device would
+  // when its memory ran out.
+  void set_memory_limit(size_t bytes) { limit_ = bytes; }
+  size_t memory_limit() const { return limit_; }
+
 protected:
+  // "cpu" or "cuda", for messages.
+  virtual const char* device_name() const = 0;
   virtual void* raw_allocate(size_t bytes) = 0;
   virtual void raw_deallocate(void* ptr, size_t bytes) = 0;
 
 private:
   size_t live_ = 0;
   size_t peak_ = 0;
+  size_t limit_ = 0;
 };
 
 // The allocator for a device; for Device::cuda this throws Error when CUDA is unavailable.

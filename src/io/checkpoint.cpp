@@ -3,6 +3,7 @@
 // PyTorch's layout, loading checks them all against the file before writing any of them back.
 #include "io/checkpoint.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -270,27 +271,31 @@ LoadedValue read_counter(const SafetensorsFile& file, const Entry& e, const char
   return {Tensor(), value};
 }
 
-// Throws unless every name in the file is one of `entries` (or, with `allow_logs`, a "log."
-// tensor).
+// Throws unless every name in the file is one of `entries`, or (with `allow_logs`) a "log."
+// tensor, or starts with `ignored` (when not empty).
 void refuse_unexpected(const SafetensorsFile& file, const std::vector<Entry>& entries,
-                       bool allow_logs, const char* op) {
+                       bool allow_logs, const std::string& ignored, const char* op) {
   std::set<std::string> known;
   for (const Entry& e : entries) known.insert(e.name);
+  auto expected = [&](const std::string& name) {
+    return known.count(name) || (!ignored.empty() && name.rfind(ignored, 0) == 0);
+  };
   for (const NamedTensor& t : file.tensors) {
     const bool log = allow_logs && t.name.rfind(kLogPrefix, 0) == 0;
-    require(log || known.count(t.name), op, file.path, ": unexpected entry '", t.name, "'");
+    require(log || expected(t.name), op, file.path, ": unexpected entry '", t.name, "'");
   }
   for (const NamedInt64s& i : file.int64s)
-    require(known.count(i.name), op, file.path, ": unexpected entry '", i.name, "'");
+    require(expected(i.name), op, file.path, ": unexpected entry '", i.name, "'");
 }
 
 // Checks every entry against `file`, then writes them all (nothing is written on an error).
+// Names starting with `ignored` (when not empty) may be in the file and are not read.
 void load_entries(const SafetensorsFile& file, const std::vector<Entry>& entries, bool allow_logs,
-                  const char* op) {
+                  const char* op, const std::string& ignored = "") {
   std::vector<LoadedValue> values;
   for (const Entry& e : entries)
     values.push_back(e.tensor ? read_tensor(file, e, op) : read_counter(file, e, op));
-  refuse_unexpected(file, entries, allow_logs, op);
+  refuse_unexpected(file, entries, allow_logs, ignored, op);
   for (size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
     if (e.counter) {
@@ -321,12 +326,18 @@ void save_weights(const std::string& path, nn::Module& model) {
   save_entries(path, model_entries(model), {}, {});
 }
 
-void load_weights(const std::string& path, nn::Module& model) {
+void load_weights(const std::string& path, nn::Module& model, const std::string& skipped) {
   const SafetensorsFile file = load_safetensors(path);
   require(!is_training_checkpoint(file), "load_weights", path,
           ": a training checkpoint, not a weights file (it has 'train.step'); continue its run "
           "with load_training_checkpoint (--resume in the examples)");
-  load_entries(file, model_entries(model), false, "load_weights");
+  std::vector<Entry> entries = model_entries(model);
+  const std::string prefix = skipped.empty() ? skipped : skipped + ".";
+  if (!prefix.empty())
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [&](const Entry& e) { return e.name.rfind(prefix, 0) == 0; }),
+                  entries.end());
+  load_entries(file, entries, false, "load_weights", prefix);
 }
 
 void save_training_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,

@@ -7,8 +7,8 @@
 // Every 4-D tensor is a conv weight: [Cout, kh, kw, Cin] inside minamp (channels-last),
 // [Cout, Cin, kh, kw] in the file; Linear [out, in] and 1-D tensors are stored as they are.
 //
-// Training checkpoints: the weights, plus what resuming needs, under prefixes that cannot
-// clash with module names (which start with a digit):
+// Training checkpoints: the weights, plus what resuming needs, under prefixes that no module
+// of minamp's models is named (nn::Sequential numbers its layers; ResNet's are torchvision's):
 //   "optimizer.<name>"   each tensor of Optimizer::named_state() (Adam "step", "exp_avg.<i>",
 //                        "exp_avg_sq.<i>"; SGD "momentum_buffer.<i>"), 4-D ones permuted
 //                        like their parameter
@@ -51,8 +51,10 @@ void save_weights(const std::string& path, nn::Module& model);
 
 // Loads a state_dict written by save_weights (or by PyTorch's safetensors for the equivalent
 // module) into `model`. Throws Error naming the file and the first problem found (a training
-// checkpoint is named as such).
-void load_weights(const std::string& path, nn::Module& model);
+// checkpoint is named as such). With `skipped` (a module's name, e.g. "fc"), that module's
+// entries are neither required nor read and its weights keep their values (a classifier
+// replaced by one of another size).
+void load_weights(const std::string& path, nn::Module& model, const std::string& skipped = "");
 
 // What a training checkpoint holds besides the model, optimizer and scaler.
 struct TrainingState {

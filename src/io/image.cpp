@@ -210,38 +210,39 @@ void save_png(const std::string& path, const Tensor& image) {
   write_file_atomically(path, png);
 }
 
-ImageFolder load_image_folder(const std::string& root, int64_t size, int channels) {
-  require_channels(channels, "load_image_folder");
-  require(size > 0, "load_image_folder", root, ": image size must be positive, got ", size);
+ImageFolderFiles list_image_folder(const std::string& root) {
   std::error_code ignored; // an entry that cannot be examined is not one of the dataset's
   require(fs::is_directory(root, ignored), "load_image_folder", root, ": not a directory");
   const std::vector<fs::path> class_dirs =
       sorted_entries(root, [&](const fs::directory_entry& e) { return e.is_directory(ignored); });
   require(!class_dirs.empty(), "load_image_folder", root, ": no class subdirectories");
-
-  ImageFolder folder;
-  std::vector<int32_t> labels;
-  std::vector<Tensor> images;
+  ImageFolderFiles folder;
   for (const fs::path& dir : class_dirs) {
     const std::vector<fs::path> files = sorted_entries(dir, [&](const fs::directory_entry& e) {
       return e.is_regular_file(ignored) && is_image_file(e.path());
     });
     require(!files.empty(), "load_image_folder", dir.string(), ": class has no .png/.jpg images");
     for (const fs::path& file : files) {
-      images.push_back(resize_image(load_image(file.string(), channels), size, size));
-      labels.push_back(int32_t(folder.classes.size()));
       folder.files.push_back(file.string());
+      folder.labels.push_back(int32_t(folder.classes.size()));
     }
     folder.classes.push_back(dir.filename().string());
   }
+  return folder;
+}
 
-  const int64_t n = int64_t(images.size());
+ImageFolder load_image_folder(const std::string& root, int64_t size, int channels) {
+  require_channels(channels, "load_image_folder");
+  require(size > 0, "load_image_folder", root, ": image size must be positive, got ", size);
+  const ImageFolderFiles listed = list_image_folder(root);
+  ImageFolder folder{listed.classes, listed.files, {}, {}};
+  const int64_t n = int64_t(listed.files.size()), per_image = size * size * channels;
   folder.images = Tensor::empty({n, size, size, channels});
   folder.labels = Tensor::empty({n}, DType::i32);
-  const int64_t per_image = size * size * channels;
   for (int64_t i = 0; i < n; ++i) {
-    std::copy_n(images[i].data<float>(), per_image, folder.images.data<float>() + i * per_image);
-    folder.labels.data<int32_t>()[i] = labels[i];
+    const Tensor image = resize_image(load_image(listed.files[i], channels), size, size);
+    std::copy_n(image.data<float>(), per_image, folder.images.data<float>() + i * per_image);
+    folder.labels.data<int32_t>()[i] = listed.labels[i];
   }
   return folder;
 }

@@ -35,6 +35,18 @@ struct ImageFolder {
   Tensor labels; // i32 [N]
 };
 
+// The files of an image folder, not decoded: labels[i] indexes `classes` for files[i].
+struct ImageFolderFiles {
+  std::vector<std::string> classes; // subdirectory names, sorted
+  std::vector<std::string> files;   // by class, then by name
+  std::vector<int32_t> labels;
+};
+
+// Lists ROOT/<class>/*.{png,jpg,jpeg} (extensions in any case; other files are ignored), classes
+// and images sorted by name. Throws Error for a missing root, no class subdirectories or a class
+// without images.
+ImageFolderFiles list_image_folder(const std::string& root);
+
 // Reads ROOT/<class>/*.{png,jpg,jpeg} (extensions in any case; other files are ignored), classes
 // and images sorted by name, each image resized to size x size. Throws Error for a missing root,
 // no class subdirectories, a class without images, or an image that cannot be decoded.

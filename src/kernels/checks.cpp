@@ -231,6 +231,57 @@ PoolDims require_avgpool_backward(const Tensor& dy, const Tensor& dx) {
   return d;
 }
 
+MaxPoolDims maxpool2d_dims(const char* op, const char* name, const Tensor& x,
+                           const MaxPoolParams& pool) {
+  require_floating(op, name, x);
+  require(x.shape().rank() == 4, op, "expects ", name, " [N, H, W, C], got ", describe(x));
+  require(pool.kernel >= 1 && pool.stride >= 1 && pool.pad >= 0 && pool.pad <= pool.kernel / 2, op,
+          "expects kernel >= 1, stride >= 1 and 0 <= pad <= kernel / 2, got kernel ", pool.kernel,
+          ", stride ", pool.stride, ", pad ", pool.pad);
+  MaxPoolDims d{};
+  d.n = x.shape()[0], d.h = x.shape()[1], d.w = x.shape()[2], d.c = x.shape()[3];
+  d.kernel = pool.kernel, d.stride = pool.stride, d.pad = pool.pad;
+  require(d.h + 2 * d.pad >= d.kernel && d.w + 2 * d.pad >= d.kernel, op, "the ", d.kernel, "x",
+          d.kernel, " window does not fit the padded input ", describe(x), " (pad ", d.pad, ")");
+  d.ho = (d.h + 2 * d.pad - d.kernel) / d.stride + 1;
+  d.wo = (d.w + 2 * d.pad - d.kernel) / d.stride + 1;
+  return d;
+}
+
+namespace {
+
+// Throws Error unless `t` is defined, [N, Ho, Wo, C] and of a dtype `dtype_ok` takes (`dtypes`).
+void require_pooled_map(const char* op, const char* name, const Tensor& t, const MaxPoolDims& d,
+                        const char* dtypes, bool (*dtype_ok)(DType)) {
+  require(t.defined() && dtype_ok(t.dtype()) && t.shape() == Shape{d.n, d.ho, d.wo, d.c}, op,
+          "expects ", name, " ", dtypes, " [", d.n, ", ", d.ho, ", ", d.wo, ", ", d.c, "] (kernel ",
+          d.kernel, ", stride ", d.stride, ", pad ", d.pad, "), got ", describe(t));
+}
+
+bool is_i32(DType dtype) { return dtype == DType::i32; }
+
+} // namespace
+
+MaxPoolDims require_maxpool2d_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
+                                      const MaxPoolParams& pool) {
+  const char* op = "maxpool2d_forward";
+  const MaxPoolDims d = maxpool2d_dims(op, "x", x, pool);
+  require_pooled_map(op, "y", y, d, "f32/f16", is_floating);
+  require(y.dtype() == x.dtype(), op, "expects y of x's dtype, got x ", describe(x), ", y ",
+          describe(y));
+  if (argmax.defined()) require_pooled_map(op, "argmax", argmax, d, "i32", is_i32);
+  return d;
+}
+
+MaxPoolDims require_maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Tensor& dx,
+                                       const MaxPoolParams& pool) {
+  const char* op = "maxpool2d_backward";
+  const MaxPoolDims d = maxpool2d_dims(op, "dx", dx, pool);
+  require_pooled_map(op, "dy", dy, d, "f32/f16", is_floating);
+  require_pooled_map(op, "argmax", argmax, d, "i32", is_i32);
+  return d;
+}
+
 namespace {
 
 // Checks logits [N, K] (floating) and labels i32 [N]; returns N and K.
@@ -281,6 +332,14 @@ LogitDims require_cross_entropy_backward(const Tensor& logits, const Tensor& lab
   require(dlogits.defined() && is_floating(dlogits.dtype()) && dlogits.shape() == logits.shape(),
           op, "expects dlogits shaped like logits ", describe(logits), ", got ", describe(dlogits));
   return d;
+}
+
+void require_add_forward(const Tensor& a, const Tensor& b, const Tensor& y) {
+  require_floating("add_forward", "a", a);
+  require_floating("add_forward", "b", b);
+  require_floating("add_forward", "y", y);
+  require_same_numel("add_forward", "a", a, "b", b);
+  require_same_numel("add_forward", "a", a, "y", y);
 }
 
 void require_sum_squares(const Tensor& x, const Tensor& sum_sq) {

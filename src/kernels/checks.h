@@ -66,6 +66,22 @@ struct PoolDims {
 PoolDims require_avgpool_forward(const Tensor& x, const Tensor& y);
 PoolDims require_avgpool_backward(const Tensor& dy, const Tensor& dx);
 
+// The sizes of a max pooling: x [N, H, W, C] -> y [N, Ho, Wo, C].
+struct MaxPoolDims {
+  int64_t n, h, w, c, ho, wo;
+  int kernel, stride, pad;
+};
+// The pooling of `name` = x floating [N, H, W, C] by `pool`, checked: the window's parameters
+// (kernel, stride >= 1, 0 <= pad <= kernel / 2, as PyTorch) and that it fits the padded input.
+MaxPoolDims maxpool2d_dims(const char* op, const char* name, const Tensor& x,
+                           const MaxPoolParams& pool);
+// x as maxpool2d_dims takes it, y of x's dtype and argmax (when defined) i32, both [N, Ho, Wo, C].
+MaxPoolDims require_maxpool2d_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
+                                      const MaxPoolParams& pool);
+// dx as maxpool2d_dims takes it, dy floating and argmax i32 [N, Ho, Wo, C].
+MaxPoolDims require_maxpool2d_backward(const Tensor& dy, const Tensor& argmax, const Tensor& dx,
+                                       const MaxPoolParams& pool);
+
 void require_mse_forward(const Tensor& pred, const Tensor& target, const Tensor& loss);
 void require_mse_backward(const Tensor& pred, const Tensor& target, const Tensor& dloss,
                           const Tensor& dpred);
@@ -78,6 +94,8 @@ LogitDims require_cross_entropy_forward(const Tensor& logits, const Tensor& labe
 LogitDims require_cross_entropy_backward(const Tensor& logits, const Tensor& labels,
                                          const Tensor& dloss, const Tensor& dlogits);
 
+// a, b and y floating with one size.
+void require_add_forward(const Tensor& a, const Tensor& b, const Tensor& y);
 void require_sum_squares(const Tensor& x, const Tensor& sum_sq);
 void require_clip_coefficient(const Tensor& sum_sq, const Tensor& coef);
 

@@ -100,6 +100,11 @@ void bias_backward(const Tensor& dy, Tensor& db) {
                   bias_backward(dy, db));
 }
 
+void add_forward(const Tensor& a, const Tensor& b, Tensor& y, bool relu) {
+  MINAMP_DISPATCH("add_forward", common_device("add_forward", {&a, &b, &y}),
+                  add_forward(a, b, y, relu));
+}
+
 void relu_forward(const Tensor& x, Tensor& y) {
   MINAMP_DISPATCH("relu_forward", common_device("relu_forward", {&x, &y}), relu_forward(x, y));
 }
@@ -148,6 +153,17 @@ void avgpool_forward(const Tensor& x, Tensor& y) {
 void avgpool_backward(const Tensor& dy, Tensor& dx) {
   MINAMP_DISPATCH("avgpool_backward", common_device("avgpool_backward", {&dy, &dx}),
                   avgpool_backward(dy, dx));
+}
+
+void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& argmax, const MaxPoolParams& pool) {
+  MINAMP_DISPATCH("maxpool2d_forward", common_device("maxpool2d_forward", {&x, &y, &argmax}),
+                  maxpool2d_forward(x, y, argmax, pool));
+}
+
+void maxpool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx,
+                        const MaxPoolParams& pool) {
+  MINAMP_DISPATCH("maxpool2d_backward", common_device("maxpool2d_backward", {&dy, &argmax, &dx}),
+                  maxpool2d_backward(dy, argmax, dx, pool));
 }
 
 void mse_forward(const Tensor& pred, const Tensor& target, Tensor& loss) {

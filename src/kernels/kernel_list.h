@@ -26,6 +26,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 // db[N] += sum over rows of dy[rows, N] (db f32).
 void bias_backward(const Tensor& dy, Tensor& db);
 
+// y = a + b, then ReLU when `relu` (same numel; floating dtypes, any mix; math in fp32, rounded
+// to y's dtype). The gradient is dy for both inputs (through relu_backward on y when fused).
+void add_forward(const Tensor& a, const Tensor& b, Tensor& y, bool relu);
+
 // y = max(x, 0), any floating dtype, y.dtype == x.dtype.
 void relu_forward(const Tensor& x, Tensor& y);
 // dx = 0 where y <= 0, else dy (y is the forward output; a NaN y passes its gradient, as
@@ -61,6 +65,16 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
 void avgpool_forward(const Tensor& x, Tensor& y);
 // dx[N, H, W, C] = dy[N, C] / (H * W).
 void avgpool_backward(const Tensor& dy, Tensor& dx);
+
+// y[N, Ho, Wo, C] = the largest value of x[N, H, W, C] in each kernel x kernel window (padding
+// never wins), Ho = (H + 2 pad - kernel) / stride + 1 rounded down, likewise Wo; y.dtype ==
+// x.dtype. argmax i32 [N, Ho, Wo, C] (written when defined) = ih * W + iw of the value taken: the
+// first largest in row-major window order, or the last NaN (PyTorch's max_pool2d).
+void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& argmax, const MaxPoolParams& pool);
+// dx[N, H, W, C] = the sum of dy[N, Ho, Wo, C] over the outputs whose argmax is that pixel, in
+// output order (a gather: no atomics, the same sum on every backend).
+void maxpool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx,
+                        const MaxPoolParams& pool);
 
 // loss[1] (f32) = mean((pred - target)^2), math in fp32.
 void mse_forward(const Tensor& pred, const Tensor& target, Tensor& loss);

@@ -19,6 +19,14 @@ struct ConvParams {
   int pad = 0;
 };
 
+// A max pooling window (PyTorch's MaxPool2d(kernel_size, stride, padding), ceil_mode False);
+// the defaults are ResNet's stem.
+struct MaxPoolParams {
+  int kernel = 3;
+  int stride = 2;
+  int pad = 1;
+};
+
 struct BatchNormParams {
   bool training = true;
   float momentum = 0.1f;

@@ -47,6 +47,10 @@ void Module::train(bool training) {
 
 void Module::zero_grad() { minamp::zero_grads(parameters()); }
 
+void Module::requires_grad_(bool requires_grad) {
+  for (Parameter* p : parameters()) p->requires_grad_(requires_grad);
+}
+
 void Module::to(Device device) {
   for (Parameter* p : parameters()) p->to(device);
   for (auto& [name, t] : named_buffers()) *t = t->to(device);
@@ -137,6 +141,21 @@ std::string BatchNorm::describe() const {
 }
 
 Var ReLU::forward(const Var& x) { return ops::relu(x); }
+
+MaxPool2d::MaxPool2d(int kernel_size, int stride, int padding)
+    : pool_{kernel_size, stride, padding} {
+  require(kernel_size >= 1 && stride >= 1 && padding >= 0 && padding <= kernel_size / 2,
+          "MaxPool2d",
+          "expects kernel_size >= 1, stride >= 1 and 0 <= padding <= kernel_size / 2, got ",
+          kernel_size, ", ", stride, ", ", padding);
+}
+
+Var MaxPool2d::forward(const Var& x) { return ops::max_pool2d(x, pool_); }
+
+std::string MaxPool2d::describe() const {
+  return cat("MaxPool2d(kernel ", pool_.kernel, ", stride ", pool_.stride, ", padding ", pool_.pad,
+             ")");
+}
 
 Var GlobalAvgPool::forward(const Var& x) { return ops::global_avgpool(x); }
 

@@ -1,6 +1,6 @@
 // Module: a layer or a container of layers, with PyTorch-style names for its parameters and
 // buffers ("0.weight", "1.running_mean") so checkpoints map one-to-one onto a PyTorch
-// nn.Sequential. Layers: Linear, Conv2d, BatchNorm, ReLU, GlobalAvgPool; Sequential.
+// nn.Sequential. Layers: Linear, Conv2d, BatchNorm, ReLU, MaxPool2d, GlobalAvgPool; Sequential.
 #pragma once
 
 #include <memory>
@@ -32,6 +32,8 @@ public:
   void eval() { train(false); }
   bool training() const { return training_; }
   void zero_grad();
+  // Freezes (false) or unfreezes (true) every parameter, as PyTorch's Module.requires_grad_.
+  void requires_grad_(bool requires_grad);
   // Moves every parameter and buffer to `device`.
   void to(Device device);
 
@@ -117,6 +119,17 @@ class ReLU : public Module {
 public:
   Var forward(const Var& x) override;
   std::string describe() const override { return "ReLU()"; }
+};
+
+// Max pooling over [N, H, W, C], PyTorch's MaxPool2d(kernel_size, stride, padding).
+class MaxPool2d : public Module {
+public:
+  MaxPool2d(int kernel_size, int stride, int padding = 0);
+  Var forward(const Var& x) override;
+  std::string describe() const override;
+
+private:
+  MaxPoolParams pool_;
 };
 
 // [N, H, W, C] -> [N, C] (PyTorch: AdaptiveAvgPool2d(1) followed by Flatten()).

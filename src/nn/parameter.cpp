@@ -28,19 +28,28 @@ void Parameter::sync_half_copy() {
   kernels::cast(master_, half_);
 }
 
-void Parameter::zero_grad() { kernels::fill(grad_, 0.0f); }
+void Parameter::requires_grad_(bool requires_grad) {
+  if (requires_grad == trainable_) return;
+  trainable_ = requires_grad;
+  grad_ = requires_grad ? Tensor::zeros(master_.shape(), DType::f32, master_.device()) : Tensor();
+}
+
+void Parameter::zero_grad() {
+  if (trainable_) kernels::fill(grad_, 0.0f);
+}
 
 void zero_grads(const std::vector<Parameter*>& params) {
   std::vector<Tensor*> grads;
   grads.reserve(params.size());
-  for (Parameter* p : params) grads.push_back(&p->grad());
+  for (Parameter* p : params)
+    if (p->requires_grad()) grads.push_back(&p->grad());
   kernels::zero_grads(grads);
 }
 
 void Parameter::to(Device device) {
   if (master_.device() == device) return;
   master_ = master_.to(device);
-  grad_ = grad_.to(device);
+  if (grad_.defined()) grad_ = grad_.to(device);
   if (half_.defined()) half_ = half_.to(device);
 }
 

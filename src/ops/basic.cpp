@@ -1,6 +1,7 @@
-// Casts, reshapes, ReLU, pooling and scalar scaling as differentiable ops.
+// Casts, reshapes, ReLU, residual adds, pooling and scalar scaling as differentiable ops.
 #include "amp/autocast.h"
 #include "core/error.h"
+#include "kernels/checks.h"
 #include "ops/ops.h"
 
 namespace minamp::ops {
@@ -31,6 +32,29 @@ Var relu(const Var& x) {
   });
 }
 
+Var add(const Var& a, const Var& b, bool relu) {
+  require(a.shape() == b.shape() && a.device() == b.device(), "add",
+          "expects two tensors of one shape on one device, got ", describe(a.value()), " and ",
+          describe(b.value()));
+  // Two tensors of one 16-bit format (f16 or bf16) add into it; anything else into f32.
+  const DType dtype =
+      is_half_precision(a.dtype()) && b.dtype() == a.dtype() ? a.dtype() : DType::f32;
+  Tensor y = Tensor::empty(a.shape(), dtype, a.device());
+  kernels::add_forward(a.value(), b.value(), y, relu);
+  return Var::from_op("add", y, {a, b}, false, [relu](Node& self) {
+    Tensor dy = self.grad;
+    if (relu) {
+      dy = Tensor::empty(self.grad.shape(), self.grad.dtype(), self.grad.device());
+      kernels::relu_backward(self.value, self.grad, dy);
+    }
+    // accumulate_grad takes a tensor over: when both inputs need it, each gets its own.
+    Node& left = *self.inputs[0];
+    Node& right = *self.inputs[1];
+    if (right.requires_grad) accumulate_grad(right, left.requires_grad ? dy.clone() : dy);
+    if (left.requires_grad) accumulate_grad(left, dy);
+  });
+}
+
 Var global_avgpool(const Var& x) {
   require(x.shape().rank() == 4, "global_avgpool", "expected x [N, H, W, C], got ",
           describe(x.value()));
@@ -40,6 +64,22 @@ Var global_avgpool(const Var& x) {
   return Var::from_op("global_avgpool", y, {x}, false, [in_shape](Node& self) {
     Tensor dx = Tensor::empty(in_shape, self.value.dtype(), self.value.device());
     kernels::avgpool_backward(self.grad, dx);
+    accumulate_grad(*self.inputs[0], dx);
+  });
+}
+
+Var max_pool2d(const Var& x, const MaxPoolParams& pool) {
+  const Shape in_shape = x.shape();
+  const MaxPoolDims d = maxpool2d_dims("max_pool2d", "x", x.value(), pool);
+  const Shape out_shape{d.n, d.ho, d.wo, d.c};
+  Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
+  Tensor argmax;
+  if (grad_enabled() && x.requires_grad())
+    argmax = Tensor::empty(out_shape, DType::i32, x.device());
+  kernels::maxpool2d_forward(x.value(), y, argmax, pool);
+  return Var::from_op("max_pool2d", y, {x}, false, [argmax, pool, in_shape](Node& self) {
+    Tensor dx = Tensor::empty(in_shape, self.value.dtype(), self.value.device());
+    kernels::maxpool2d_backward(self.grad, argmax, dx, pool);
     accumulate_grad(*self.inputs[0], dx);
   });
 }

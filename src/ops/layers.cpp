@@ -1,4 +1,6 @@
-// Linear, Conv2d and BatchNorm as differentiable ops on fp32 masters / f16 working copies.
+// Linear, Conv2d and BatchNorm as differentiable ops on fp32 masters / f16 working copies. A
+// frozen parameter gets no gradient; an op whose parameters are all frozen and whose input needs
+// no gradient records nothing (a frozen prefix of a network keeps no activations).
 #include "amp/autocast.h"
 #include "core/error.h"
 #include "ops/ops.h"
@@ -14,6 +16,13 @@ Tensor unfused_relu_grad(const Tensor& y, const Tensor& dy, bool relu) {
   Tensor masked = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
   kernels::relu_backward(y, dy, masked);
   return masked;
+}
+
+// The parameter's gradient, or a zero f32 tensor of its shape when it is frozen (for kernels that
+// write every gradient).
+Tensor grad_or_scratch(Parameter& p) {
+  if (p.requires_grad()) return p.grad();
+  return Tensor::zeros(p.master().shape(), DType::f32, p.master().device());
 }
 
 void require_parameter_device(const char* op, const Var& x, Parameter& p) {
@@ -38,12 +47,14 @@ Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu) {
   kernels::gemm(xc.value(), false, w, true, y, epilogue);
 
   const Tensor saved_x = xc.value();
-  return Var::from_op("linear", y, {xc}, true, [=, &weight](Node& self) {
+  const bool weight_grad = weight.requires_grad(), bias_grad = bias && bias->requires_grad();
+  return Var::from_op("linear", y, {xc}, weight_grad || bias_grad, [=, &weight](Node& self) {
     const Tensor dy = unfused_relu_grad(self.value, self.grad, relu); // [rows, out]
     GemmEpilogue accumulate;
     accumulate.beta = 1.0f;
-    kernels::gemm(dy, true, saved_x, false, weight.grad(), accumulate); // dW[out, in] += dy^T x
-    if (bias) kernels::bias_backward(dy, bias->grad());                 // db[out] += sum_rows dy
+    if (weight_grad) // dW[out, in] += dy^T x
+      kernels::gemm(dy, true, saved_x, false, weight.grad(), accumulate);
+    if (bias_grad) kernels::bias_backward(dy, bias->grad()); // db[out] += sum_rows dy
     Node& input = *self.inputs[0];
     if (!input.requires_grad) return;
     Tensor dx = Tensor::empty(saved_x.shape(), dtype, saved_x.device()); // [rows, in] = dy W
@@ -76,13 +87,14 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
   kernels::conv2d_forward(xc.value(), w, y, conv, epilogue);
 
   const Tensor saved_x = xc.value();
-  return Var::from_op("conv2d", y, {xc}, true, [=, &weight](Node& self) {
+  const bool weight_grad = weight.requires_grad(), bias_grad = bias && bias->requires_grad();
+  return Var::from_op("conv2d", y, {xc}, weight_grad || bias_grad, [=, &weight](Node& self) {
     const Tensor dy = unfused_relu_grad(self.value, self.grad, relu);
-    if (bias) kernels::bias_backward(dy, bias->grad());
+    if (bias_grad) kernels::bias_backward(dy, bias->grad());
     Node& input = *self.inputs[0];
-    Tensor dx;
+    Tensor dx, no_dw;
     if (input.requires_grad) dx = Tensor::empty(saved_x.shape(), dtype, saved_x.device());
-    kernels::conv2d_backward(saved_x, w, dy, dx, weight.grad(), conv);
+    kernels::conv2d_backward(saved_x, w, dy, dx, weight_grad ? weight.grad() : no_dw, conv);
     if (dx.defined()) accumulate_grad(input, dx);
   });
 }
@@ -104,10 +116,13 @@ Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_
                              running_mean, running_var, bn);
 
   const Tensor saved_x = xc.value();
-  return Var::from_op("batch_norm", y, {xc}, true, [=, &gamma, &beta](Node& self) {
+  const bool affine_grad = gamma.requires_grad() || beta.requires_grad();
+  return Var::from_op("batch_norm", y, {xc}, affine_grad, [=, &gamma, &beta](Node& self) {
     Tensor dx = Tensor::empty(saved_x.shape(), saved_x.dtype(), saved_x.device());
+    // The kernel writes both affine gradients: a frozen one goes to a scratch tensor.
+    Tensor dgamma = grad_or_scratch(gamma), dbeta = grad_or_scratch(beta);
     kernels::batchnorm_backward(saved_x, gamma.master(), beta.master(), mean, invstd, self.grad, dx,
-                                gamma.grad(), beta.grad(), bn);
+                                dgamma, dbeta, bn);
     if (self.inputs[0]->requires_grad) accumulate_grad(*self.inputs[0], dx);
   });
 }

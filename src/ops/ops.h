@@ -26,8 +26,15 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
 Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_mean,
                Tensor& running_var, const BatchNormParams& bn);
 Var relu(const Var& x);
+// y = a + b, then ReLU when `relu` (a residual connection); a and b have one shape. f16 + f16 is
+// f16, any f32 makes it f32 (PyTorch's type promotion).
+Var add(const Var& a, const Var& b, bool relu = false);
 // y[N, C] = mean over H, W of x[N, H, W, C].
 Var global_avgpool(const Var& x);
+// y[N, Ho, Wo, C] = the largest value of x[N, H, W, C] in each window (PyTorch's max_pool2d,
+// ceil_mode False); the gradient goes to each window's argmax, kept from the forward pass (i32, a
+// quarter of x at stride 2) only when x requires grad.
+Var max_pool2d(const Var& x, const MaxPoolParams& pool);
 
 // y = x * scale[0], where scale is an f32 [1] tensor (the loss scale); not differentiated in scale.
 Var mul_scalar(const Var& x, const Tensor& scale);

@@ -17,8 +17,12 @@ void require_hyperparameter(const char* op, const char* name, float value, float
 }
 } // namespace
 
-Optimizer::Optimizer(std::vector<Parameter*> params) : params_(std::move(params)) {
-  require(!params_.empty(), "Optimizer", "got an empty parameter list");
+Optimizer::Optimizer(const std::vector<Parameter*>& params) {
+  require(!params.empty(), "Optimizer", "got an empty parameter list");
+  for (Parameter* p : params)
+    if (p->requires_grad()) params_.push_back(p);
+  require(!params_.empty(), "Optimizer", "every one of the ", params.size(),
+          " parameters is frozen (requires_grad false): nothing to optimize");
 }
 
 void Optimizer::zero_grad() { zero_grads(params_); }
@@ -31,6 +35,9 @@ void Optimizer::set_lr(float lr) {
 std::vector<ParamSlot> Optimizer::slots() {
   std::vector<ParamSlot> out(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
+    require(params_[i]->requires_grad(), "Optimizer", "parameter ", i,
+            " was frozen after the optimizer was made (it has no gradient); "
+            "make the optimizer after freezing");
     out[i].master = &params_[i]->master();
     out[i].grad = &params_[i]->grad();
     out[i].half = &params_[i]->half_copy();
@@ -47,8 +54,8 @@ std::vector<Tensor> zeros_like_masters(const std::vector<Parameter*>& params) {
 }
 } // namespace
 
-SGD::SGD(std::vector<Parameter*> params, float lr, float momentum, float weight_decay)
-    : Optimizer(std::move(params)), momentum_(momentum), weight_decay_(weight_decay) {
+SGD::SGD(const std::vector<Parameter*>& params, float lr, float momentum, float weight_decay)
+    : Optimizer(params), momentum_(momentum), weight_decay_(weight_decay) {
   require_hyperparameter("SGD", "lr", lr, 0.0f);
   require_hyperparameter("SGD", "momentum", momentum, 0.0f);
   require_hyperparameter("SGD", "weight_decay", weight_decay, 0.0f);
@@ -74,9 +81,9 @@ std::vector<std::pair<std::string, Tensor*>> SGD::named_state() {
   return out;
 }
 
-Adam::Adam(std::vector<Parameter*> params, float lr, float beta1, float beta2, float eps,
+Adam::Adam(const std::vector<Parameter*>& params, float lr, float beta1, float beta2, float eps,
            float weight_decay)
-    : Optimizer(std::move(params)) {
+    : Optimizer(params) {
   require_hyperparameter("Adam", "lr", lr, 0.0f);
   require_hyperparameter("Adam", "beta1", beta1, 0.0f, 1.0f);
   require_hyperparameter("Adam", "beta2", beta2, 0.0f, 1.0f);
@@ -112,8 +119,13 @@ std::vector<std::pair<std::string, Tensor*>> Adam::named_state() {
   return out;
 }
 
-Tensor clip_grad_norm_(const std::vector<Parameter*>& params, float max_norm) {
-  require(!params.empty(), "clip_grad_norm_", "got an empty parameter list");
+Tensor clip_grad_norm_(const std::vector<Parameter*>& all_params, float max_norm) {
+  require(!all_params.empty(), "clip_grad_norm_", "got an empty parameter list");
+  std::vector<Parameter*> params; // the frozen have no gradient (PyTorch skips grad None)
+  for (Parameter* p : all_params)
+    if (p->requires_grad()) params.push_back(p);
+  require(!params.empty(), "clip_grad_norm_", "every one of the ", all_params.size(),
+          " parameters is frozen (requires_grad false)");
   require(max_norm > 0.0f, "clip_grad_norm_", "max_norm must be positive, got ", max_norm);
   const Device device = params[0]->grad().device();
   Tensor sum_sq = Tensor::zeros({1}, DType::f32, device);

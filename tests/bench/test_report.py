@@ -25,10 +25,9 @@ def run_record(model, precision, mode, median_ms, peak_bytes=None, loss=None, **
 
 
 def every_run(framework, ms, peak=None, loss=1.0, modes=("train", "infer")):
-    """Each model in FP32, AMP and AMP-bf16 with the same step time ms[model]."""
+    """Each model of ms in FP32, AMP and AMP-bf16 with the same step time ms[model]."""
     return [run_record(m, p, mode, ms[m], peak, loss if mode != "infer" else None)
-            for m in ("mlp", "sine", "classify") for p in ("fp32", "amp", "amp-bf16")
-            for mode in modes]
+            for m in ms for p in ("fp32", "amp", "amp-bf16") for mode in modes]
 
 
 class Report:
@@ -251,12 +250,13 @@ class CpuTargets(unittest.TestCase):
 
 class GpuTargets(unittest.TestCase):
     def gpu_report(self, gemm_check_failed=False, bf16_factor=1.0):
-        ms = {"mlp": 0.05, "sine": 4.0, "classify": 2.0}
+        ms = {"mlp": 0.05, "sine": 4.0, "classify": 2.0, "resnet50": 30.0}
         minamp = every_run("minamp", ms, peak=100, modes=("train", "train-graph", "infer"))
         for run in minamp:  # AMP-bf16 steps bf16_factor times AMP-f16's
             if run["precision"] == "amp-bf16":
                 run["step_ms"] = {k: v * bf16_factor for k, v in run["step_ms"].items()}
-        pytorch = every_run("pytorch", {"mlp": 1.0, "sine": 4.0, "classify": 2.0}, peak=100,
+        pytorch = every_run("pytorch", {"mlp": 1.0, "sine": 4.0, "classify": 2.0, "resnet50": 40.0},
+                            peak=100,
                             modes=("train", "train-nchw", "train-fused", "train-compile", "infer"))
         for run in pytorch:
             run["cublas_workspace_bytes"] = 32 << 20
@@ -302,6 +302,11 @@ class GpuTargets(unittest.TestCase):
         self.assertEqual(bounds["sine 512^2 AMP step vs the fastest PyTorch AMP configuration"],
                          0.6)
         self.assertEqual(bounds["classify AMP step vs the fastest PyTorch AMP configuration"], 0.5)
+        # images/s at least 0.8 of PyTorch's: a step at most 1 / 0.8 of its.
+        self.assertEqual(bounds["resnet50 AMP step vs the fastest PyTorch AMP configuration"],
+                         1.25)
+        self.assertEqual(
+            bounds["resnet50 AMP peak memory vs the leanest PyTorch AMP configuration"], 1.0)
         self.assertEqual(
             bounds["sine 512^2 AMP peak memory vs the leanest PyTorch AMP configuration"], 0.7)
         self.assertEqual(bounds["mlp AMP step vs PyTorch eager AMP"], 0.2)
@@ -361,6 +366,12 @@ class GpuTargets(unittest.TestCase):
         memory = targets["sine 512^2 AMP peak memory vs the leanest PyTorch AMP configuration"]
         self.assertEqual(memory["reference_mode"], "train-compile")
         self.assertAlmostEqual(memory["ratio"], 1.25)
+        resnet = targets["resnet50 AMP step vs the fastest PyTorch AMP configuration"]
+        self.assertEqual((resnet["reference"], resnet["reference_mode"]), (20.0, "train-fused"))
+        self.assertEqual((resnet["ratio"], resnet["status"]), (1.5, "missed"))
+        resnet_memory = targets["resnet50 AMP peak memory vs the leanest PyTorch AMP configuration"]
+        self.assertAlmostEqual(resnet_memory["ratio"], 1.25)
+        self.assertEqual(resnet_memory["status"], "missed")
         with open(report.path("report.md")) as f:
             self.assertIn("2 ms (train-fused)", f.read())
 

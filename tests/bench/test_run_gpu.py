@@ -43,7 +43,7 @@ def count(value):
 # run-gpu.sh passes, with the values they accept; None marks a flag.
 OPTIONS = {
     "bench_train": {"--device": one_of("auto", "cpu", "cuda"),
-                    "--models": list_of("mlp", "sine", "classify"),
+                    "--models": list_of("mlp", "sine", "classify", "resnet50", "resnet50-frozen"),
                     "--precisions": list_of("fp32", "amp", "amp-bf16"), "--steps": count,
                     "--warmup": count,
                     "--infer-steps": count, "--profile": count, "--cuda-graph": None,
@@ -168,7 +168,7 @@ class RunGpuScript(unittest.TestCase):
         process, out, results = self.run_script()
         self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
         self.assertNotIn("time budget is spent", process.stdout)
-        self.assertEqual(process.stdout.count(": exit 0,"), 23, process.stdout[-3000:])
+        self.assertEqual(process.stdout.count(": exit 0,"), 31, process.stdout[-3000:])
 
         files = sorted(os.path.relpath(os.path.join(folder, f), out)
                        for folder, _, names in os.walk(out) for f in names)
@@ -184,6 +184,8 @@ class RunGpuScript(unittest.TestCase):
         statuses = {t["target"]: t["status"] for t in report["targets"]}
         self.assertEqual(statuses["GEMM 4096^3 vs cublasGemmEx (TFLOP/s)"], "met")
         self.assertEqual(statuses["mlp AMP step vs PyTorch eager AMP"], "missed")  # 1.0 / 2.0
+        self.assertEqual(statuses["resnet50 AMP step vs the fastest PyTorch AMP configuration"],
+                         "met")  # 1.0 / 2.0 against a bound of 1.25
         over_seeds = "sine AMP final loss vs FP32, mean over seeds 0, 1, 2, 3, 4, 5 (last-10 means)"
         self.assertEqual(statuses[over_seeds], "info (the target over seeds)")
         bf16_seeds = over_seeds.replace("sine AMP", "sine AMP-bf16")
@@ -191,7 +193,8 @@ class RunGpuScript(unittest.TestCase):
         with tarfile.open(os.path.join(out, name + "-parts.tgz")) as parts:
             members = {os.path.relpath(m, name + "-parts") for m in parts.getnames()}
         for part in ("gemm-square-f16.json", "minamp-sine-amp.json", "minamp-sine-amp-bf16.json",
-                     "pytorch-classify.json", "sine/amp/summary.json",
+                     "pytorch-classify.json", "minamp-resnet50-frozen-amp.json",
+                     "pytorch-resnet50.json", "sine/amp/summary.json",
                      "sine/amp-bf16/summary.json", "mlp/fp32/metrics.csv",
                      "seeds/minamp-sine-seed5.json"):
             self.assertIn(part, members)

@@ -81,6 +81,7 @@ TEST(Autocast, Bf16ScopeComputesInBf16) {
   EXPECT_EQ(linear(x).dtype(), DType::bf16);
   EXPECT_EQ(bn(conv(image)).dtype(), DType::bf16);
   EXPECT_EQ(ops::relu(linear(x)).dtype(), DType::bf16);
+  EXPECT_EQ(ops::add(linear(x), linear(x)).dtype(), DType::bf16); // a residual sum stays bf16
   EXPECT_EQ(ops::mse_loss(linear(x), Tensor::zeros({5, 3})).dtype(), DType::f32);
   EXPECT_EQ(linear.weight.half_copy().dtype(), DType::bf16);
   {

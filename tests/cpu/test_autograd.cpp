@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "nn/module.h"
+#include "nn/resnet.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -61,11 +62,10 @@ double relative_error(const Tensor& analytic, const std::vector<double>& numeric
   return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
-// Checks the gradient of sum(r * f(x)) with respect to x and to every parameter in `params`.
-void check_gradients(const Forward& f, const Shape& x_shape, std::vector<Parameter*> params,
-                     uint64_t seed = 1) {
-  Rng rng(seed);
-  Tensor x_values = test::random_tensor(rng, x_shape);
+// Checks the gradient of sum(r * f(x)) with respect to x = x_values and to every parameter in
+// `params`, r drawn from `rng`.
+void check_gradients_at(const Forward& f, Tensor x_values, std::vector<Parameter*> params, Rng& rng,
+                        double tolerance = 5e-3) {
   Var x(x_values, true);
   for (Parameter* p : params) p->zero_grad();
   Var y;
@@ -79,14 +79,21 @@ void check_gradients(const Forward& f, const Shape& x_shape, std::vector<Paramet
   y.backward(r_tensor);
 
   NoGrad no_grad;
-  EXPECT_LT(relative_error(x.grad(), numeric_gradient(f, x, x_values, r, nullptr)), 5e-3)
+  EXPECT_LT(relative_error(x.grad(), numeric_gradient(f, x, x_values, r, nullptr)), tolerance)
       << "input gradient";
   for (size_t k = 0; k < params.size(); ++k) {
     EXPECT_LT(relative_error(params[k]->grad(),
                              numeric_gradient(f, x, params[k]->master(), r, params[k])),
-              5e-3)
+              tolerance)
         << "gradient of parameter " << k;
   }
+}
+
+// The same at a random x of shape `x_shape`.
+void check_gradients(const Forward& f, const Shape& x_shape, std::vector<Parameter*> params,
+                     uint64_t seed = 1, double tolerance = 5e-3) {
+  Rng rng(seed);
+  check_gradients_at(f, test::random_tensor(rng, x_shape), std::move(params), rng, tolerance);
 }
 
 TEST(Autograd, LinearWithBias) {
@@ -174,6 +181,100 @@ TEST(Autograd, BatchNormEval) {
 TEST(Autograd, GlobalAvgPoolAndReshape) {
   check_gradients([](const Var& x) { return ops::reshape(ops::global_avgpool(x), {6}); },
                   {2, 3, 2, 3}, {});
+}
+
+// A shuffled ramp: values 0.01 apart, so that no finite-difference step changes which value of a
+// pooling window is the largest.
+Tensor distinct_values(const Shape& shape, Rng& rng) {
+  std::vector<int64_t> order(size_t(shape.numel()));
+  rng.permutation(order);
+  std::vector<float> values;
+  for (int64_t k : order) values.push_back(0.01f * float(k) - 0.005f * float(order.size()));
+  return Tensor::from_vector(values, shape);
+}
+
+TEST(Autograd, MaxPool2dStemWindow) {
+  nn::MaxPool2d pool(3, 2, 1);
+  Rng rng(31);
+  check_gradients_at([&](const Var& x) { return pool(x); }, distinct_values({2, 5, 6, 3}, rng), {},
+                     rng);
+}
+
+TEST(Autograd, MaxPool2dOverlappingStrideOne) {
+  nn::MaxPool2d pool(3, 1, 1);
+  Rng rng(32);
+  check_gradients_at([&](const Var& x) { return pool(x); }, distinct_values({1, 4, 4, 2}, rng), {},
+                     rng);
+}
+
+TEST(Autograd, MaxPool2dKeepsNoArgmaxWithoutGrad) {
+  nn::MaxPool2d pool(3, 2, 1);
+  Rng rng(33);
+  const Var y = pool(Var(test::random_tensor(rng, {1, 4, 4, 2})));
+  EXPECT_FALSE(y.requires_grad()) << "nothing to differentiate: no graph, no saved argmax";
+}
+
+TEST(Autograd, ResidualAddWithFusedRelu) {
+  Rng rng(34);
+  nn::Conv2d conv(3, 3, 3, rng, 1, 1);
+  check_gradients([&](const Var& x) { return ops::add(conv(x), x, /*relu=*/true); }, {2, 3, 3, 3},
+                  {&conv.weight, &conv.bias}, 35);
+}
+
+// ResNet's layers: the stem's 7x7 stride-2 conv and its BatchNorm + 3x3 max pooling (on distinct
+// values, without the ReLU between them: ties in a window are kinks for finite differences), the
+// 1x1 stride-2 conv of a downsample shortcut, and whole blocks.
+TEST(Autograd, Conv2dStem7x7Stride2) {
+  Rng rng(37);
+  nn::Conv2d conv(3, 4, 7, rng, 2, 3, false);
+  check_gradients([&](const Var& x) { return conv(x); }, {2, 9, 9, 3}, {&conv.weight});
+}
+
+TEST(Autograd, Conv2dDownsample1x1Stride2) {
+  Rng rng(38);
+  nn::Conv2d conv(3, 4, 1, rng, 2, 0, false);
+  check_gradients([&](const Var& x) { return conv(x); }, {2, 5, 5, 3}, {&conv.weight});
+}
+
+TEST(Autograd, BatchNormMaxPoolStem) {
+  nn::Sequential net;
+  net.emplace<nn::BatchNorm>(3).emplace<nn::MaxPool2d>(3, 2, 1);
+  auto& bn = static_cast<nn::BatchNorm&>(net[0]);
+  Rng rng(39);
+  check_gradients_at([&](const Var& x) { return net(x); }, distinct_values({2, 6, 6, 3}, rng),
+                     {&bn.weight, &bn.bias}, rng);
+}
+
+TEST(Autograd, BasicBlockWithDownsample) {
+  Rng rng(40);
+  nn::BasicBlock block(3, 4, 2, rng);
+  check_gradients([&](const Var& x) { return block(x); }, {2, 6, 6, 3}, block.parameters());
+}
+
+// A Bottleneck has 800 values through its last ReLU here: a finite-difference step carries a few
+// of them across zero, which costs the numeric gradient up to ~3% (a wrong term costs O(1)).
+TEST(Autograd, BottleneckWithDownsample) {
+  Rng rng(51);
+  nn::Bottleneck block(3, 4, 1, rng);
+  check_gradients([&](const Var& x) { return block(x); }, {2, 5, 5, 3}, block.parameters(), 1,
+                  5e-2);
+}
+
+TEST(Autograd, AddOfAVarToItselfDoublesItsGradient) {
+  check_gradients([](const Var& x) { return ops::add(x, x); }, {5}, {}, 36);
+}
+
+TEST(Autograd, AddPromotesF16AndF32ToF32) {
+  const Var a(Tensor::full({2}, 1.5f, DType::f16), true), b(Tensor::full({2}, 0.25f), true);
+  const Var y = ops::add(a, b);
+  EXPECT_EQ(y.dtype(), DType::f32);
+  EXPECT_EQ(ops::add(a, a).dtype(), DType::f16);
+  y.backward(Tensor::full({2}, 2.0f));
+  EXPECT_EQ(a.grad().dtype(), DType::f16);
+  EXPECT_EQ(a.grad().to_vector(), std::vector<float>(2, 2.0f));
+  EXPECT_EQ(b.grad().to_vector(), std::vector<float>(2, 2.0f));
+  expect_error([&] { ops::add(a, Var(Tensor::zeros({3}))); }, "add",
+               "two tensors of one shape on one device, got f16[2] on cpu and f32[3] on cpu");
 }
 
 TEST(Autograd, MseLoss) {

@@ -82,18 +82,9 @@ std::string small_run(const std::string& data_dir, int epochs, int batch_size = 
          std::to_string(batch_size) + " --width " + std::to_string(width);
 }
 
-// Expects a failed run with exactly one error line, containing each of `fragments` (stderr
-// reaches the pipe before buffered stdout, so the line's position is not checked).
+// Expects a failed run with exactly one error line, containing each of `fragments`.
 void expect_one_line_error(const ProgramRun& run, const std::vector<std::string>& fragments) {
-  EXPECT_NE(run.status, 0) << run.output;
-  std::istringstream lines(run.output);
-  std::vector<std::string> errors;
-  for (std::string line; std::getline(lines, line);)
-    if (line.find("error") != std::string::npos) errors.push_back(line);
-  ASSERT_EQ(errors.size(), 1u) << run.output;
-  EXPECT_EQ(errors[0].rfind("error: ", 0), 0u) << run.output;
-  for (const std::string& f : fragments)
-    EXPECT_NE(errors[0].find(f), std::string::npos) << f << "\n" << run.output;
+  test::expect_error_line(run, fragments);
 }
 
 bool is_png(const std::string& path) {
@@ -179,9 +170,9 @@ TEST(Classify, TestAccuracyAndLossAreThoseOfThePredictions) {
   const nlohmann::json summary = summary_of(out + "/second");
   EXPECT_NEAR(summary["test_accuracy"].get<double>(), 0.3, 1e-7);
   // The training batches' accuracy too (every image is predicted 9), in epoch 1's row.
-  // epoch,train_loss,train_accuracy,test_loss,test_accuracy,wall_s
+  // epoch,train_loss,train_accuracy,test_loss,test_accuracy,wall_s,images_per_s,peak_mib
   const std::vector<double> epoch = test::csv_rows(out + "/second/epochs.csv").at(0);
-  ASSERT_EQ(epoch.size(), 6u);
+  ASSERT_EQ(epoch.size(), 8u);
   EXPECT_EQ(epoch[0], 1.0) << "epochs are numbered from 1";
   EXPECT_NEAR(epoch[2], 38.0 / 384.0, 1e-6); // train_accuracy
   const double log_sum_exp = std::log(9.0 + std::exp(10.0));

@@ -193,8 +193,9 @@ inline std::vector<std::vector<double>> csv_rows(const std::string& path) {
   return rows;
 }
 
-// The lines of a CSV file with column `drop` removed (e.g. a wall-clock column).
-inline std::vector<std::string> csv_without_column(const std::string& path, size_t drop) {
+// The lines of a CSV file with the columns in `drop` removed (e.g. the wall-clock ones).
+inline std::vector<std::string> csv_without_columns(const std::string& path,
+                                                    const std::vector<size_t>& drop) {
   std::istringstream in(io::read_file(path));
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) {
@@ -202,16 +203,35 @@ inline std::vector<std::string> csv_without_column(const std::string& path, size
     std::string kept;
     size_t column = 0;
     for (std::string field; std::getline(fields, field, ','); ++column)
-      if (column != drop) kept += field + ",";
+      if (std::find(drop.begin(), drop.end(), column) == drop.end()) kept += field + ",";
     lines.push_back(kept);
   }
   return lines;
+}
+inline std::vector<std::string> csv_without_column(const std::string& path, size_t drop) {
+  return csv_without_columns(path, {drop});
+}
+
+// Expects a failed run with exactly one error line, "error: ...", containing each of `fragments`
+// (lines of progress may come before it; stderr reaches the pipe before buffered stdout, so the
+// line's position is not checked).
+inline void expect_error_line(const ProgramRun& run, const std::vector<std::string>& fragments) {
+  EXPECT_NE(run.status, 0) << run.output;
+  std::istringstream lines(run.output);
+  std::vector<std::string> errors;
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("error") != std::string::npos) errors.push_back(line);
+  ASSERT_EQ(errors.size(), 1u) << run.output;
+  EXPECT_EQ(errors[0].rfind("error: ", 0), 0u) << run.output;
+  for (const std::string& f : fragments)
+    EXPECT_NE(errors[0].find(f), std::string::npos) << f << "\n" << run.output;
 }
 
 // Runs `program args` uninterrupted with --checkpoint-every `at` (the run must be shorter than
 // 2 * at, so that the checkpoint left behind is the one at step `at`), then resumes a second run
 // from that checkpoint. Both must end with the same bytes in final.safetensors, the same losses,
-// scales and skips in metrics.csv and (when written) the same epochs.csv, wall times aside; the
+// scales and skips in metrics.csv and (when written) the same epochs.csv, wall times, speeds and
+// peak memory aside (a resumed process makes its f16 weight copies anew, in its first epoch); the
 // resumed run's summary counts the training time before the checkpoint too, as its metrics do.
 // Returns the uninterrupted run's output directory.
 inline std::string expect_resume_equals_uninterrupted(const std::string& program,
@@ -235,8 +255,9 @@ inline std::string expect_resume_equals_uninterrupted(const std::string& program
   EXPECT_EQ(csv_without_column(whole + "/metrics.csv", 2),
             csv_without_column(resumed + "/metrics.csv", 2));
   if (std::filesystem::exists(whole + "/epochs.csv")) {
-    EXPECT_EQ(csv_without_column(whole + "/epochs.csv", 5),
-              csv_without_column(resumed + "/epochs.csv", 5));
+    // epoch,train_loss,train_accuracy,test_loss,test_accuracy,wall_s,images_per_s,peak_mib
+    EXPECT_EQ(csv_without_columns(whole + "/epochs.csv", {5, 6, 7}),
+              csv_without_columns(resumed + "/epochs.csv", {5, 6, 7}));
   }
   // The resumed run's clock goes on from the checkpoint's: wall_s never falls.
   const std::vector<std::vector<double>> steps = csv_rows(resumed + "/metrics.csv");

@@ -100,5 +100,34 @@ TEST(Allocator, CountsLiveBytesAndThePeakExactly) {
   EXPECT_EQ(cpu.live_bytes(), live);
 }
 
+// A memory limit caps the live bytes: the request that would pass it is an OutOfMemory error
+// naming the request, the live bytes and the limit; what fits is still given, and lifting the
+// limit lifts the cap.
+TEST(Allocator, AMemoryLimitCapsTheLiveBytes) {
+  Allocator& cpu = allocator_for(Device::cpu);
+  const size_t live = cpu.live_bytes();
+  cpu.set_memory_limit(live + 10000);
+  {
+    const Tensor a = Tensor::empty({2000}); // 8000 bytes: fits
+    try {
+      const Tensor b = Tensor::empty({1000}); // 4000 more: 2000 too many
+      ADD_FAILURE() << "the limit was not enforced";
+    } catch (const OutOfMemory& e) {
+      const std::string message = e.what();
+      EXPECT_NE(
+          message.find(cat("cpu allocator: out of memory allocating 4000 bytes: ", live + 8000,
+                           " bytes are live and the memory limit is ", live + 10000, " bytes")),
+          std::string::npos)
+          << message;
+    }
+    const Tensor c = Tensor::empty({500}); // 2000 bytes: exactly up to the limit
+    EXPECT_EQ(cpu.live_bytes(), live + 10000);
+  }
+  cpu.set_memory_limit(0);
+  EXPECT_EQ(cpu.memory_limit(), 0u);
+  const Tensor big = Tensor::empty({100000});
+  EXPECT_EQ(cpu.live_bytes(), live + 400000);
+}
+
 } // namespace
 } // namespace minamp::test

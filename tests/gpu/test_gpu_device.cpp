@@ -185,6 +185,18 @@ TEST(GpuAllocator, OutOfMemoryIsAnErrorNamingTheBytes) {
   EXPECT_EQ(after.to_vector()[999], 3.0f);
 }
 
+// The memory limit caps the cuda allocator too, before any cudaMalloc.
+TEST(GpuAllocator, AMemoryLimitCapsTheLiveBytes) {
+  MINAMP_REQUIRE_GPU();
+  Allocator& cuda = allocator_for(Device::cuda);
+  cuda.set_memory_limit(cuda.live_bytes() + (1 << 20));
+  expect_error([&] { Tensor::empty({1 << 19}, DType::f32, Device::cuda); },
+               "cuda allocator: out of memory allocating 2097152 bytes", "memory limit");
+  const Tensor fits = Tensor::full({1 << 17}, 2.0f, DType::f32, Device::cuda);
+  cuda.set_memory_limit(0);
+  EXPECT_EQ(fits.to_vector()[0], 2.0f);
+}
+
 // A cuda tensor with static storage duration is freed after main returns, possibly after the
 // CUDA runtime has been torn down: the free must make no CUDA call (the test binary would
 // crash or print an error at exit).

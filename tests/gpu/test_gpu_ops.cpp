@@ -181,6 +181,25 @@ TEST(GpuElementwise, MulScalarReadsTheScaleOnTheDeviceAndMayAlias) {
 }
 
 // x holds a NaN (first element): forward propagates it and backward passes its gradient.
+TEST(GpuElementwise, AddWithAndWithoutReluMixedDtypes) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(17);
+  for (int64_t n : kSizes)
+    for (DType a_type : kFloating)
+      for (DType b_type : kFloating)
+        for (bool relu : {false, true}) {
+          const Tensor a = random_tensor(rng, {n}, a_type), b = random_tensor(rng, {n}, b_type);
+          const DType out = a_type == DType::f16 && b_type == DType::f16 ? DType::f16 : DType::f32;
+          Tensor y = poisoned({n}, out, Device::cuda);
+          kernels::add_forward(gpu(a), gpu(b), y, relu);
+          Tensor y_ref = Tensor::empty({n}, out);
+          kernels::add_forward(a, b, y_ref, relu);
+          expect_equal(
+              y, y_ref,
+              cat(label("add_forward", n, a_type, out), " + ", b_type, relu ? " relu" : ""));
+        }
+}
+
 TEST(GpuElementwise, ReluForwardAndBackward) {
   MINAMP_REQUIRE_GPU();
   Rng rng(14);
@@ -298,6 +317,54 @@ TEST(GpuPool, AvgpoolForwardAndBackward) {
                      cat("avgpool_backward ", shape, " dy ", dtype, " dx ", grad_type));
       }
     }
+}
+
+TEST(GpuPool, MaxpoolForwardAndBackwardEqualTheReference) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(22);
+  // ResNet's stem window at odd and even sizes, a window without overlap, stride 1.
+  const std::vector<std::pair<Shape, MaxPoolParams>> cases = {{{2, 17, 17, 64}, {3, 2, 1}},
+                                                              {{1, 8, 10, 3}, {3, 2, 1}},
+                                                              {{3, 6, 5, 7}, {2, 2, 0}},
+                                                              {{1, 5, 5, 2}, {3, 1, 1}}};
+  for (const auto& [shape, pool] : cases)
+    for (DType dtype : kFloating) {
+      const std::string what =
+          cat(shape, " kernel ", pool.kernel, " stride ", pool.stride, " ", dtype);
+      const Tensor x = random_tensor(rng, shape, dtype);
+      const Shape out{shape[0], (shape[1] + 2 * pool.pad - pool.kernel) / pool.stride + 1,
+                      (shape[2] + 2 * pool.pad - pool.kernel) / pool.stride + 1, shape[3]};
+      Tensor y = poisoned(out, dtype, Device::cuda);
+      Tensor argmax = Tensor::full(out, -1.0f, DType::i32, Device::cuda);
+      kernels::maxpool2d_forward(gpu(x), y, argmax, pool);
+      Tensor y_ref = Tensor::empty(out, dtype), argmax_ref = Tensor::empty(out, DType::i32);
+      kernels::maxpool2d_forward(x, y_ref, argmax_ref, pool);
+      expect_equal(y, y_ref, "maxpool2d_forward y " + what); // a max is exact
+      expect_equal(argmax, argmax_ref, "maxpool2d_forward argmax " + what);
+
+      for (DType grad_type : kFloating) { // fp32 sums in the same order: equal, rounded alike
+        const Tensor dy = random_tensor(rng, out, dtype);
+        Tensor dx = poisoned(shape, grad_type, Device::cuda);
+        kernels::maxpool2d_backward(gpu(dy), argmax, dx, pool);
+        Tensor dx_ref = Tensor::empty(shape, grad_type);
+        kernels::maxpool2d_backward(dy, argmax_ref, dx_ref, pool);
+        expect_equal(dx, dx_ref, cat("maxpool2d_backward ", what, " dx ", grad_type));
+      }
+    }
+}
+
+TEST(GpuPool, MaxpoolTakesNaNAndTheFirstOfEqualValues) {
+  MINAMP_REQUIRE_GPU();
+  Tensor x = Tensor::zeros({1, 5, 5, 2});
+  x.data<float>()[2 * 12] = std::nanf(""); // channel 0 of the centre pixel
+  const Shape out{1, 3, 3, 2};
+  Tensor y = poisoned(out, DType::f32, Device::cuda);
+  Tensor argmax = Tensor::empty(out, DType::i32, Device::cuda);
+  kernels::maxpool2d_forward(gpu(x), y, argmax, MaxPoolParams{});
+  Tensor y_ref = Tensor::empty(out), argmax_ref = Tensor::empty(out, DType::i32);
+  kernels::maxpool2d_forward(x, y_ref, argmax_ref, MaxPoolParams{});
+  expect_equal(y, y_ref, "maxpool2d_forward of zeros and a NaN");
+  expect_equal(argmax, argmax_ref, "maxpool2d_forward argmax of zeros and a NaN");
 }
 
 // ---- Reductions.

@@ -1,4 +1,4 @@
-// CPU reference of the elementwise kernels: fill, cast, add_inplace, mul_scalar and ReLU.
+// CPU reference of the elementwise kernels: fill, cast, add_inplace, mul_scalar, add and ReLU.
 // Every tensor is a flat array here; f16 and bf16 values are widened to float and results rounded
 // back.
 #include <algorithm>
@@ -63,6 +63,17 @@ void mul_scalar(const Tensor& src, const Tensor& scale, Tensor& dst) {
   const FloatInput in(src); // widened or in place; dst may alias src, read before write per i
   FloatOutput out(dst, false);
   for (int64_t i = 0; i < out.size(); ++i) out[i] = in[i] * factor;
+  out.store();
+}
+
+void add_forward(const Tensor& a, const Tensor& b, Tensor& y, bool relu) {
+  require_add_forward(a, b, y);
+  const FloatInput left(a), right(b); // widened or in place; y may alias a or b (read first)
+  FloatOutput out(y, false);
+  for (int64_t i = 0; i < out.size(); ++i) {
+    const float sum = left[i] + right[i];
+    out[i] = relu ? cpu::relu(sum) : sum;
+  }
   out.store();
 }
 

@@ -1,6 +1,8 @@
-// CPU reference of global average pooling over H, W of a channels-last activation:
-// x [N, H, W, C] -> y [N, C], and its gradient, which spreads dy evenly over the pixels.
+// CPU reference of pooling over channels-last activations: global average pooling over H, W
+// (x [N, H, W, C] -> y [N, C]; its gradient spreads dy evenly over the pixels) and max pooling
+// over windows (x [N, H, W, C] -> y [N, Ho, Wo, C]; its gradient goes to each window's argmax).
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels/cpu/cpu_util.h"
@@ -31,6 +33,70 @@ void avgpool_backward(const Tensor& dy, Tensor& dx) {
     for (int64_t p = 0; p < d.pixels; ++p)
       for (int64_t c = 0; c < d.channels; ++c)
         grad_in[(s * d.pixels + p) * d.channels + c] = grad_out[s * d.channels + c] * share;
+  grad_in.store();
+}
+
+void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& argmax, const MaxPoolParams& pool) {
+  const MaxPoolDims d = require_maxpool2d_forward(x, y, argmax, pool);
+  const FloatInput in(x);
+  FloatOutput out(y, false);
+  int32_t* taken = argmax.defined() ? argmax.data<int32_t>() : nullptr;
+#pragma omp parallel for collapse(2) schedule(static) if (d.n * d.ho > 1)
+  for (int64_t s = 0; s < d.n; ++s)
+    for (int64_t oh = 0; oh < d.ho; ++oh) {
+      const float* image = in.data() + s * d.h * d.w * d.c;
+      const int64_t h0 = std::max<int64_t>(oh * d.stride - d.pad, 0);
+      const int64_t h1 = std::min<int64_t>(oh * d.stride - d.pad + d.kernel, d.h);
+      for (int64_t ow = 0; ow < d.wo; ++ow) {
+        const int64_t w0 = std::max<int64_t>(ow * d.stride - d.pad, 0);
+        const int64_t w1 = std::min<int64_t>(ow * d.stride - d.pad + d.kernel, d.w);
+        const int64_t at = ((s * d.ho + oh) * d.wo + ow) * d.c;
+        for (int64_t c = 0; c < d.c; ++c) {
+          float best = -INFINITY;
+          int64_t best_pixel = h0 * d.w + w0;
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) {
+              const float v = image[(ih * d.w + iw) * d.c + c];
+              if (v > best || std::isnan(v)) {
+                best = v;
+                best_pixel = ih * d.w + iw;
+              }
+            }
+          out[at + c] = best;
+          if (taken) taken[at + c] = static_cast<int32_t>(best_pixel);
+        }
+      }
+    }
+  out.store();
+}
+
+void maxpool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx,
+                        const MaxPoolParams& pool) {
+  const MaxPoolDims d = require_maxpool2d_backward(dy, argmax, dx, pool);
+  const FloatInput grad_out(dy);
+  const int32_t* taken = argmax.data<int32_t>();
+  FloatOutput grad_in(dx, false);
+#pragma omp parallel for collapse(2) schedule(static) if (d.n * d.h > 1)
+  for (int64_t s = 0; s < d.n; ++s)
+    for (int64_t ih = 0; ih < d.h; ++ih) {
+      // The outputs whose window holds row ih: oh * stride - pad <= ih < that + kernel.
+      const int64_t oh0 = std::max<int64_t>(0, (ih + d.pad - d.kernel + d.stride) / d.stride);
+      const int64_t oh1 = std::min<int64_t>(d.ho, (ih + d.pad) / d.stride + 1);
+      for (int64_t iw = 0; iw < d.w; ++iw) {
+        const int64_t ow0 = std::max<int64_t>(0, (iw + d.pad - d.kernel + d.stride) / d.stride);
+        const int64_t ow1 = std::min<int64_t>(d.wo, (iw + d.pad) / d.stride + 1);
+        const int64_t pixel = ih * d.w + iw;
+        for (int64_t c = 0; c < d.c; ++c) {
+          float sum = 0.0f;
+          for (int64_t oh = oh0; oh < oh1; ++oh)
+            for (int64_t ow = ow0; ow < ow1; ++ow) {
+              const int64_t o = ((s * d.ho + oh) * d.wo + ow) * d.c + c;
+              if (taken[o] == pixel) sum += grad_out[o];
+            }
+          grad_in[(s * d.h * d.w + pixel) * d.c + c] = sum;
+        }
+      }
+    }
   grad_in.store();
 }
 
