@@ -1,6 +1,6 @@
 // CUDA batch normalisation (+ optional fused ReLU) over x[rows, C], an NHWC activation viewed as
 // [N*H*W, C], with PyTorch's semantics (biased batch variance to normalise, unbiased variance in
-// the running estimate, eps inside the square root). x, y, dy, dx are f32 or f16; statistics,
+// the running estimate, eps inside the square root). x, y, dy, dx are f32, f16 or bf16; statistics,
 // gamma, beta and their gradients are f32 [C].
 //
 // rows reach 262144 while C is at most a few hundred, so the per-channel sums are two-stage column

@@ -266,7 +266,7 @@ MaxPoolDims require_maxpool2d_forward(const Tensor& x, const Tensor& y, const Te
                                       const MaxPoolParams& pool) {
   const char* op = "maxpool2d_forward";
   const MaxPoolDims d = maxpool2d_dims(op, "x", x, pool);
-  require_pooled_map(op, "y", y, d, "f32/f16", is_floating);
+  require_pooled_map(op, "y", y, d, "f32/f16/bf16", is_floating);
   require(y.dtype() == x.dtype(), op, "expects y of x's dtype, got x ", describe(x), ", y ",
           describe(y));
   if (argmax.defined()) require_pooled_map(op, "argmax", argmax, d, "i32", is_i32);
@@ -277,7 +277,7 @@ MaxPoolDims require_maxpool2d_backward(const Tensor& dy, const Tensor& argmax, c
                                        const MaxPoolParams& pool) {
   const char* op = "maxpool2d_backward";
   const MaxPoolDims d = maxpool2d_dims(op, "dx", dx, pool);
-  require_pooled_map(op, "dy", dy, d, "f32/f16", is_floating);
+  require_pooled_map(op, "dy", dy, d, "f32/f16/bf16", is_floating);
   require_pooled_map(op, "argmax", argmax, d, "i32", is_i32);
   return d;
 }

@@ -112,7 +112,7 @@ void zero_grads(const std::vector<Tensor*>& grads);
 // One SGD step over every parameter, skipped entirely when found_inf (may be undefined) is
 // nonzero. PyTorch semantics (dampening 0): g' = g + wd * w; with momentum, buf = m * buf + g'
 // (buf starts at zero, so the first step's buf is g' as in PyTorch) and w -= lr * buf; without,
-// w -= lr * g'. Writes the f16 copy when it is defined.
+// w -= lr * g'. Writes the f16 or bf16 copy when it is defined.
 void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const Tensor& found_inf);
 // One Adam step (PyTorch semantics, bias-corrected) over every parameter; `step` is an f32 [1]
 // tensor incremented by the kernel unless skipped. Skipped entirely when found_inf is nonzero.

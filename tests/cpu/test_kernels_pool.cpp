@@ -183,7 +183,7 @@ TEST(CpuMaxPool, RefusesWindowsAndShapesPyTorchRefuses) {
         cpu::maxpool2d_forward(x, y, argmax, {3, 1, 1});
       },
       "maxpool2d_forward",
-      "expects y f32/f16 [1, 4, 4, 2] (kernel 3, stride 1, pad 1), got f32[1, 2, 2, 2]");
+      "expects y f32/f16/bf16 [1, 4, 4, 2] (kernel 3, stride 1, pad 1), got f32[1, 2, 2, 2]");
   Tensor wrong_argmax = Tensor::empty({1, 2, 2, 2});
   expect_error(
       [&] {
