@@ -170,7 +170,7 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
                       resnet_json);
   ASSERT_EQ(resnet.status, 0) << resnet.output;
   const nlohmann::json resnet_runs = field(read_output_json(resnet_json), "runs");
-  EXPECT_EQ(resnet_runs.size(), 8u) << "two models x FP32 and AMP x train and infer";
+  EXPECT_EQ(resnet_runs.size(), 12u) << "two models x FP32, AMP and AMP-bf16 x train and infer";
   for (const nlohmann::json& r : resnet_runs) {
     if (r.at("mode") == "train") EXPECT_TRUE(std::isfinite(r.at("final_loss").get<double>()));
   }
