@@ -54,6 +54,8 @@ def where_and_when(platform_name, commit):
 # amp is AMP with f16 (and loss scaling), amp-bf16 AMP with bf16 (without).
 MODELS, PRECISIONS, MODES = ("mlp", "sine", "classify"), ("fp32", "amp", "amp-bf16"), \
     ("train", "infer")
+# What each platform's bench runs beyond MODELS (bench/run-cpu.sh, bench/run-gpu.sh).
+EXTRA_MODELS = {"cpu": ("resnet18",), "gpu": ()}
 # Optional modes: minamp's CUDA-graph replay, PyTorch's other configurations (bench/pytorch/
 # train.py's CONFIGS); listed in this order.
 MODE_ORDER = ("train", "train-graph", "train-nchw", "train-fused", "train-nchw-fused",
@@ -291,6 +293,9 @@ def cpu_targets(minamp, pytorch):
                     ("sine", "fp32", "train"), ("sine", "fp32", "train"), 1.0, minamp, pytorch),
         step_target("mlp FP32 step vs PyTorch CPU eager FP32", ("mlp", "fp32", "train"),
                     ("mlp", "fp32", "train"), 1.0, minamp, pytorch),
+        step_target("resnet18 FP32 forward, batch 1, 224^2, vs PyTorch CPU eager FP32",
+                    ("resnet18", "fp32", "infer"), ("resnet18", "fp32", "infer"), 1.0, minamp,
+                    pytorch),
         memory_target(f"sine {size}^2 AMP peak memory vs minamp FP32", "sine", 0.55, minamp),
         loss_target("sine AMP final loss vs FP32 (last-10 mean)", "sine", minamp),
         loss_target("mlp AMP final loss vs FP32 (last-10 mean)", "mlp", minamp),
@@ -436,13 +441,13 @@ def table(head, rows, markdown):
 
 
 def missing_results(minamp, pytorch, gemm, platform_name):
-    """What this run lacks: each model / precision / mode a tool did not report (all three models
-    in FP32, AMP and AMP-bf16 are expected), the runs that failed, and on a GPU bench_gemm."""
+    """What this run lacks: each model / precision / mode a tool did not report (the platform's
+    models in FP32, AMP and AMP-bf16 are expected), the runs that failed, and on a GPU bench_gemm."""
     missing = []
     for tool, result in (("minamp", minamp), ("PyTorch", pytorch)):
         errors = [r for r in (result or {}).get("runs", []) if "error" in r]
         failed = {(r["model"], r["precision"]) for r in errors if r["mode"] in MODES}
-        for model in MODELS:
+        for model in MODELS + EXTRA_MODELS.get(platform_name, ()):
             absent = [f"{p} {m}" for p in PRECISIONS for m in MODES
                       if (model, p) not in failed and not find(result, model, p, m)]
             if len(absent) == len(PRECISIONS) * len(MODES):

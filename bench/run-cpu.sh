@@ -47,17 +47,19 @@ declare -A steps=(
   [sine]="--size 64 --warmup 12 --steps 500 --infer-steps 20"
   [mlp]="--warmup 50 --steps 450 --infer-steps 50"
   [classify]="--warmup 3 --steps 20 --infer-steps 10"
+  [resnet18]="--resnet-size 224 --resnet-batch 1 --warmup 1 --steps 4 --infer-steps 20"
 )
 # PyTorch's CPU fp16 autocast is far slower than its FP32 (about 0.55 s a sine step on 2 cores,
-# 16× its FP32), so its sine and classify AMP runs (f16 and bf16) take fewer steps to keep the
-# bench near 5 minutes: their times are informational (the CPU targets compare FP32) and their
-# final losses are not comparable with minamp's.
+# 16× its FP32), so its sine, classify and resnet18 AMP runs (f16 and bf16) take fewer steps to
+# keep the bench near 5 minutes: their times are informational (the CPU targets compare FP32) and
+# their final losses are not comparable with minamp's.
 declare -A pytorch_amp_steps=(
   [sine]="--size 64 --warmup 2 --steps 20 --infer-steps 5"
   [mlp]="${steps[mlp]}"
   [classify]="--warmup 2 --steps 10 --infer-steps 5"
+  [resnet18]="--resnet-size 224 --resnet-batch 1 --warmup 1 --steps 1 --infer-steps 2"
 )
-models=(mlp sine classify)
+models=(mlp sine classify resnet18)
 # The sine loss target compares AMP with FP32 from one init (seed 0); the same training from these
 # seeds gives the report's rows over seeds (informational for AMP, the target for AMP-bf16) (one init's last-10 mean moves by 20% or
 # more with the seed, bench/NOTES.md).
@@ -83,12 +85,14 @@ run_seeds() {
   done
 }
 
-# Creates the venv and installs torch (CPU use; PyPI's wheel) unless it is there already.
+# Creates the venv and installs torch and torchvision (resnet18's model; CPU use, PyPI's wheels)
+# unless they are there already.
 ensure_torch() {
-  [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import torch' 2>/dev/null && return 0
+  [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import torch, torchvision' 2>/dev/null &&
+    return 0
   echo "== installing PyTorch into $venv (PyPI; a large download, once)"
   python3 -m venv "$venv" &&
-    "$venv/bin/pip" install --disable-pip-version-check -q torch numpy
+    "$venv/bin/pip" install --disable-pip-version-check -q torch torchvision numpy
 }
 
 run_pytorch() {

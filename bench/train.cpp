@@ -1,9 +1,9 @@
 // bench_train: per-step time (median, p10, p90 after warm-up), peak memory and final loss of
 // mlp (the seed config), sine (the ROCm blog's conv net), classify (this benchmark's own small
-// CNN), resnet50 (torchvision's, fully trained) and resnet50-frozen (its classifier alone, the
-// transfer tutorial's fine-tuning) — in FP32, AMP (f16, loss scaling) and AMP-bf16 (no loss
-// scaling), for training steps and forward-only inference, on the CPU or a GPU. bench/pytorch/
-// holds the same models in PyTorch, timed the same way.
+// CNN), resnet18 and resnet50 (torchvision's, fully trained) and resnet50-frozen (its classifier
+// alone, the transfer tutorial's fine-tuning) — in FP32, AMP (f16, loss scaling) and AMP-bf16 (no
+// loss scaling), for training steps and forward-only inference, on the CPU or a GPU.
+// bench/pytorch/ holds the same models in PyTorch, timed the same way.
 #include <CLI/CLI.hpp>
 #include <Eigen/Core>
 #include <nlohmann/json.hpp>
@@ -45,7 +45,7 @@ struct Config {
   int64_t profile_steps = 0; // training steps with the op profiler on, after the timed ones
   bool cuda_graph = false;   // also time training replayed from a CUDA graph of one step
   int64_t size = 0;          // sine grid; 0: 512 on a GPU, 64 on the CPU, 16 on the emulator
-  // ResNet-50's images, batch and stem width; 0: 224, 64 and 64 on a GPU, smaller elsewhere
+  // The ResNets' images, batch and stem width; 0: 224, 64 and 64 on a GPU, smaller elsewhere
   // (64, 4, 64 on the CPU; 32, 2, 8 on the emulator).
   int64_t resnet_size = 0, resnet_batch = 0, resnet_width = 0;
   uint64_t seed = 0;
@@ -182,20 +182,21 @@ Workload classify(const Config& cfg) {
   return w;
 }
 
-// resnet50 (torchvision's, mirrored in bench/pytorch/models.py): 256 classes (Caltech-256's),
-// cross-entropy, Adam lr 1e-4, 2 random batches of cfg.resnet_batch images at cfg.resnet_size;
-// with `frozen`, every parameter but fc's frozen (the transfer tutorial's fine-tuning: the
-// backbone keeps no activations and gets no gradients).
-Workload resnet50(const Config& cfg, bool frozen) {
+// resnet18 / resnet50 (torchvision's, mirrored in bench/pytorch/models.py): 256 classes
+// (Caltech-256's), cross-entropy, Adam lr 1e-4, 2 random batches of cfg.resnet_batch images at
+// cfg.resnet_size; with `frozen`, every parameter but fc's frozen (the transfer tutorial's
+// fine-tuning: the backbone keeps no activations and gets no gradients).
+Workload resnet(const Config& cfg, nn::ResNetArch arch, bool frozen) {
   const int64_t batch = cfg.resnet_batch, size = cfg.resnet_size, batches = 2, classes = 256;
-  Workload w{frozen ? "resnet50-frozen" : "resnet50",
-             cat("torchvision resnet50 (width ", cfg.resnet_width, "), ", classes, " classes, CE, ",
-                 frozen ? "backbone frozen (fc trains), " : "", "batch ", batch, ", ", size, "x",
-                 size, "x3 (random data)"),
+  const std::string arch_name = nn::resnet_arch_name(arch);
+  Workload w{frozen ? arch_name + "-frozen" : arch_name,
+             cat("torchvision ", arch_name, " (width ", cfg.resnet_width, "), ", classes,
+                 " classes, CE, ", frozen ? "backbone frozen (fc trains), " : "", "batch ", batch,
+                 ", ", size, "x", size, "x3 (random data)"),
              "Adam lr 1e-4"};
   Rng init(cfg.seed), data(cfg.seed + 1);
   nn::ResNetOptions options;
-  options.arch = nn::ResNetArch::resnet50;
+  options.arch = arch;
   options.num_classes = classes;
   options.width = cfg.resnet_width;
   auto model = std::make_unique<nn::ResNet>(options, init);
@@ -218,14 +219,16 @@ Workload resnet50(const Config& cfg, bool frozen) {
   return w;
 }
 
-const std::vector<std::string> kModels = {"mlp", "sine", "classify", "resnet50", "resnet50-frozen"};
+const std::vector<std::string> kModels = {"mlp",      "sine",     "classify",
+                                          "resnet18", "resnet50", "resnet50-frozen"};
 
 // The model called `name` (one of kModels: checked by parse_list).
 Workload build(const std::string& name, const Config& cfg) {
   if (name == "mlp") return mlp(cfg);
   if (name == "sine") return sine(cfg);
   if (name == "classify") return classify(cfg);
-  return resnet50(cfg, name == "resnet50-frozen");
+  if (name == "resnet18") return resnet(cfg, nn::ResNetArch::resnet18, false);
+  return resnet(cfg, nn::ResNetArch::resnet50, name == "resnet50-frozen");
 }
 
 // Linear interpolation between order statistics, as numpy.percentile's default.
@@ -522,8 +525,8 @@ void run_all(const std::vector<std::string>& models, const std::vector<std::stri
 
 int run(int argc, char** argv) {
   CLI::App app{"minamp bench_train: step time, peak memory and final loss of mlp, sine, "
-               "classify, resnet50 and resnet50-frozen, FP32, AMP and AMP-bf16, training and "
-               "inference"};
+               "classify, resnet18, resnet50 and resnet50-frozen, FP32, AMP and AMP-bf16, "
+               "training and inference"};
   Config cfg;
   std::string device = "auto", models = "mlp,sine,classify", precisions = "fp32,amp,amp-bf16";
   std::string json_path;
@@ -531,7 +534,7 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--models", models,
-                 "comma-separated: mlp, sine, classify, resnet50, resnet50-frozen")
+                 "comma-separated: mlp, sine, classify, resnet18, resnet50, resnet50-frozen")
       ->capture_default_str();
   app.add_option("--precisions", precisions,
                  "comma-separated: fp32, amp (f16, loss scaling), amp-bf16 (no loss scaling)")
@@ -556,14 +559,13 @@ int run(int argc, char** argv) {
                  "sine grid size S (default 512 on a GPU, 64 on the CPU, 16 on the CUDA emulator)")
       ->transform(examples::integer_in(2, 8192));
   app.add_option("--resnet-size", cfg.resnet_size,
-                 "ResNet-50 image side (default 224 on a GPU, 64 on the CPU, 32 on the emulator)")
+                 "ResNet image side (default 224 on a GPU, 64 on the CPU, 32 on the emulator)")
       ->transform(examples::integer_in(32, 1024));
-  app.add_option(
-         "--resnet-batch", cfg.resnet_batch,
-         "ResNet-50 images per batch (default 64 on a GPU, 4 on the CPU, 2 on the emulator)")
+  app.add_option("--resnet-batch", cfg.resnet_batch,
+                 "ResNet images per batch (default 64 on a GPU, 4 on the CPU, 2 on the emulator)")
       ->transform(examples::integer_in(1, 65536));
   app.add_option("--resnet-width", cfg.resnet_width,
-                 "ResNet-50 stem width (default 64, torchvision's; 8 on the emulator)")
+                 "ResNet stem width (default 64, torchvision's; 8 on the emulator)")
       ->transform(examples::integer_in(1, 1024));
   app.add_option("--seed", cfg.seed, "seed of the weights and data")
       ->transform(examples::any_uint64())

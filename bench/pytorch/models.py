@@ -1,7 +1,7 @@
 """The benchmark models of bench/train.cpp in PyTorch, with the same shapes, batches, losses and
 optimizers: mlp (the seed config), sine (the ROCm blog's conv net), classify (the benchmark's own
-small CNN), resnet50 (torchvision's) and resnet50-frozen (its classifier alone). Conv nets run
-NCHW modules in channels_last memory format, which is minamp's NHWC layout, unless built with
+small CNN), resnet18 and resnet50 (torchvision's) and resnet50-frozen (its classifier alone). Conv
+nets run NCHW modules in channels_last memory format, which is minamp's NHWC layout, unless built with
 channels_last=False (PyTorch's default NCHW layout)."""
 
 import math
@@ -116,14 +116,14 @@ def classify(device, seed, channels_last=True):
     )
 
 
-def resnet50(device, seed, size, batch, frozen, channels_last=True):
-    """torchvision's resnet50 with 256 classes, cross-entropy, Adam lr 1e-4, 2 random batches of
+def resnet(arch, device, seed, size, batch, frozen, channels_last=True):
+    """torchvision's resnet18 or resnet50 (arch) with 256 classes, cross-entropy, Adam lr 1e-4, 2 random batches of
     `batch` images at size x size; with `frozen`, every parameter but fc's has requires_grad
     False (autograd then records nothing for the backbone)."""
     import torchvision  # only these models need it
 
     torch.manual_seed(seed)
-    model = torchvision.models.resnet50(weights=None, num_classes=256)
+    model = getattr(torchvision.models, arch)(weights=None, num_classes=256)
     if frozen:
         model.requires_grad_(False)
         model.fc.requires_grad_(True)
@@ -136,18 +136,18 @@ def resnet50(device, seed, size, batch, frozen, channels_last=True):
     ]
     targets = [torch.randint(0, 256, (batch,), generator=gen).to(device) for _ in range(2)]
     return Workload(
-        "resnet50-frozen" if frozen else "resnet50", model, inputs, targets,
+        f"{arch}-frozen" if frozen else arch, model, inputs, targets,
         nn.functional.cross_entropy,
         lambda params, **impl: torch.optim.Adam([p for p in params if p.requires_grad], lr=1e-4,
                                                 **impl),
-        "torchvision resnet50, 256 classes, CE, "
+        f"torchvision {arch}, 256 classes, CE, "
         f"{'backbone frozen (fc trains), ' if frozen else ''}batch {batch}, {size}x{size}x3 "
         "(random data)",
         "Adam lr 1e-4",
     )
 
 
-MODELS = ("mlp", "sine", "classify", "resnet50", "resnet50-frozen")
+MODELS = ("mlp", "sine", "classify", "resnet18", "resnet50", "resnet50-frozen")
 
 
 def build(name, device, seed, size, channels_last=True, resnet_size=224, resnet_batch=64):
@@ -158,7 +158,7 @@ def build(name, device, seed, size, channels_last=True, resnet_size=224, resnet_
         return sine(device, seed, size, channels_last)
     if name == "classify":
         return classify(device, seed, channels_last)
-    if name in ("resnet50", "resnet50-frozen"):
-        return resnet50(device, seed, resnet_size, resnet_batch, name == "resnet50-frozen",
-                        channels_last)
+    if name in ("resnet18", "resnet50", "resnet50-frozen"):
+        arch, frozen = name.removesuffix("-frozen"), name.endswith("-frozen")
+        return resnet(arch, device, seed, resnet_size, resnet_batch, frozen, channels_last)
     raise ValueError(f"unknown model '{name}' (expected {', '.join(MODELS)})")

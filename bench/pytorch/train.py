@@ -197,9 +197,9 @@ def parse_args():
     p.add_argument("--infer-steps", type=int, default=20, help="timed forward-only passes")
     p.add_argument("--size", type=int, default=0, help="sine grid (0: 512 on cuda, 64 on cpu)")
     p.add_argument("--resnet-size", type=int, default=0,
-                   help="ResNet-50 image side (0: 224 on cuda, 64 on cpu)")
+                   help="ResNet image side (0: 224 on cuda, 64 on cpu)")
     p.add_argument("--resnet-batch", type=int, default=0,
-                   help="ResNet-50 images per batch (0: 64 on cuda, 4 on cpu)")
+                   help="ResNet images per batch (0: 64 on cuda, 4 on cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
     p.add_argument("--configs", default="",

@@ -86,17 +86,22 @@ def pytorch_result(runs, size=64):
 
 class CpuTargets(unittest.TestCase):
     def test_ratios_and_verdicts_follow_the_medians(self):
-        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0, "resnet18": 50.0},
+                           peak=100)
         for run in minamp:  # AMP uses half the memory of FP32 on sine, and a 10% higher loss
             if run["precision"] == "amp" and run["mode"] == "train":
                 run["peak_bytes"] = 50
                 run["loss_last10_mean"] = 1.1
             if run["mode"] == "infer":  # inference peaks, which no training target reads
                 run["peak_bytes"] = 25
-        pytorch = every_run("pytorch", {"mlp": 0.4, "sine": 20.0, "classify": 60.0})
+        pytorch = every_run("pytorch",
+                            {"mlp": 0.4, "sine": 20.0, "classify": 60.0, "resnet18": 40.0})
         report = Report(self, "cpu", minamp_result(minamp), pytorch_result(pytorch))
         self.assertEqual(report.process.returncode, 0, report.process.stderr)
         targets = report.targets()
+        resnet18 = targets["resnet18 FP32 forward, batch 1, 224^2, vs PyTorch CPU eager FP32"]
+        self.assertAlmostEqual(resnet18["ratio"], 1.25)
+        self.assertEqual(resnet18["status"], "missed")
         mlp = targets["mlp FP32 step vs PyTorch CPU eager FP32"]
         self.assertAlmostEqual(mlp["ratio"], 0.25)
         self.assertEqual(mlp["status"], "met")
@@ -142,6 +147,7 @@ class CpuTargets(unittest.TestCase):
         self.assertEqual(bounds, {
             "sine 64^2 FP32 step vs PyTorch CPU eager FP32": 1.0,
             "mlp FP32 step vs PyTorch CPU eager FP32": 1.0,
+            "resnet18 FP32 forward, batch 1, 224^2, vs PyTorch CPU eager FP32": 1.0,
             "sine 64^2 AMP peak memory vs minamp FP32": 0.55,
             "sine AMP final loss vs FP32 (last-10 mean)": 0.05,
             "mlp AMP final loss vs FP32 (last-10 mean)": 0.05,
@@ -165,10 +171,11 @@ class CpuTargets(unittest.TestCase):
         self.assertEqual(target["status"], "not measured")
 
     def test_a_failed_optional_mode_is_listed_alone(self):
-        minamp = every_run("minamp", {"mlp": 0.1, "sine": 30.0, "classify": 60.0}, peak=100)
+        ms = {"mlp": 0.1, "sine": 30.0, "classify": 60.0, "resnet18": 50.0}
+        minamp = every_run("minamp", ms, peak=100)
         minamp.append({"model": "mlp", "precision": "amp", "mode": "train-graph",
                        "error": "capture failed"})
-        pytorch = every_run("pytorch", {"mlp": 0.4, "sine": 20.0, "classify": 60.0})
+        pytorch = every_run("pytorch", dict(ms, mlp=0.4))
         del pytorch[0]  # mlp fp32 train
         report = Report(self, "cpu", minamp_result(minamp), pytorch_result(pytorch))
         self.assertEqual(report.combined()["meta"]["missing"],

@@ -113,15 +113,15 @@ class RunCpuScript(unittest.TestCase):
         minamp = [c["args"] for c in calls if c["tool"] == "bench_train"]
         pytorch = [c["args"] for c in calls if c["tool"] == "pytorch"]
         self.assertEqual([option(a, "--models") for a in minamp],
-                         ["mlp", "sine", "classify"] + ["sine"] * 5)
-        self.assertEqual([option(a, "--seed") for a in minamp[3:]], ["1", "2", "3", "4", "5"])
+                         ["mlp", "sine", "classify", "resnet18"] + ["sine"] * 5)
+        self.assertEqual([option(a, "--seed") for a in minamp[4:]], ["1", "2", "3", "4", "5"])
         self.assertTrue(all(option(a, "--size") == "64" for a in minamp if "sine" in a))
         self.assertEqual([(option(a, "--models"), option(a, "--precisions")) for a in pytorch],
-                         [(m, p) for m in ("mlp", "sine", "classify")
+                         [(m, p) for m in ("mlp", "sine", "classify", "resnet18")
                           for p in ("fp32", "amp", "amp-bf16")])
         self.assertEqual({option(a, "--threads") for a in pytorch}, {"3"})
         # The FP32 runs, which the targets compare, take the steps minamp takes.
-        for model in ("mlp", "sine", "classify"):
+        for model in ("mlp", "sine", "classify", "resnet18"):
             ours = next(a for a in minamp if option(a, "--models") == model)
             theirs = next(a for a in pytorch if option(a, "--models") == model)
             self.assertEqual(option(ours, "--steps"), option(theirs, "--steps"), model)
