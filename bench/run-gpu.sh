@@ -11,7 +11,7 @@
 # The log is written to ${OUT:-/tmp} as it comes, and the parts folder (/tmp/<name>-parts: the
 # per-tool JSON and the examples' outputs) is packed into $OUT/<name>-parts.tgz after every
 # stage, so that $OUT holds at most four files whatever happens (the log, the parts .tgz, and the
-# report's .json and .md when there is one), easy to copy back from a remote machine. The report
+# report's .json and .md when there is one), in one folder. The report
 # (whatever results there are, the missing ones listed) goes to
 # bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log beside it, and is copied to
 # $OUT. A run with no results at all writes nothing to bench/results. A target that does not
@@ -63,7 +63,7 @@ minamp_extra="--profile 5 --cuda-graph"
 # PyTorch only: the other training configurations a PyTorch user would pick (NCHW, fused
 # optimizers, both, torch.compile), so that each target compares with the fastest of them; mlp
 # has no convs (NCHW is its only layout) and no compile (its step is launch-bound); ResNet-50 is
-# compared with channels_last and fused Adam (the other configurations would not fit the budget).
+# compared with channels_last and fused Adam (the others would not fit the default 540 s).
 declare -A pytorch_extra=([mlp]="--configs fused" [sine]="--configs nchw,fused,nchw-fused,compile"
   [classify]="--configs nchw,fused,nchw-fused,compile" [resnet50]="--configs fused"
   [resnet50-frozen]="--configs fused")
