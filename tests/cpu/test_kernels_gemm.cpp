@@ -1,6 +1,8 @@
 // Tests of the CPU GEMM kernels (minamp::cpu::gemm, bias_backward): every transpose combination
 // against a double reference, the epilogue (alpha, beta, bias, ReLU), the f16 emulation, the
-// gradients a Linear layer takes through it (finite differences), and the error messages.
+// gradients a Linear layer takes through it (finite differences), the output tiles that spread a
+// product over the threads, and the error messages.
+#include "kernels/cpu/cpu_util.h"
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -42,6 +44,61 @@ TEST(CpuGemm, MatchesDoubleReferenceForEveryTransposeAndAwkwardShape) {
         gemm_reference(to_doubles(a), g.trans_a, to_doubles(b), g.trans_b, g.m, g.k, g.n);
     EXPECT_LT(relative_error_to(c, ref), kF32Tolerance) << name(g);
   }
+}
+
+// Every shape: the tiles cover C exactly, their count stays below twice the target of 16 (the
+// last halving may double it), and split widths are whole 24-column register blocks.
+TEST(CpuGemm, OutputTilesCoverTheProductInWholeRegisterBlocks) {
+  for (int64_t rows : {0, 1, 31, 64, 200, 3136, 12544})
+    for (int64_t cols : {0, 1, 47, 64, 150, 512}) {
+      const cpu::OutputTiles t = cpu::output_tiles(rows, cols);
+      const std::string what = cat(rows, " x ", cols);
+      EXPECT_EQ(t.rows, rows) << what;
+      EXPECT_EQ(t.cols, cols) << what;
+      if (rows == 0 || cols == 0) {
+        EXPECT_EQ(t.count(), 0) << what;
+        continue;
+      }
+      EXPECT_GE(t.count(), 1) << what;
+      EXPECT_LT(t.count(), 32) << what;
+      EXPECT_LT((t.row_tiles() - 1) * t.tile_rows, rows) << what; // no empty tile
+      EXPECT_GE(t.row_tiles() * t.tile_rows, rows) << what;
+      EXPECT_LT((t.col_tiles() - 1) * t.tile_cols, cols) << what;
+      EXPECT_GE(t.col_tiles() * t.tile_cols, cols) << what;
+      if (t.col_tiles() > 1) EXPECT_EQ(t.tile_cols % 24, 0) << what;
+    }
+  EXPECT_EQ(cpu::output_tiles(12544, 64).count(), 16);  // ResNet's stem at batch 1: rows split
+  EXPECT_GT(cpu::output_tiles(49, 512).col_tiles(), 1); // its last convolutions: columns split
+}
+
+// Products cut into several row and column tiles: every transpose matches the double reference,
+// with beta = 0 (poisoned C) and beta = 1, bit for bit on 1 and on 4 threads.
+TEST(CpuGemm, TiledProductsMatchTheReferenceOnAnyThreadCount) {
+  Rng rng(13);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const GemmCase g{200, 70, 150, ta, tb};
+      const cpu::OutputTiles tiles = cpu::output_tiles(g.m, g.n);
+      ASSERT_GT(tiles.row_tiles(), 1);
+      ASSERT_GT(tiles.col_tiles(), 1);
+      const Tensor a = random_tensor(rng, g.a_shape());
+      const Tensor b = random_tensor(rng, g.b_shape());
+      const Tensor c_old = random_tensor(rng, {g.m, g.n});
+      auto run = [&] {
+        Tensor assigned = poisoned({g.m, g.n}), accumulated = c_old.clone();
+        cpu::gemm(a, ta, b, tb, assigned, {});
+        GemmEpilogue accumulate;
+        accumulate.beta = 1.0f;
+        cpu::gemm(a, ta, b, tb, accumulated, accumulate);
+        return std::vector<Tensor>{assigned, accumulated};
+      };
+      const std::vector<Tensor> outputs = outputs_on_any_thread_count(run, name(g));
+      const Doubles product = gemm_reference(to_doubles(a), ta, to_doubles(b), tb, g.m, g.k, g.n);
+      Doubles plus_old = to_doubles(c_old);
+      for (size_t i = 0; i < plus_old.size(); ++i) plus_old[i] += product[i];
+      EXPECT_LT(relative_error_to(outputs[0], product), kF32Tolerance) << name(g);
+      EXPECT_LT(relative_error_to(outputs[1], plus_old), kF32Tolerance) << name(g);
+    }
 }
 
 TEST(CpuGemm, EpilogueAppliesAlphaBetaBiasAndReluInFp32) {

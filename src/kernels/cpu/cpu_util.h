@@ -72,4 +72,21 @@ inline float relu(float v) { return v < 0.0f ? 0.0f : v; }
 // C = relu(C + bias[N]) on a [M, N] matrix, each part only when the epilogue asks for it.
 void apply_bias_relu(MatrixMap c, const GemmEpilogue& epilogue);
 
+// How a matrix product's output C [M, N] is cut into tiles for the threads: tile_rows x
+// tile_cols each (the last row / column of tiles may be smaller), from the shape alone.
+struct OutputTiles {
+  int64_t rows = 0, cols = 0;           // C's shape [M, N]
+  int64_t tile_rows = 0, tile_cols = 0; // one tile's shape
+  int64_t row_tiles() const { return (rows + tile_rows - 1) / tile_rows; }
+  int64_t col_tiles() const { return (cols + tile_cols - 1) / tile_cols; }
+  int64_t count() const { return rows == 0 || cols == 0 ? 0 : row_tiles() * col_tiles(); }
+};
+OutputTiles output_tiles(int64_t rows, int64_t cols);
+
+// C = alpha * op(A) @ op(B), or C += that when accumulate, in fp32 on every OpenMP thread. C is
+// cut into output_tiles(M, N) and each tile is one single-threaded Eigen product (Eigen is built
+// with EIGEN_DONT_PARALLELIZE), so the result never depends on the number of threads.
+void matmul(ConstMatrixMap a, bool trans_a, ConstMatrixMap b, bool trans_b, MatrixMap c,
+            float alpha, bool accumulate);
+
 } // namespace minamp::cpu
