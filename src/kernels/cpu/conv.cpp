@@ -13,11 +13,19 @@ namespace minamp::cpu {
 
 namespace {
 
-// The input pixel an output pixel's kernel tap reads, or -1 when it falls in the padding.
-int64_t input_offset(const ConvDims& d, int64_t oh, int64_t ow, int64_t i, int64_t j) {
-  const int64_t ih = oh * d.stride - d.pad + i, iw = ow * d.stride - d.pad + j;
-  if (ih < 0 || ih >= d.h || iw < 0 || iw >= d.w) return -1;
-  return (ih * d.w + iw) * d.cin;
+// The taps of kernel row i at output pixel (oh, ow) that fall inside the image: taps [j0, j1) read
+// (j1 - j0) * Cin consecutive floats of the image [H, W, Cin] from offset `at` (consecutive taps
+// are consecutive input pixels); the others read the zero padding. j0 == j1 when the whole
+// kernel row is padding.
+struct TapSpan {
+  int64_t j0 = 0, j1 = 0, at = 0;
+};
+TapSpan tap_span(const ConvDims& d, int64_t oh, int64_t ow, int64_t i) {
+  const int64_t ih = oh * d.stride - d.pad + i, iw = ow * d.stride - d.pad;
+  if (ih < 0 || ih >= d.h) return {};
+  const int64_t j0 = std::clamp<int64_t>(-iw, 0, d.kw),
+                j1 = std::clamp<int64_t>(d.w - iw, j0, d.kw);
+  return {j0, j1, (ih * d.w + iw + j0) * d.cin};
 }
 
 constexpr int64_t kGroupRows = 2048; // output pixels per GEMM, rounded to whole images
@@ -40,20 +48,17 @@ void im2col(const float* x, const ConvDims& d, int64_t first, int64_t count, Row
       const float* image = x + (first + s) * image_size;
       for (int64_t ow = 0; ow < d.wo; ++ow) {
         float* row = cols.data() + ((s * d.ho + oh) * d.wo + ow) * d.patch();
-        for (int64_t i = 0; i < d.kh; ++i)
-          for (int64_t j = 0; j < d.kw; ++j) {
-            float* tap = row + (i * d.kw + j) * d.cin;
-            const int64_t at = input_offset(d, oh, ow, i, j);
-            // Loops, not fill_n/copy_n: those become memset/memmove calls, which cost more
-            // than the copy itself for a few channels (Cin = 1 in the first layer).
-            if (at < 0) {
+        for (int64_t i = 0; i < d.kh; ++i) {
+          float* taps = row + i * d.kw * d.cin; // kernel row i: [kw, Cin]
+          const TapSpan span = tap_span(d, oh, ow, i);
+          const int64_t begin = span.j0 * d.cin, end = span.j1 * d.cin;
+          // Loops, not fill_n/copy_n: those become memset/memmove calls, which cost more than
+          // the copy itself for a few channels (Cin = 3 in ResNet's stem).
+          for (int64_t k = 0; k < begin; ++k) taps[k] = 0.0f;
 #pragma omp simd
-              for (int64_t c = 0; c < d.cin; ++c) tap[c] = 0.0f;
-            } else {
-#pragma omp simd
-              for (int64_t c = 0; c < d.cin; ++c) tap[c] = image[at + c];
-            }
-          }
+          for (int64_t k = begin; k < end; ++k) taps[k] = image[span.at + k - begin];
+          for (int64_t k = end; k < d.kw * d.cin; ++k) taps[k] = 0.0f;
+        }
       }
     }
 }
@@ -67,13 +72,12 @@ void col2im(const RowMatrix& cols, const ConvDims& d, int64_t first, int64_t cou
     for (int64_t oh = 0; oh < d.ho; ++oh)
       for (int64_t ow = 0; ow < d.wo; ++ow) {
         const float* row = cols.data() + ((s * d.ho + oh) * d.wo + ow) * d.patch();
-        for (int64_t i = 0; i < d.kh; ++i)
-          for (int64_t j = 0; j < d.kw; ++j) {
-            const int64_t at = input_offset(d, oh, ow, i, j);
-            if (at < 0) continue;
-            const float* tap = row + (i * d.kw + j) * d.cin;
-            for (int64_t c = 0; c < d.cin; ++c) image[at + c] += tap[c];
-          }
+        for (int64_t i = 0; i < d.kh; ++i) {
+          const TapSpan span = tap_span(d, oh, ow, i);
+          const float* taps = row + (i * d.kw + span.j0) * d.cin;
+#pragma omp simd
+          for (int64_t k = 0; k < (span.j1 - span.j0) * d.cin; ++k) image[span.at + k] += taps[k];
+        }
       }
   }
 }
@@ -94,14 +98,16 @@ void input_gradient(const FloatInput& dy, const FloatInput& w, const ConvDims& d
   FloatOutput dx_values(dx, false);
   if (d.is_pointwise()) {
     const int64_t rows = d.n * d.h * d.w;
-    dx_values.matrix(rows, d.cin).noalias() = dy.matrix(rows, d.cout) * weights;
+    matmul(dy.matrix(rows, d.cout), false, weights, false, dx_values.matrix(rows, d.cin), 1.0f,
+           false);
   } else {
     std::fill_n(dx_values.data(), dx_values.size(), 0.0f);
     RowMatrix dcols(images_per_group(d) * d.out_pixels(), d.patch());
     for_each_group(d, [&](int64_t first, int64_t count, int64_t rows) {
       const ConstMatrixMap dy_group(dy.data() + first * d.out_pixels() * d.cout, rows,
-                                    d.cout);              // [rows, Cout]
-      dcols.topRows(rows).noalias() = dy_group * weights; // [rows, K]
+                                    d.cout); // [rows, Cout]
+      matmul(dy_group, false, weights, false, MatrixMap(dcols.data(), rows, d.patch()), 1.0f,
+             false); // [rows, K]
       col2im(dcols, d, first, count, dx_values.data());
     });
   }
@@ -113,7 +119,7 @@ void weight_gradient(const FloatInput& x, const FloatInput& dy, const ConvDims& 
   MatrixMap dw_matrix(dw.data<float>(), d.cout, d.patch());
   if (d.is_pointwise()) {
     const int64_t rows = d.n * d.h * d.w;
-    dw_matrix.noalias() += dy.matrix(rows, d.cout).transpose() * x.matrix(rows, d.cin);
+    matmul(dy.matrix(rows, d.cout), true, x.matrix(rows, d.cin), false, dw_matrix, 1.0f, true);
     return;
   }
   RowMatrix cols(images_per_group(d) * d.out_pixels(), d.patch());
@@ -121,7 +127,8 @@ void weight_gradient(const FloatInput& x, const FloatInput& dy, const ConvDims& 
     im2col(x.data(), d, first, count, cols);
     const ConstMatrixMap dy_group(dy.data() + first * d.out_pixels() * d.cout, rows,
                                   d.cout); // [rows, Cout]
-    dw_matrix.noalias() += dy_group.transpose() * cols.topRows(rows);
+    matmul(dy_group, true, ConstMatrixMap(cols.data(), rows, d.patch()), false, dw_matrix, 1.0f,
+           true);
   });
 }
 
@@ -136,13 +143,14 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
   FloatOutput y_values(y, false);
   if (d.is_pointwise()) {
     const ConstMatrixMap pixels = x_values.matrix(d.n * d.h * d.w, d.cin); // [N*H*W, Cin]
-    y_values.matrix(d.n * d.h * d.w, d.cout).noalias() = pixels * weights.transpose();
+    matmul(pixels, false, weights, true, y_values.matrix(d.n * d.h * d.w, d.cout), 1.0f, false);
   } else {
     RowMatrix cols(images_per_group(d) * d.out_pixels(), d.patch());
     for_each_group(d, [&](int64_t first, int64_t count, int64_t rows) {
       im2col(x_values.data(), d, first, count, cols);
       MatrixMap y_group(y_values.data() + first * d.out_pixels() * d.cout, rows, d.cout);
-      y_group.noalias() = cols.topRows(rows) * weights.transpose(); // [rows, Cout]
+      matmul(ConstMatrixMap(cols.data(), rows, d.patch()), false, weights, true, y_group, 1.0f,
+             false); // [rows, Cout]
     });
   }
   apply_bias_relu(y_values.matrix(d.n * d.out_pixels(), d.cout), epilogue);
