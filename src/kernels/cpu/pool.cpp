@@ -36,6 +36,29 @@ void avgpool_backward(const Tensor& dy, Tensor& dx) {
   grad_in.store();
 }
 
+namespace {
+// The maximum of x over one window, per channel: best[c] (and, with Argmax, the window pixel it
+// came from, taken[c]) over the pixels (ih, iw) of [h0, h1) x [w0, w1) of one image [H, W, C],
+// visited in row order; a NaN wins, as in PyTorch. Channels are the inner, vectorised loop.
+template <bool Argmax>
+void window_max(const float* image, const MaxPoolDims& d, int64_t h0, int64_t h1, int64_t w0,
+                int64_t w1, float* best, int32_t* taken) {
+  for (int64_t c = 0; c < d.c; ++c) best[c] = -INFINITY;
+  if (Argmax) std::fill_n(taken, d.c, static_cast<int32_t>(h0 * d.w + w0));
+  for (int64_t ih = h0; ih < h1; ++ih)
+    for (int64_t iw = w0; iw < w1; ++iw) {
+      const float* v = image + (ih * d.w + iw) * d.c;
+      const auto pixel = static_cast<int32_t>(ih * d.w + iw);
+#pragma omp simd
+      for (int64_t c = 0; c < d.c; ++c) {
+        const bool take = v[c] > best[c] || v[c] != v[c];
+        best[c] = take ? v[c] : best[c];
+        if (Argmax) taken[c] = take ? pixel : taken[c];
+      }
+    }
+}
+} // namespace
+
 void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& argmax, const MaxPoolParams& pool) {
   const MaxPoolDims d = require_maxpool2d_forward(x, y, argmax, pool);
   const FloatInput in(x);
@@ -51,20 +74,10 @@ void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& argmax, const MaxPool
         const int64_t w0 = std::max<int64_t>(ow * d.stride - d.pad, 0);
         const int64_t w1 = std::min<int64_t>(ow * d.stride - d.pad + d.kernel, d.w);
         const int64_t at = ((s * d.ho + oh) * d.wo + ow) * d.c;
-        for (int64_t c = 0; c < d.c; ++c) {
-          float best = -INFINITY;
-          int64_t best_pixel = h0 * d.w + w0;
-          for (int64_t ih = h0; ih < h1; ++ih)
-            for (int64_t iw = w0; iw < w1; ++iw) {
-              const float v = image[(ih * d.w + iw) * d.c + c];
-              if (v > best || std::isnan(v)) {
-                best = v;
-                best_pixel = ih * d.w + iw;
-              }
-            }
-          out[at + c] = best;
-          if (taken) taken[at + c] = static_cast<int32_t>(best_pixel);
-        }
+        if (taken)
+          window_max<true>(image, d, h0, h1, w0, w1, out.data() + at, taken + at);
+        else
+          window_max<false>(image, d, h0, h1, w0, w1, out.data() + at, nullptr);
       }
     }
   out.store();
