@@ -72,4 +72,8 @@ inline float relu(float v) { return v < 0.0f ? 0.0f : v; }
 // C = relu(C + bias[N]) on a [M, N] matrix, each part only when the epilogue asks for it.
 void apply_bias_relu(MatrixMap c, const GemmEpilogue& epilogue);
 
+// *epilogue.column_moments (when set) = the per-column mean and biased variance of c viewed as
+// [rows, N], from its values as stored (batchnorm.cpp: batch norm's own statistics).
+void store_column_moments(const Tensor& c, const GemmEpilogue& epilogue);
+
 } // namespace minamp::cpu
