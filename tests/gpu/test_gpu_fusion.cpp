@@ -2,14 +2,19 @@
 // moments (GemmEpilogue::column_moments: the epilogue hook of v3-v5, the unfused column pass
 // elsewhere) against the moments of C as stored and against the CPU composition (gemm, then
 // column mean and variance), on every version, edge tiles, split K, thin GEMMs and convolutions;
-// NaN, determinism and values far from zero.
+// NaN, determinism and values far from zero; then Sequential Conv2d/Linear -> BatchNorm -> ReLU
+// fused against nn::set_fusion(false), forward and backward, in training and eval mode.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "amp/autocast.h"
 #include "kernels/gemm_version.h"
 #include "kernels/kernels.h"
+#include "nn/module.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 namespace minamp {
@@ -271,6 +276,142 @@ TEST(GpuColumnMoments, MeanFarFromZeroKeepsTheVariance) {
     }
     EXPECT_GT(worst_naive, 0.5) << "the data set does not discriminate";
   }
+}
+
+// ---- Sequential: a BatchNorm takes its statistics from the Linear or Conv2d before it.
+
+// Restores nn::fusion_enabled() on scope exit.
+class ScopedFusion {
+public:
+  explicit ScopedFusion(bool enabled) : previous_(nn::fusion_enabled()) { nn::set_fusion(enabled); }
+  ~ScopedFusion() { nn::set_fusion(previous_); }
+  ScopedFusion(const ScopedFusion&) = delete;
+  ScopedFusion& operator=(const ScopedFusion&) = delete;
+
+private:
+  bool previous_;
+};
+
+// Conv2d 3x3 -> BatchNorm -> ReLU -> Conv2d 1x1 -> BatchNorm -> ReLU on the device. No bias before
+// a batch norm (as in PyTorch's ResNets): its gradient is zero but for rounding, which no relative
+// tolerance can compare.
+std::unique_ptr<nn::Sequential> make_conv_net() {
+  Rng rng(1000);
+  auto net = std::make_unique<nn::Sequential>();
+  net->emplace<nn::Conv2d>(6, 24, 3, rng, 1, 1, false);
+  net->emplace<nn::BatchNorm>(24);
+  net->emplace<nn::ReLU>();
+  net->emplace<nn::Conv2d>(24, 16, 1, rng, 1, 0, false);
+  net->emplace<nn::BatchNorm>(16);
+  net->emplace<nn::ReLU>();
+  net->to(Device::cuda);
+  return net;
+}
+
+// Linear -> BatchNorm -> ReLU -> Linear -> BatchNorm on the device.
+std::unique_ptr<nn::Sequential> make_linear_net() {
+  Rng rng(1100);
+  auto net = std::make_unique<nn::Sequential>();
+  net->emplace<nn::Linear>(20, 48, rng, false);
+  net->emplace<nn::BatchNorm>(48);
+  net->emplace<nn::ReLU>();
+  net->emplace<nn::Linear>(48, 24, rng, false);
+  net->emplace<nn::BatchNorm>(24);
+  net->to(Device::cuda);
+  return net;
+}
+
+// What one training step and one eval forward leave: outputs, gradients, running statistics.
+struct StepResult {
+  Tensor train_out, eval_out;
+  std::vector<Tensor> grads, buffers;
+};
+
+StepResult run_step(nn::Sequential& net, const Shape& input_shape, DType amp_dtype) {
+  Rng rng(1200);
+  const Tensor x = test::random_tensor(rng, input_shape, DType::f32, Device::cuda, -2.0f, 2.0f);
+  StepResult out;
+  {
+    const bool amp = amp_dtype != DType::f32;
+    amp::Autocast autocast(amp, amp ? amp_dtype : DType::f16);
+    net.train();
+    const Var y = net(Var(x));
+    out.train_out = y.value().to(Device::cpu);
+    const Tensor target = test::random_tensor(rng, y.shape(), DType::f32, Device::cuda);
+    ops::mse_loss(y, target).backward();
+    net.eval();
+    out.eval_out = net(Var(x)).value().to(Device::cpu);
+  }
+  for (Parameter* p : net.parameters()) out.grads.push_back(p->grad().to(Device::cpu));
+  for (auto& [name, buffer] : net.named_buffers()) out.buffers.push_back(buffer->to(Device::cpu));
+  return out;
+}
+
+void expect_fused_matches_unfused(std::unique_ptr<nn::Sequential> (*make)(),
+                                  const Shape& input_shape, const char* name) {
+  for (DType amp_dtype : {DType::f32, DType::f16, DType::bf16}) {
+    StepResult fused, unfused;
+    {
+      ScopedFusion on(true);
+      fused = run_step(*make(), input_shape, amp_dtype);
+    }
+    {
+      ScopedFusion off(false);
+      unfused = run_step(*make(), input_shape, amp_dtype);
+    }
+    const double tolerance = test::tolerance_for(amp_dtype);
+    const std::string what = cat(name, " ", amp_dtype, " fused vs MINAMP_FUSION=0");
+    test::expect_close(fused.train_out, unfused.train_out, tolerance, what + ": training forward");
+    test::expect_close(fused.eval_out, unfused.eval_out, tolerance, what + ": eval forward");
+    ASSERT_EQ(fused.grads.size(), unfused.grads.size());
+    for (size_t i = 0; i < fused.grads.size(); ++i)
+      test::expect_close(fused.grads[i], unfused.grads[i], tolerance,
+                         cat(what, ": gradient of parameter ", i));
+    for (size_t i = 0; i < fused.buffers.size(); ++i)
+      test::expect_close(fused.buffers[i], unfused.buffers[i], tolerance,
+                         cat(what, ": buffer ", i));
+  }
+}
+
+TEST(GpuFusion, ConvBatchNormReluMatchesUnfused) {
+  MINAMP_REQUIRE_GPU();
+  expect_fused_matches_unfused(make_conv_net, {4, 12, 10, 6}, "conv net");
+}
+
+TEST(GpuFusion, LinearBatchNormReluMatchesUnfused) {
+  MINAMP_REQUIRE_GPU();
+  expect_fused_matches_unfused(make_linear_net, {300, 20}, "linear net");
+}
+
+// The handoff itself: a Conv2d that a BatchNorm follows produces moments with its output in
+// training mode on CUDA while fusion is on, and hands them over once, for that output only.
+TEST(GpuFusion, ConvHandsItsMomentsToTheBatchNormOnly) {
+  MINAMP_REQUIRE_GPU();
+  nn::Sequential net;
+  Rng rng(1300);
+  net.emplace<nn::Conv2d>(4, 8, 1, rng);
+  net.emplace<nn::BatchNorm>(8);
+  net.to(Device::cuda);
+  nn::Module& conv = net[0];
+  const Tensor x = test::random_tensor(rng, {2, 5, 5, 4}, DType::f32, Device::cuda);
+
+  const Tensor y = conv(Var(x)).value();
+  const Tensor moments = conv.take_batch_moments(y);
+  ASSERT_TRUE(moments.defined());
+  EXPECT_EQ(moments.shape(), (Shape{2, 8}));
+  EXPECT_LT(moments_error(moments, moments_of(y.to(Device::cpu))), kMomentsOfStoredTolerance);
+  EXPECT_FALSE(conv.take_batch_moments(y).defined()) << "handed over twice";
+
+  const Tensor other = conv(Var(x)).value();
+  EXPECT_FALSE(conv.take_batch_moments(y).defined()) << "moments of another output";
+  {
+    ScopedFusion off(false);
+    const Tensor unfused = conv(Var(x)).value();
+    EXPECT_FALSE(conv.take_batch_moments(unfused).defined()) << "MINAMP_FUSION=0";
+  }
+  net.eval();
+  const Tensor evaluated = conv(Var(x)).value();
+  EXPECT_FALSE(conv.take_batch_moments(evaluated).defined()) << "eval mode";
 }
 
 } // namespace
