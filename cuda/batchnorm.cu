@@ -4,15 +4,18 @@
 // gamma, beta and their gradients are f32 [C].
 //
 // rows reach 262144 while C is at most a few hundred, so the per-channel sums are two-stage column
-// reductions that spread the rows over the whole device (reduce.cuh), not one thread per channel.
-// The variance is two-pass: the mean first, then the mean of squared deviations from it, which
-// avoids the cancellation of E[x^2] - E[x]^2 at the price of reading x once more.
+// reductions that spread the rows over the whole device (column_moments.cuh), not one thread per
+// channel. The variance is two-pass: the mean first, then the mean of squared deviations from
+// it, which avoids the cancellation of E[x^2] - E[x]^2 at the price of reading x once more. When
+// the GEMM that wrote x already produced these moments in its epilogue (bn.batch_moments), that
+// pass is skipped.
 //
 // The elementwise passes (normalise, dx) take four channels of a row at a time (8- or 16-byte
 // accesses) when C is a multiple of 4 and the tensors are aligned for it: on an H100 the
 // one-element versions moved 1.5-1.7 TB/s of the ~3 TB/s HBM gives.
 #include <initializer_list>
 
+#include "column_moments.cuh"
 #include "common.cuh"
 #include "device.cuh"
 #include "kernels/kernels.h"
@@ -56,43 +59,20 @@ struct ChannelCursor {
 
 // ---- Forward statistics.
 
-template <class T> struct ChannelValue { // x[row, c]
-  const T* x;
-  int channels;
-  __device__ void operator()(int64_t row, int c, float (&v)[1]) const {
-    v[0] = load_f(x, row * channels + c);
-  }
-};
-struct StoreMean { // mean[c] = sum / rows
-  float* mean;
-  float rows;
-  __device__ void operator()(int c, float (&sum)[1]) const { mean[c] = sum[0] / rows; }
-};
-
-template <class T> struct SquaredDeviation { // (x[row, c] - mean[c])^2
-  const T* x;
-  const float* mean;
-  int channels;
-  __device__ void operator()(int64_t row, int c, float (&v)[1]) const {
-    const float centred = load_f(x, row * channels + c) - mean[c];
-    v[0] = centred * centred;
-  }
-};
-// invstd = 1 / sqrt(var + eps) with the biased variance; the running statistics move toward the
-// batch mean and the unbiased variance var * n / (n - 1).
-struct StoreVariance {
-  const float* mean;
-  float* invstd;
-  float* running_mean;
-  float* running_var;
-  float rows, momentum, eps;
-  __device__ void operator()(int c, float (&sum)[1]) const {
-    const float var = sum[0] / rows;
+// Training: mean and invstd = 1 / sqrt(var + eps) from the batch's moments [2, C] (mean, biased
+// variance); the running statistics move toward the batch mean and the unbiased variance
+// var * n / (n - 1).
+__global__ void training_statistics_kernel(const float* moments, int channels, float rows,
+                                           float momentum, float eps, float* mean, float* invstd,
+                                           float* running_mean, float* running_var) {
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < channels; c += gridDim.x * blockDim.x) {
+    const float batch_mean = moments[c], var = moments[channels + c];
+    mean[c] = batch_mean;
     invstd[c] = 1.0f / sqrtf(var + eps);
-    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean[c];
+    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * batch_mean;
     running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (var * rows / (rows - 1.0f));
   }
-};
+}
 
 // Eval mode: mean/invstd from the running statistics, which stay as they are.
 __global__ void eval_statistics_kernel(const float* running_mean, const float* running_var,
@@ -241,14 +221,17 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   visit_floating(x, op, [&](auto type) {
     using T = typename decltype(type)::type;
     if (bn.training) {
-      reduce_columns<1>(d.rows, d.channels, ChannelValue<T>{ptr<const T>(x), d.channels},
-                        StoreMean{ptr<float>(mean), float(d.rows)}, op);
-      reduce_columns<1>(d.rows, d.channels,
-                        SquaredDeviation<T>{ptr<const T>(x), ptr<const float>(mean), d.channels},
-                        StoreVariance{ptr<const float>(mean), ptr<float>(invstd),
-                                      ptr<float>(running_mean), ptr<float>(running_var),
-                                      float(d.rows), bn.momentum, bn.eps},
-                        op);
+      // The statistics pass (two reads of x), unless the GEMM that wrote x produced the moments.
+      Tensor computed;
+      if (!bn.batch_moments) {
+        computed = Tensor::empty({2, d.channels}, DType::f32, Device::cuda);
+        column_moments(x.raw(), x.dtype(), d.rows, d.channels, ptr<float>(computed), op);
+      }
+      const Tensor& moments = bn.batch_moments ? *bn.batch_moments : computed;
+      training_statistics_kernel<<<grid_for(d.channels, kThreads), kThreads, 0, stream()>>>(
+          ptr<const float>(moments), d.channels, float(d.rows), bn.momentum, bn.eps,
+          ptr<float>(mean), ptr<float>(invstd), ptr<float>(running_mean), ptr<float>(running_var));
+      CUDA_CHECK_LAUNCH(op);
     } else {
       eval_statistics_kernel<<<grid_for(d.channels, kThreads), kThreads, 0, stream()>>>(
           ptr<const float>(running_mean), ptr<const float>(running_var), d.channels, bn.eps,

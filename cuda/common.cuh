@@ -40,6 +40,15 @@ __device__ __forceinline__ void store_f(__half* p, int64_t i, float v) {
 __device__ __forceinline__ void store_f(__nv_bfloat16* p, int64_t i, float v) {
   p[i] = __float2bfloat16_rn(v);
 }
+// v as store_f leaves it in storage type T, widened back to float.
+template <class T> __device__ __forceinline__ float as_stored(float v);
+template <> __device__ __forceinline__ float as_stored<float>(float v) { return v; }
+template <> __device__ __forceinline__ float as_stored<__half>(float v) {
+  return __half2float(__float2half_rn(v));
+}
+template <> __device__ __forceinline__ float as_stored<__nv_bfloat16>(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
 
 // The same for four consecutive values at once, one 16-byte (f32) or 8-byte (f16, bf16) access:
 // p + i must be aligned for it (aligned_for_pack on the base pointer, i a multiple of 4).

@@ -164,6 +164,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
   args.m = g.out_pixels(), args.n = out_channels, args.k = g.patch();
   args.epilogue.bias = bias ? ptr<float>(*bias) : nullptr; // alpha/beta are not used by conv
   args.epilogue.relu = epilogue.relu;
+  args.column_moments = epilogue.column_moments ? ptr<float>(*epilogue.column_moments) : nullptr;
   run_gemm(args);
 }
 

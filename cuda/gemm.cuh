@@ -6,8 +6,9 @@
 //     the tile configuration and, for few tiles over a long K, splits K (gemm_plan.h);
 //   - device side: cp.async helpers, the shared-memory tile shapes, the loaders that copy one
 //     operand tile from global to shared memory (zero-filling everything out of bounds) and
-//     the fused epilogue C = relu(alpha * acc + beta * C + bias), and the kernel that adds
-//     split-K partial sums and applies it.
+//     the fused epilogue C = relu(alpha * acc + beta * C + bias) with its optional per-column
+//     statistics of C (for a following batch norm), and the kernel that adds split-K partial
+//     sums and applies it.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "column_moments.cuh"
 #include "common.cuh"
 #include "device.cuh"
 #include "gemm_plan.h"
@@ -86,11 +88,14 @@ inline GemmOperand col2im_operand(const Tensor& dy, const ConvGeometry& conv) {
 
 // The fused epilogue, applied per element in fp32: v = alpha * acc (+ beta * C_old when beta
 // != 0; C_old is never read otherwise) (+ bias[col]), then ReLU; stored rounded to C's dtype.
+// With column_partials set, the packed epilogue (store_tile_packed) also writes, per block, the
+// (mean, M2) of each of its columns over the block's rows, of the values as stored in C.
 struct EpilogueArgs {
   float alpha = 1.0f;
   float beta = 0.0f;
   const float* bias = nullptr; // f32 [N] on the device, or nullptr
   bool relu = false;
+  float* column_partials = nullptr; // f32 [row tiles, 2, N] on the device, or nullptr
 };
 
 struct GemmArgs {
@@ -100,6 +105,10 @@ struct GemmArgs {
   DType c_dtype = DType::f32; // f32, or A's 16-bit dtype (f32 A and B may give f16 or bf16 C)
   int64_t m = 0, n = 0, k = 0;
   EpilogueArgs epilogue;
+  // f32 [2, N] on the device, or nullptr: when set, also written with the per-column mean (row 0)
+  // and biased variance (row 1) of C as stored, the statistics a following batch norm needs.
+  // The launcher fills epilogue.column_partials itself; it must be left unset here.
+  float* column_moments = nullptr;
 };
 
 // Launch one GEMM on stream(): A and B f16 or bf16 (tensor cores) / f32 (SIMT). Supported operand
@@ -617,16 +626,18 @@ __device__ __forceinline__ void gemm_pipeline_interior(T* smem, const ViewA& a, 
   });
 }
 
-// Writes C[row, col] = relu(alpha * acc + beta * C[row, col] + bias[col]) (per `ep`).
+// Writes C[row, col] = relu(alpha * acc + beta * C[row, col] + bias[col]) (per `ep`); returns
+// the value as stored (rounded to C's dtype), widened to fp32.
 template <class CT>
-__device__ __forceinline__ void store_output(CT* c, int n, int row, int col, float acc,
-                                             const EpilogueArgs& ep) {
+__device__ __forceinline__ float store_output(CT* c, int n, int row, int col, float acc,
+                                              const EpilogueArgs& ep) {
   const int64_t at = int64_t(row) * n + col;
   float v = ep.alpha * acc;
   if (ep.beta != 0.0f) v += ep.beta * load_f(c, at);
   if (ep.bias) v += ep.bias[col];
   if (ep.relu) v = v < 0.0f ? 0.0f : v; // NaN propagates, as in torch.relu
   store_f(c, at, v);
+  return as_stored<CT>(v);
 }
 
 // 16 bytes of C: 8 halves (f16 or bf16) or 4 floats, widened to / rounded from fp32 (p 16-byte
@@ -684,15 +695,49 @@ __device__ __forceinline__ void store_pack16(__nv_bfloat16* p, const float (&v)[
   *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
+// The statistics hook of the packed epilogue: partials[blockIdx.x, 0, col] and [.., 1, col] =
+// the mean and M2 (sum of squared deviations from that mean) of column col over the block's
+// rows of C, from the stored values that store_tile_packed put back into `staging`. One thread
+// per column, two passes over the tile in shared memory (the mean, then the deviations).
+//
+// Why (count, mean, M2) per block and Chan's parallel merge (merge_column_partials), not
+// (sum, sum of squares): E[x^2] - E[x]^2 subtracts two numbers of size mean^2 to get var, so in
+// fp32 it loses about log2(mean^2 / var) of float's 24 bits, and all of them once |mean| is
+// ~4000 std (a conv output with a large bias, or a ReLU'd one far from zero). Centred sums never
+// form mean^2: each block centres its own values at its own mean, and the merge adds
+// delta^2 n_a n_b / n for the blocks' difference of means — every term non-negative, no
+// cancellation — so the variance keeps fp32 precision whatever the mean (tested with
+// |mean| = 1e4 std). The count of a block is implied by its rows and is not stored.
+template <int BM, int BN, int kThreads>
+__device__ __forceinline__ void store_column_partials(const float* staging, int staging_ld, int m,
+                                                      int n, int m0, int n0, float* partials) {
+  const int rows = min(BM, m - m0);
+  float* means = partials + int64_t(blockIdx.x) * 2 * n; // [2, N] of this row tile
+  float* m2s = means + n;
+  for (int col = threadIdx.x; col < BN && n0 + col < n; col += kThreads) {
+    float sum = 0.0f;
+    for (int r = 0; r < rows; ++r) sum += staging[r * staging_ld + col];
+    const float mean = sum / float(rows);
+    float m2 = 0.0f;
+    for (int r = 0; r < rows; ++r) {
+      const float centred = staging[r * staging_ld + col] - mean;
+      m2 += centred * centred;
+    }
+    means[n0 + col] = mean;
+    m2s[n0 + col] = m2;
+  }
+}
+
 // The epilogue of v3 and later: writes the block's BM x BN tile of C at (m0, n0) from the fp32
 // accumulators staged in shared memory (staging [BM][staging_ld], staging_ld a multiple of 4),
 // 16 bytes of C per thread and step: alpha/beta/bias/ReLU in fp32 on the pack, C read (beta != 0)
 // and written as one 16-byte access each. Where C's rows are not 16-byte aligned (N not a
 // multiple of the pack) or the bias is not, and in a pack that crosses N, element by element.
+// With ep.column_partials, each stored value also goes back into its staging slot, and the tile's
+// column statistics follow (store_column_partials). Every thread of the block must call it.
 template <int BM, int BN, int kThreads, class CT>
-__device__ __forceinline__ void store_tile_packed(const float* staging, int staging_ld, CT* c,
-                                                  int m, int n, int m0, int n0,
-                                                  const EpilogueArgs& ep) {
+__device__ __forceinline__ void store_tile_packed(float* staging, int staging_ld, CT* c, int m,
+                                                  int n, int m0, int n0, const EpilogueArgs& ep) {
   constexpr int P = kPackElems<CT>;
   constexpr int kPacksPerRow = BN / P;
   static_assert(BN % P == 0, "whole packs per tile row");
@@ -702,9 +747,12 @@ __device__ __forceinline__ void store_tile_packed(const float* staging, int stag
     const int r = idx / kPacksPerRow, col = idx % kPacksPerRow * P;
     const int row = m0 + r, column = n0 + col;
     if (row >= m || column >= n) continue;
-    const float* acc = staging + r * staging_ld + col;
+    float* acc = staging + r * staging_ld + col;
     if (!packable) {
-      for (int e = 0; e < P && column + e < n; ++e) store_output(c, n, row, column + e, acc[e], ep);
+      for (int e = 0; e < P && column + e < n; ++e) {
+        const float stored = store_output(c, n, row, column + e, acc[e], ep);
+        if (ep.column_partials) acc[e] = stored;
+      }
       continue;
     }
     float v[P], part[4];
@@ -733,7 +781,13 @@ __device__ __forceinline__ void store_tile_packed(const float* staging, int stag
 #pragma unroll
       for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
     store_pack16(out, v);
+    if (ep.column_partials)
+#pragma unroll
+      for (int e = 0; e < P; ++e) acc[e] = as_stored<CT>(v[e]);
   }
+  if (!ep.column_partials) return; // the same for the whole block
+  __syncthreads();                 // every stored value is back in staging
+  store_column_partials<BM, BN, kThreads>(staging, staging_ld, m, n, m0, n0, ep.column_partials);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -783,6 +837,13 @@ template <class Family, class = void> struct HasMediumTiles : std::false_type {}
 template <class Family>
 struct HasMediumTiles<Family, std::void_t<typename Family::Medium>> : std::true_type {};
 
+// args.column_moments from C after the GEMM: the unfused statistics pass over C, for the launches
+// without the epilogue hook (v1, v2, the SIMT and thin kernels, and split K, whose reduction
+// kernel runs the epilogue element by element and has no tile to reduce).
+inline void column_moments_of_output(const GemmArgs& args) {
+  column_moments(args.c, args.c_dtype, args.m, int(args.n), args.column_moments, "gemm");
+}
+
 // The launch of one GEMM kernel family (WMMA or SIMT) for the operand pair OpA, OpB:
 // GemmLaunch<Family>::On<OpA, OpB>::run(args) launches the Large, Medium (if the family has one)
 // or Small configuration with K split or not as plan_gemm says, and picks C's storage type
@@ -791,6 +852,8 @@ struct HasMediumTiles<Family, std::void_t<typename Family::Medium>> : std::true_
 //   using Large, Small;                                     the tile configurations
 //   using Medium;                                           (optional) one between them
 //   static constexpr const char* kName;                     for launch errors
+//   static constexpr bool kColumnStatistics;                whether its epilogue has the column
+//                                                           statistics hook (store_tile_packed)
 //   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes();
 //   template <class Cfg, class OpA, class OpB, class CT> static auto kernel();
 // where every kernel takes (A view, B view, CT* c, m, n, k, k_per_split, epilogue): block z of
@@ -811,11 +874,27 @@ template <class Family> struct GemmLaunch {
           int(args.k), int(split.k_per_split), epilogue);
       CUDA_CHECK_LAUNCH(Family::kName);
     }
-    // One pass: each block sums all of K for its tile and applies the epilogue.
+    // One pass: each block sums all of K for its tile and applies the epilogue. Column moments
+    // come from the epilogue hook where the family has it: per-tile partials
+    // [row tiles, 2, N] (from the caching allocator), then their merge.
     template <class Cfg> static void whole_k(const GemmArgs& args) {
+      constexpr bool kHook = Family::kColumnStatistics;
+      Tensor partials;
+      EpilogueArgs epilogue = args.epilogue;
+      if (kHook && args.column_moments) {
+        const int64_t row_tiles = (args.m + Cfg::BM - 1) / Cfg::BM;
+        partials = Tensor::empty({row_tiles, 2, args.n}, DType::f32, Device::cuda);
+        epilogue.column_partials = ptr<float>(partials);
+      }
       visit_output<typename OpA::Elem>(args, [&](auto type) {
-        launch<Cfg, typename decltype(type)::type>(args, args.c, args.epilogue, KSplit{1, args.k});
+        launch<Cfg, typename decltype(type)::type>(args, args.c, epilogue, KSplit{1, args.k});
       });
+      if (!args.column_moments) return;
+      if (kHook)
+        merge_column_partials(ptr<float>(partials), args.m, Cfg::BM, int(args.n),
+                              args.column_moments);
+      else
+        column_moments_of_output(args);
     }
     // Two passes: fp32 partial sums [splits, M, N] (no epilogue), then their sum in slice
     // order with the epilogue. The partials come from the caching allocator.
@@ -824,6 +903,7 @@ template <class Family> struct GemmLaunch {
           Tensor::empty({split.splits, args.m, args.n}, DType::f32, Device::cuda);
       launch<Cfg, float>(args, partial.raw(), EpilogueArgs{}, split);
       reduce_split_k<typename OpA::Elem>(ptr<float>(partial), split.splits, args);
+      if (args.column_moments) column_moments_of_output(args);
     }
     template <class Cfg> static BlockTile tile() { return {Cfg::BM, Cfg::BN, Cfg::BK}; }
     template <class Cfg> static bool fits() {

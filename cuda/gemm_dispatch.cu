@@ -41,6 +41,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   args.m = s.m, args.n = s.n, args.k = s.k;
   args.epilogue = {epilogue.alpha, epilogue.beta,
                    epilogue.bias ? ptr<float>(*epilogue.bias) : nullptr, epilogue.relu};
+  args.column_moments = epilogue.column_moments ? ptr<float>(*epilogue.column_moments) : nullptr;
   run_gemm(args);
 }
 

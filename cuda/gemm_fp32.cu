@@ -129,6 +129,7 @@ struct SimtFamily {
   using Large = SimtLarge;
   using Small = SimtSmall;
   static constexpr const char* kName = "gemm (fp32 simt)";
+  static constexpr bool kColumnStatistics = false; // its epilogue writes element by element
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
     return SimtSmem<Cfg, OpA::kTransposed, OpB::kTransposed>::kBytes;
   }

@@ -187,6 +187,7 @@ void thin_gemm(const GemmArgs& args) {
     launch_for(TypeTag<float>{});
   else
     visit_half_precision(args.ab_dtype, "gemm", launch_for);
+  if (args.column_moments) column_moments_of_output(args);
 }
 
 } // namespace minamp::gpu

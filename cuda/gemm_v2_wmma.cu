@@ -103,6 +103,7 @@ struct V2Family {
   using Large = WmmaLarge;
   using Small = WmmaSmall;
   static constexpr const char* kName = "gemm v2 (wmma)";
+  static constexpr bool kColumnStatistics = false; // its epilogue writes element by element
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
     return WmmaSmem<Cfg, OpA, OpB>::kBytes;
   }

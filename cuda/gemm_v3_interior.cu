@@ -60,6 +60,7 @@ struct V3Family {
   using Large = WmmaLarge;
   using Small = WmmaSmall;
   static constexpr const char* kName = "gemm v3 (wmma, interior loads, packed epilogue)";
+  static constexpr bool kColumnStatistics = true; // store_tile_packed has the hook
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
     return WmmaSmem<Cfg, OpA, OpB>::kBytes;
   }

@@ -87,6 +87,7 @@ struct V4Family {
   using Large = MmaLarge;
   using Small = MmaSmall;
   static constexpr const char* kName = "gemm v4 (ldmatrix + mma.sync)";
+  static constexpr bool kColumnStatistics = true; // store_tile_packed has the hook
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
     return GemmSmem<Cfg, OpA, OpB>::kBytes;
   }

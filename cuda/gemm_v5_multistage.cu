@@ -130,6 +130,7 @@ struct V5Family {
   using Medium = MultistageMedium;
   using Small = MultistageSmall;
   static constexpr const char* kName = "gemm v5 (mma.sync, multistage)";
+  static constexpr bool kColumnStatistics = true; // store_tile_packed has the hook
   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
     return GemmSmem<Cfg, OpA, OpB>::kBytes;
   }

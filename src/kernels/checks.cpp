@@ -15,6 +15,18 @@ void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t
           " must be f32 with ", numel, " elements, got ", describe(tensor));
 }
 
+void require_moments(const char* op, const char* name, const Tensor& tensor, int64_t channels) {
+  require(tensor.defined() && tensor.dtype() == DType::f32 && tensor.shape() == Shape{2, channels},
+          op, name, " must be f32 [2, ", channels, "] (mean and variance per channel), got ",
+          describe(tensor));
+}
+
+void require_column_moments(const char* op, const GemmEpilogue& epilogue, int64_t m, int64_t n) {
+  if (!epilogue.column_moments) return;
+  require_moments(op, "column_moments", *epilogue.column_moments, n);
+  require(m >= 1, op, "column_moments needs at least one row of output, got none");
+}
+
 void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
                         const Tensor& b) {
   require(a.defined() && b.defined() && a.numel() == b.numel(), op, name_a, " and ", name_b,
@@ -74,6 +86,7 @@ GemmDims require_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans
           (trans_a ? " (transposed)" : ""), ", B ", describe(b), (trans_b ? " (transposed)" : ""),
           ", C ", describe(c));
   if (epilogue.bias) require_f32("gemm", "bias", *epilogue.bias, d.n);
+  require_column_moments("gemm", epilogue, d.m, d.n);
   // Tiles of C are written while other tiles still read A and B (on either backend).
   require(!overlaps(c, a) && !overlaps(c, b), "gemm", "C ", describe(c),
           " shares memory with A or B; the product needs an output of its own");
@@ -136,6 +149,7 @@ ConvDims require_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   const ConvDims d = conv_dims("conv2d_forward", x, w, conv);
   require_conv_output("conv2d_forward", "y", y, d);
   if (epilogue.bias) require_f32("conv2d_forward", "bias", *epilogue.bias, d.cout);
+  require_column_moments("conv2d_forward", epilogue, d.n * d.out_pixels(), d.cout);
   return d;
 }
 
@@ -194,6 +208,10 @@ BatchNormDims require_batchnorm_forward(const Tensor& x, const Tensor& gamma, co
     require_f32(op, "mean, invstd, running_mean and running_var", *t, d.channels);
   require(!bn.training || d.rows > 1, op, "training needs more than one value per channel, got ",
           describe(x));
+  if (bn.batch_moments) {
+    require(bn.training, op, "batch_moments are batch statistics, for training mode only");
+    require_moments(op, "batch_moments", *bn.batch_moments, d.channels);
+  }
   return d;
 }
 

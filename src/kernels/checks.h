@@ -13,6 +13,10 @@ namespace minamp {
 void require_floating(const char* op, const char* name, const Tensor& tensor);
 // Unless `tensor` is defined, f32 and has `numel` elements:
 void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t numel);
+// Unless `tensor` is defined, f32 and [2, channels] (per-channel mean and variance):
+void require_moments(const char* op, const char* name, const Tensor& tensor, int64_t channels);
+// Unless epilogue.column_moments is unset, or f32 [2, N] for an output C [M, N] with M >= 1:
+void require_column_moments(const char* op, const GemmEpilogue& epilogue, int64_t m, int64_t n);
 // Unless both are defined and have the same number of elements:
 void require_same_numel(const char* op, const char* name_a, const Tensor& a, const char* name_b,
                         const Tensor& b);

@@ -91,7 +91,8 @@ void mul_scalar(const Tensor& src, const Tensor& scale, Tensor& dst) {
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           const GemmEpilogue& epilogue) {
-  MINAMP_DISPATCH("gemm", common_device("gemm", {&a, &b, &c, epilogue.bias}),
+  MINAMP_DISPATCH("gemm",
+                  common_device("gemm", {&a, &b, &c, epilogue.bias, epilogue.column_moments}),
                   gemm(a, trans_a, b, trans_b, c, epilogue));
 }
 
@@ -116,8 +117,10 @@ void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 
 void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParams& conv,
                     const GemmEpilogue& epilogue) {
-  MINAMP_DISPATCH("conv2d_forward", common_device("conv2d_forward", {&x, &w, &y, epilogue.bias}),
-                  conv2d_forward(x, w, y, conv, epilogue));
+  MINAMP_DISPATCH(
+      "conv2d_forward",
+      common_device("conv2d_forward", {&x, &w, &y, epilogue.bias, epilogue.column_moments}),
+      conv2d_forward(x, w, y, conv, epilogue));
 }
 
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
@@ -131,8 +134,8 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        const BatchNormParams& bn) {
   MINAMP_DISPATCH(
       "batchnorm_forward",
-      common_device("batchnorm_forward",
-                    {&x, &gamma, &beta, &y, &mean, &invstd, &running_mean, &running_var}),
+      common_device("batchnorm_forward", {&x, &gamma, &beta, &y, &mean, &invstd, &running_mean,
+                                          &running_var, bn.batch_moments}),
       batchnorm_forward(x, gamma, beta, y, mean, invstd, running_mean, running_var, bn));
 }
 

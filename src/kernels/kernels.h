@@ -12,6 +12,10 @@ struct GemmEpilogue {
   float beta = 0.0f;
   const Tensor* bias = nullptr; // f32 [N], or nullptr
   bool relu = false;
+  // f32 [2, N], or nullptr: when set, also written with the per-column mean (row 0) and biased
+  // variance (row 1) of C as stored (after the epilogue, rounded to C's dtype): the training
+  // statistics of a batch norm over C (BatchNormParams::batch_moments). Needs M >= 1.
+  Tensor* column_moments = nullptr;
 };
 
 struct ConvParams {
@@ -32,6 +36,10 @@ struct BatchNormParams {
   float momentum = 0.1f;
   float eps = 1e-5f;
   bool relu = false;
+  // Training only, f32 [2, C] or nullptr: x's per-channel mean and biased variance, already
+  // computed by the GEMM that wrote x (GemmEpilogue::column_moments); the kernel then skips its
+  // own statistics pass over x.
+  const Tensor* batch_moments = nullptr;
 };
 
 // amp_update_scale's factors (amp::GradScalerOptions holds PyTorch's defaults).

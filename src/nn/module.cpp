@@ -1,12 +1,55 @@
 // Module bookkeeping (names, train/eval, devices) and the layers' forward passes.
 #include "nn/module.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 #include "ops/ops.h"
 
 namespace minamp::nn {
+
+namespace {
+
+bool fusion_from_environment() {
+  const char* value = std::getenv("MINAMP_FUSION");
+  if (!value || !*value || std::string(value) == "1") return true;
+  if (std::string(value) == "0") return false;
+  throw Error(cat("MINAMP_FUSION: expected 0 or 1, got '", value, "'"));
+}
+
+std::atomic<bool>& fusion_selected() {
+  static std::atomic<bool> enabled{fusion_from_environment()};
+  return enabled;
+}
+
+} // namespace
+
+bool fusion_enabled() { return fusion_selected().load(std::memory_order_relaxed); }
+void set_fusion(bool enabled) { fusion_selected().store(enabled, std::memory_order_relaxed); }
+
+Tensor Module::take_batch_moments(const Tensor&) { return Tensor(); }
+
+Tensor* BatchMomentsHandoff::target(bool training, Device device) {
+  output_ = Tensor();
+  moments_ = Tensor();
+  return requested_ && training && device == Device::cuda && fusion_enabled() ? &moments_ : nullptr;
+}
+
+void BatchMomentsHandoff::produced(const Tensor& output) {
+  if (moments_.defined()) output_ = output;
+}
+
+Tensor BatchMomentsHandoff::take(const Tensor& output) {
+  const bool same = output_.defined() && output_.raw() == output.raw() &&
+                    output_.dtype() == output.dtype() && output_.shape() == output.shape();
+  Tensor moments = same ? moments_ : Tensor();
+  output_ = Tensor();
+  moments_ = Tensor();
+  return moments;
+}
 
 template <class T>
 void Module::collect(const std::string& prefix,
@@ -78,7 +121,10 @@ Linear::Linear(int64_t in_features, int64_t out_features, Rng& rng, bool bias) :
 }
 
 Var Linear::forward(const Var& x) {
-  return ops::linear(x, weight, has_bias_ ? &bias : nullptr, relu_);
+  Var y = ops::linear(x, weight, has_bias_ ? &bias : nullptr, relu_,
+                      moments_.target(training(), x.device()));
+  moments_.produced(y.value());
+  return y;
 }
 
 std::string Linear::describe() const {
@@ -103,7 +149,10 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int kernel_size, Rng& 
 }
 
 Var Conv2d::forward(const Var& x) {
-  return ops::conv2d(x, weight, has_bias_ ? &bias : nullptr, conv_, relu_);
+  Var y = ops::conv2d(x, weight, has_bias_ ? &bias : nullptr, conv_, relu_,
+                      moments_.target(training(), x.device()));
+  moments_.produced(y.value());
+  return y;
 }
 
 std::string Conv2d::describe() const {
@@ -132,8 +181,18 @@ Var BatchNorm::forward(const Var& x) {
   bn.momentum = momentum_;
   bn.eps = eps_;
   bn.relu = relu_;
+  // Taken in either mode, so that the previous layer keeps no output; used in training only.
+  const Tensor moments =
+      statistics_source_ ? statistics_source_->take_batch_moments(x.value()) : Tensor();
+  if (bn.training && moments.defined()) bn.batch_moments = &moments;
   if (bn.training) ++num_batches_tracked;
   return ops::batch_norm(x, weight, bias, running_mean, running_var, bn);
+}
+
+bool BatchNorm::take_statistics_from(Module& previous) {
+  if (!previous.produce_batch_moments()) return false;
+  statistics_source_ = &previous;
+  return true;
 }
 
 std::string BatchNorm::describe() const {
@@ -162,6 +221,8 @@ Var GlobalAvgPool::forward(const Var& x) { return ops::global_avgpool(x); }
 Sequential& Sequential::add(std::unique_ptr<Module> layer) {
   const bool is_relu = dynamic_cast<ReLU*>(layer.get()) != nullptr;
   const bool fused = is_relu && !layers_.empty() && layers_.back()->absorb_relu();
+  if (auto* norm = dynamic_cast<BatchNorm*>(layer.get()); norm && !layers_.empty())
+    norm->take_statistics_from(*layers_.back());
   register_child(std::to_string(layers_.size()), layer.get());
   layers_.push_back(std::move(layer));
   fused_into_previous_.push_back(fused);

@@ -15,6 +15,13 @@
 
 namespace minamp::nn {
 
+// Whether a BatchNorm in training mode on CUDA takes its batch statistics from the epilogue of the
+// Linear or Conv2d GEMM before it (Sequential) instead of its own pass over the activation. On by
+// default; MINAMP_FUSION=0 turns it off (read once, 1 or unset: on); set_fusion overrides it. The
+// CPU backend always runs the unfused reference, and a fused ReLU is not affected.
+bool fusion_enabled();
+void set_fusion(bool enabled);
+
 class Module {
 public:
   virtual ~Module() = default;
@@ -43,6 +50,13 @@ public:
   // Asks the layer to apply a following ReLU in its own epilogue; false when it cannot.
   // Sequential uses this to fuse Linear/Conv2d/BatchNorm + ReLU into one kernel.
   virtual bool absorb_relu() { return false; }
+  // Asks the layer to also compute its output's per-channel mean and biased variance while writing
+  // it, for a following BatchNorm in training mode (BatchNorm::take_statistics_from); false when
+  // it cannot.
+  virtual bool produce_batch_moments() { return false; }
+  // The moments f32 [2, C] that the last forward produced with `output`, handed over once; an
+  // undefined tensor when it produced none for that tensor.
+  virtual Tensor take_batch_moments(const Tensor& output);
 
 protected:
   void register_parameter(std::string name, Parameter* p) { params_.emplace_back(name, p); }
@@ -61,6 +75,24 @@ private:
   bool training_ = true;
 };
 
+// The batch moments a Linear or Conv2d hands to the BatchNorm after it: once requested, a
+// forward computes them (in its GEMM's epilogue) in training mode on CUDA while fusion_enabled(),
+// and they are kept with the output they describe until taken.
+class BatchMomentsHandoff {
+public:
+  bool request() { return requested_ = true; }
+  // Where the forward about to run puts its output's moments, or nullptr: none wanted.
+  Tensor* target(bool training, Device device);
+  // Records the output of that forward.
+  void produced(const Tensor& output);
+  // The moments of `output`, if they are the ones produced; clears the handoff either way.
+  Tensor take(const Tensor& output);
+
+private:
+  bool requested_ = false;
+  Tensor output_, moments_;
+};
+
 // y[rows, out] = x[rows, in] W^T + b. Init as PyTorch: W, b ~ U(-1/sqrt(in), 1/sqrt(in)).
 class Linear : public Module {
 public:
@@ -68,12 +100,15 @@ public:
   Var forward(const Var& x) override;
   std::string describe() const override;
   bool absorb_relu() override { return relu_ = true; }
+  bool produce_batch_moments() override { return moments_.request(); }
+  Tensor take_batch_moments(const Tensor& output) override { return moments_.take(output); }
   Parameter weight; // [out, in]
   Parameter bias;   // [out] (undefined master when bias = false)
 
 private:
   bool has_bias_;
   bool relu_ = false;
+  BatchMomentsHandoff moments_;
 };
 
 // y[N, Ho, Wo, Cout] = conv(x[N, H, W, Cin]) with weight [Cout, k, k, Cin]. Init as PyTorch:
@@ -85,6 +120,8 @@ public:
   Var forward(const Var& x) override;
   std::string describe() const override;
   bool absorb_relu() override { return relu_ = true; }
+  bool produce_batch_moments() override { return moments_.request(); }
+  Tensor take_batch_moments(const Tensor& output) override { return moments_.take(output); }
   Parameter weight; // [Cout, k, k, Cin]
   Parameter bias;   // [Cout]
 
@@ -92,6 +129,7 @@ private:
   ConvParams conv_;
   bool has_bias_;
   bool relu_ = false;
+  BatchMomentsHandoff moments_;
 };
 
 // Batch normalisation over the last (channel) dimension, PyTorch defaults: eps 1e-5, momentum
@@ -102,6 +140,9 @@ public:
   Var forward(const Var& x) override;
   std::string describe() const override;
   bool absorb_relu() override { return relu_ = true; }
+  // Takes the batch statistics of training mode from `previous`, the layer before it, when that
+  // layer can produce them with its output (previous.produce_batch_moments()); false otherwise.
+  bool take_statistics_from(Module& previous);
   Parameter weight;                 // gamma [C]
   Parameter bias;                   // beta [C]
   Tensor running_mean, running_var; // f32 [C]
@@ -113,6 +154,7 @@ private:
   int64_t channels_;
   float eps_, momentum_;
   bool relu_ = false;
+  Module* statistics_source_ = nullptr;
 };
 
 class ReLU : public Module {
@@ -140,8 +182,9 @@ public:
 };
 
 // Runs its layers in order. Fuses a ReLU into the layer before it when that layer can apply it
-// in its epilogue (Linear, Conv2d, BatchNorm); the ReLU keeps its index, so names still match
-// PyTorch's nn.Sequential.
+// in its epilogue (Linear, Conv2d, BatchNorm), and has a BatchNorm take its training statistics
+// from the Linear or Conv2d before it (BatchNorm::take_statistics_from); the layers keep their
+// indices, so names still match PyTorch's nn.Sequential.
 class Sequential : public Module {
 public:
   Sequential() = default;

@@ -25,6 +25,20 @@ Tensor grad_or_scratch(Parameter& p) {
   return Tensor::zeros(p.master().shape(), DType::f32, p.master().device());
 }
 
+// An epilogue with the bias and ReLU, and the output's column moments when `moments` is given
+// (a fresh f32 [2, channels] tensor is put there).
+GemmEpilogue forward_epilogue(Parameter* bias, bool relu, Tensor* moments, int64_t channels,
+                              Device device) {
+  GemmEpilogue epilogue;
+  epilogue.bias = bias ? &bias->master() : nullptr;
+  epilogue.relu = relu;
+  if (moments) {
+    *moments = Tensor::empty({2, channels}, DType::f32, device);
+    epilogue.column_moments = moments;
+  }
+  return epilogue;
+}
+
 void require_parameter_device(const char* op, const Var& x, Parameter& p) {
   require(p.master().device() == x.device(), op, "input ", describe(x.value()), " and parameter ",
           describe(p.master()), " are on different devices");
@@ -32,7 +46,7 @@ void require_parameter_device(const char* op, const Var& x, Parameter& p) {
 
 } // namespace
 
-Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu) {
+Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu, Tensor* moments) {
   const Shape& ws = weight.master().shape();
   require(x.shape().rank() == 2 && x.shape()[1] == ws[1], "Linear", "expected input [rows, ", ws[1],
           "] for weight [", ws[0], ", ", ws[1], "], got ", describe(x.value()));
@@ -41,10 +55,8 @@ Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu) {
   Var xc = cast(x, dtype);
   const Tensor w = weight.working_copy(dtype);                        // [out, in]
   Tensor y = Tensor::empty({x.shape()[0], ws[0]}, dtype, x.device()); // [rows, out]
-  GemmEpilogue epilogue;
-  epilogue.bias = bias ? &bias->master() : nullptr;
-  epilogue.relu = relu;
-  kernels::gemm(xc.value(), false, w, true, y, epilogue);
+  kernels::gemm(xc.value(), false, w, true, y,
+                forward_epilogue(bias, relu, moments, ws[0], x.device()));
 
   const Tensor saved_x = xc.value();
   const bool weight_grad = weight.requires_grad(), bias_grad = bias && bias->requires_grad();
@@ -63,7 +75,8 @@ Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu) {
   });
 }
 
-Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& conv, bool relu) {
+Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& conv, bool relu,
+           Tensor* moments) {
   const Shape& ws = weight.master().shape(); // [Cout, kh, kw, Cin]
   const Shape& xs = x.shape();
   require(xs.rank() == 4 && xs[3] == ws[3], "Conv2d", "expected input [N, H, W, ", ws[3],
@@ -81,10 +94,8 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
   Var xc = cast(x, dtype);
   const Tensor w = weight.working_copy(dtype);
   Tensor y = Tensor::empty({xs[0], ho, wo, ws[0]}, dtype, x.device()); // [N, Ho, Wo, Cout]
-  GemmEpilogue epilogue;
-  epilogue.bias = bias ? &bias->master() : nullptr;
-  epilogue.relu = relu;
-  kernels::conv2d_forward(xc.value(), w, y, conv, epilogue);
+  kernels::conv2d_forward(xc.value(), w, y, conv,
+                          forward_epilogue(bias, relu, moments, ws[0], x.device()));
 
   const Tensor saved_x = xc.value();
   const bool weight_grad = weight.requires_grad(), bias_grad = bias && bias->requires_grad();
@@ -112,8 +123,13 @@ Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_
   Tensor y = Tensor::empty(x.shape(), xc.dtype(), x.device());
   Tensor mean = Tensor::empty({channels}, DType::f32, x.device());
   Tensor invstd = Tensor::empty({channels}, DType::f32, x.device());
+  // Given moments are those of x as stored; a cast to another dtype needs its own.
+  BatchNormParams forward_bn = bn;
+  if (xc.value().raw() != x.value().raw()) forward_bn.batch_moments = nullptr;
   kernels::batchnorm_forward(xc.value(), gamma.master(), beta.master(), y, mean, invstd,
-                             running_mean, running_var, bn);
+                             running_mean, running_var, forward_bn);
+  BatchNormParams backward_bn = bn;
+  backward_bn.batch_moments = nullptr; // a forward-only input, not kept
 
   const Tensor saved_x = xc.value();
   const bool affine_grad = gamma.requires_grad() || beta.requires_grad();
@@ -122,7 +138,7 @@ Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_
     // The kernel writes both affine gradients: a frozen one goes to a scratch tensor.
     Tensor dgamma = grad_or_scratch(gamma), dbeta = grad_or_scratch(beta);
     kernels::batchnorm_backward(saved_x, gamma.master(), beta.master(), mean, invstd, self.grad, dx,
-                                dgamma, dbeta, bn);
+                                dgamma, dbeta, backward_bn);
     if (self.inputs[0]->requires_grad) accumulate_grad(*self.inputs[0], dx);
   });
 }

@@ -16,13 +16,17 @@ Var cast(const Var& x, DType dtype);
 Var reshape(const Var& x, const Shape& shape);
 
 // y[rows, out] = x[rows, in] @ weight[out, in]^T + bias[out], then ReLU when `relu`.
-// Autocast: matmul class (16-bit operands and result, fp32 accumulation).
-Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu = false);
-// y[N, Ho, Wo, Cout] = conv2d(x[N, H, W, Cin], weight[Cout, kh, kw, Cin]) + bias, ReLU if `relu`.
+// Autocast: matmul class (16-bit operands and result, fp32 accumulation). With `moments`, also
+// *moments = f32 [2, out]: y's per-column mean and biased variance, as stored (for a following
+// batch norm: BatchNormParams::batch_moments; not differentiated).
+Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu = false,
+           Tensor* moments = nullptr);
+// y[N, Ho, Wo, Cout] = conv2d(x[N, H, W, Cin], weight[Cout, kh, kw, Cin]) + bias, ReLU if `relu`;
+// `moments` as for linear, f32 [2, Cout].
 Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& conv,
-           bool relu = false);
+           bool relu = false, Tensor* moments = nullptr);
 // Batch norm over the channels (last dimension) of x[rows, C] or x[N, H, W, C]; in training it
-// updates running_mean/var (f32 [C]). ReLU fused when bn.relu.
+// updates running_mean/var (f32 [C]), from bn.batch_moments when given. ReLU fused when bn.relu.
 Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_mean,
                Tensor& running_var, const BatchNormParams& bn);
 Var relu(const Var& x);

@@ -363,6 +363,62 @@ TEST(CpuBatchNorm, RejectsMismatchedShapes) {
       "batchnorm_backward", "expects dy and dx shaped like x");
 }
 
+// Given batch_moments replace the statistics pass: the batch's own moments give the unfused
+// result, and other moments are used as given (mean, invstd and the running statistics).
+TEST(CpuBatchNorm, GivenBatchMomentsReplaceTheStatisticsPass) {
+  Rng rng(37);
+  for (bool relu : {false, true}) {
+    BatchNormLayer layer(rng, {2, 3, 5, 7});
+    BatchNormLayer unfused = layer;
+    unfused.running_mean = layer.running_mean.clone();
+    unfused.running_var = layer.running_var.clone();
+    const BatchNormReference ref = layer.reference(true, relu);
+    std::vector<float> given(ref.mean.begin(), ref.mean.end());
+    given.insert(given.end(), ref.var.begin(), ref.var.end());
+    const Tensor moments = Tensor::from_vector(given, {2, 7});
+    BatchNormParams bn = params(true, relu);
+    bn.batch_moments = &moments;
+    Tensor y = poisoned({2, 3, 5, 7}), y_unfused = poisoned({2, 3, 5, 7});
+    Tensor mean = poisoned({7}), invstd = poisoned({7});
+    Tensor mean_unfused = poisoned({7}), invstd_unfused = poisoned({7});
+    cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                           layer.running_var, bn);
+    cpu::batchnorm_forward(unfused.x, unfused.gamma, unfused.beta, y_unfused, mean_unfused,
+                           invstd_unfused, unfused.running_mean, unfused.running_var,
+                           params(true, relu));
+    EXPECT_LT(relative_error(y, y_unfused), kF32Tolerance);
+    EXPECT_LT(relative_error(invstd, invstd_unfused), kF32Tolerance);
+    EXPECT_LT(relative_error(layer.running_var, unfused.running_var), kF32Tolerance);
+
+    // Moments other than the batch's are used as they are.
+    const std::vector<float> shifted_values(14, 2.0f); // mean 2, variance 2 in every channel
+    const Tensor shifted = Tensor::from_vector(shifted_values, {2, 7});
+    bn.batch_moments = &shifted;
+    cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                           layer.running_var, bn);
+    EXPECT_EQ(mean.to_vector(), std::vector<float>(7, 2.0f));
+    EXPECT_NEAR(invstd.to_vector()[0], 1.0 / std::sqrt(2.0 + kEps), 1e-6);
+  }
+}
+
+TEST(CpuBatchNorm, BatchMomentsAreForTrainingOnlyAndShapedTwoByChannels) {
+  Rng rng(38);
+  BatchNormLayer layer(rng, {2, 3, 3, 4});
+  Tensor y = poisoned({2, 3, 3, 4});
+  Tensor mean = poisoned({4}), invstd = poisoned({4});
+  const Tensor wrong = Tensor::zeros({4}), right = Tensor::full({2, 4}, 1.0f);
+  BatchNormParams bn = params(true, false);
+  const auto forward = [&] {
+    cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                           layer.running_var, bn);
+  };
+  bn.batch_moments = &wrong;
+  expect_error(forward, "batchnorm_forward", "batch_moments must be f32 [2, 4]", "got f32[4]");
+  bn = params(false, false);
+  bn.batch_moments = &right;
+  expect_error(forward, "batchnorm_forward", "batch_moments", "training mode only");
+}
+
 // In place is refused by name (the CUDA kernels read x and dy through non-aliasing pointers).
 TEST(CpuBatchNorm, RejectsInPlaceOutputs) {
   Rng rng(36);

@@ -258,6 +258,53 @@ TEST(CpuGemm, RejectsShapesThatDoNotChain) {
                "A and B must share a floating dtype, got f32 and f16");
 }
 
+// column_moments: the per-column mean and biased variance of C as stored (after the epilogue,
+// rounded to C's dtype), a conv's output included.
+TEST(CpuGemm, ColumnMomentsAreThoseOfTheStoredOutput) {
+  Rng rng(18);
+  for (DType dtype : {DType::f32, DType::f16}) {
+    const Tensor a = random_tensor(rng, {37, 9}, dtype), b = random_tensor(rng, {9, 6}, dtype);
+    const Tensor bias = random_tensor(rng, {6});
+    Tensor c = poisoned({37, 6}, dtype), moments = poisoned({2, 6});
+    GemmEpilogue epilogue{1.0f, 0.0f, &bias, true, &moments};
+    cpu::gemm(a, false, b, false, c, epilogue);
+    const Doubles stored = to_doubles(c);
+    Doubles mean(6, 0.0), var(6, 0.0);
+    for (size_t i = 0; i < stored.size(); ++i) mean[i % 6] += stored[i] / 37;
+    for (size_t i = 0; i < stored.size(); ++i)
+      var[i % 6] += (stored[i] - mean[i % 6]) * (stored[i] - mean[i % 6]) / 37;
+    const std::vector<float> got = moments.to_vector();
+    EXPECT_LT(relative_error_to(Tensor::from_vector({got.begin(), got.begin() + 6}, {6}), mean),
+              kF32Tolerance);
+    EXPECT_LT(relative_error_to(Tensor::from_vector({got.begin() + 6, got.end()}, {6}), var),
+              kF32Tolerance);
+  }
+  const Tensor x = random_tensor(rng, {2, 5, 5, 3}), w = random_tensor(rng, {4, 3, 3, 3});
+  Tensor y = poisoned({2, 5, 5, 4}), y_moments = poisoned({2, 4});
+  GemmEpilogue epilogue;
+  epilogue.column_moments = &y_moments;
+  cpu::conv2d_forward(x, w, y, ConvParams{1, 1}, epilogue);
+  const std::vector<float> got = y_moments.to_vector();
+  double mean0 = 0.0;
+  for (int64_t i = 0; i < y.numel(); i += 4) mean0 += y.data<float>()[i] / 50.0;
+  EXPECT_NEAR(got[0], mean0, 1e-6);
+}
+
+TEST(CpuGemm, RejectsColumnMomentsOfTheWrongShapeOrOfNoRows) {
+  Rng rng(19);
+  const Tensor a = random_tensor(rng, {4, 6}), b = random_tensor(rng, {6, 3});
+  Tensor c = poisoned({4, 3}), moments = poisoned({3});
+  GemmEpilogue epilogue;
+  epilogue.column_moments = &moments;
+  expect_error([&] { cpu::gemm(a, false, b, false, c, epilogue); }, "gemm",
+               "column_moments must be f32 [2, 3]", "got f32[3]");
+  const Tensor no_rows = random_tensor(rng, {0, 6});
+  Tensor c_empty = poisoned({0, 3}), moments_ok = poisoned({2, 3});
+  epilogue.column_moments = &moments_ok;
+  expect_error([&] { cpu::gemm(no_rows, false, b, false, c_empty, epilogue); }, "gemm",
+               "column_moments needs at least one row");
+}
+
 TEST(Gemm, RefusesAnOutputThatSharesMemoryWithAnInput) {
   Rng rng(18);
   Tensor square = random_tensor(rng, {4, 4});

@@ -65,12 +65,19 @@ void batch_moments(const FloatInput& x, const BatchNormDims& d, std::vector<doub
   for (double& v : var) v /= n;
 }
 
-// Training mode: mean/invstd from the batch; running = (1 - momentum) running + momentum batch,
-// with the unbiased variance var * n / (n - 1) in running_var.
+// Training mode: mean/invstd from the batch (bn.batch_moments when given, else computed from x);
+// running = (1 - momentum) running + momentum batch, with the unbiased variance var * n / (n - 1)
+// in running_var.
 void training_statistics(const FloatInput& x, const BatchNormDims& d, const BatchNormParams& bn,
                          float* mean, float* invstd, float* running_mean, float* running_var) {
   std::vector<double> batch_mean, batch_var;
-  batch_moments(x, d, batch_mean, batch_var);
+  if (bn.batch_moments) {
+    const float* given = bn.batch_moments->data<float>(); // [2, C]
+    batch_mean.assign(given, given + d.channels);
+    batch_var.assign(given + d.channels, given + 2 * d.channels);
+  } else {
+    batch_moments(x, d, batch_mean, batch_var);
+  }
   const double n = static_cast<double>(d.rows);
   for (int64_t c = 0; c < d.channels; ++c) {
     mean[c] = static_cast<float>(batch_mean[c]);
@@ -92,6 +99,18 @@ void eval_statistics(const BatchNormDims& d, const BatchNormParams& bn, const fl
 }
 
 } // namespace
+
+void store_column_moments(const Tensor& c, const GemmEpilogue& epilogue) {
+  if (!epilogue.column_moments) return;
+  const BatchNormDims d{c.shape().rows(), c.shape().last()};
+  std::vector<double> mean, var;
+  batch_moments(FloatInput(c), d, mean, var);
+  float* out = epilogue.column_moments->data<float>(); // [2, N]
+  for (int64_t j = 0; j < d.channels; ++j) {
+    out[j] = static_cast<float>(mean[j]);
+    out[d.channels + j] = static_cast<float>(var[j]);
+  }
+}
 
 void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                        Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,

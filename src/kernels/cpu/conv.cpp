@@ -155,6 +155,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
   }
   apply_bias_relu(y_values.matrix(d.n * d.out_pixels(), d.cout), epilogue);
   y_values.store();
+  store_column_moments(y, epilogue);
 }
 
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,

@@ -89,4 +89,8 @@ OutputTiles output_tiles(int64_t rows, int64_t cols);
 void matmul(ConstMatrixMap a, bool trans_a, ConstMatrixMap b, bool trans_b, MatrixMap c,
             float alpha, bool accumulate);
 
+// *epilogue.column_moments (when set) = the per-column mean and biased variance of c viewed as
+// [rows, N], from its values as stored (batchnorm.cpp: batch norm's own statistics).
+void store_column_moments(const Tensor& c, const GemmEpilogue& epilogue);
+
 } // namespace minamp::cpu

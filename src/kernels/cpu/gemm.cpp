@@ -22,6 +22,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
          epilogue.beta != 0.0f);
   apply_bias_relu(c_matrix, epilogue);
   c_values.store();
+  store_column_moments(c, epilogue);
 }
 
 void bias_backward(const Tensor& dy, Tensor& db) {

@@ -1,0 +1,114 @@
+// Per-column mean and biased variance on the device (column_moments.cuh): the two-pass column
+// reduction that batch norm's unfused statistics pass runs, and the merge of the per-tile partials
+// that the GEMM epilogue's statistics hook writes (gemm.cuh, store_column_partials).
+#include "column_moments.cuh"
+
+#include "device.cuh"
+#include "reduce.cuh"
+
+namespace minamp::gpu {
+
+namespace {
+
+template <class T> struct ColumnValue { // x[row, c]
+  const T* x;
+  int cols;
+  __device__ void operator()(int64_t row, int c, float (&v)[1]) const {
+    v[0] = load_f(x, row * cols + c);
+  }
+};
+struct StoreMean { // mean[c] = sum / rows
+  float* mean;
+  float rows;
+  __device__ void operator()(int c, float (&sum)[1]) const { mean[c] = sum[0] / rows; }
+};
+
+template <class T> struct SquaredDeviation { // (x[row, c] - mean[c])^2
+  const T* x;
+  const float* mean;
+  int cols;
+  __device__ void operator()(int64_t row, int c, float (&v)[1]) const {
+    const float centred = load_f(x, row * cols + c) - mean[c];
+    v[0] = centred * centred;
+  }
+};
+
+// One column's count, mean and M2 (the sum of squared deviations from the mean).
+struct Moments {
+  long long count;
+  float mean, m2;
+};
+
+// Chan et al.'s merge of the moments of two disjoint sets of rows, a before b.
+__device__ __forceinline__ Moments merge(const Moments& a, const Moments& b) {
+  if (b.count == 0) return a;
+  if (a.count == 0) return b;
+  const long long count = a.count + b.count;
+  const float delta = b.mean - a.mean;
+  const float b_share = float(b.count) / float(count);
+  return {count, a.mean + delta * b_share, a.m2 + b.m2 + delta * delta * float(a.count) * b_share};
+}
+
+constexpr int kMergeThreads = 256;
+constexpr int kColumnsPerBlock = kMergeThreads / 32;
+
+// One warp per column: lane l merges its contiguous run of row tiles in order, then the lanes
+// merge pairwise (lanes l and l ^ offset, the lower run first), so every lane ends with the
+// merge of all tiles in tile order: the same arithmetic on every run.
+__global__ void __launch_bounds__(kMergeThreads)
+    merge_column_partials_kernel(const float* __restrict__ partials, int64_t rows, int tile_rows,
+                                 int row_tiles, int cols, float* __restrict__ moments) {
+  const int lane = threadIdx.x % 32;
+  const int col = blockIdx.x * kColumnsPerBlock + threadIdx.x / 32;
+  if (col >= cols) return; // the whole warp: the shuffles below stay full-warp
+  const int per_lane = (row_tiles + 31) / 32;
+  const int first = lane * per_lane, last = min(row_tiles, first + per_lane);
+  Moments own{0, 0.0f, 0.0f};
+  for (int t = first; t < last; ++t) {
+    const int64_t tile_first_row = int64_t(t) * tile_rows;
+    const long long count = min(int64_t(tile_rows), rows - tile_first_row);
+    const float* tile = partials + int64_t(t) * 2 * cols;
+    own = merge(own, Moments{count, tile[col], tile[cols + col]});
+  }
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const Moments other{__shfl_xor_sync(kFullWarp, own.count, offset),
+                        __shfl_xor_sync(kFullWarp, own.mean, offset),
+                        __shfl_xor_sync(kFullWarp, own.m2, offset)};
+    own = (lane & offset) != 0 ? merge(other, own) : merge(own, other);
+  }
+  if (lane != 0) return;
+  moments[col] = own.mean;
+  moments[cols + col] = own.m2 / float(rows);
+}
+
+} // namespace
+
+void column_moments(const void* x, DType dtype, int64_t rows, int cols, float* moments,
+                    const char* op) {
+  const auto run = [&](auto type) {
+    using T = typename decltype(type)::type;
+    const T* values = static_cast<const T*>(x);
+    reduce_columns<1>(rows, cols, ColumnValue<T>{values, cols}, StoreMean{moments, float(rows)},
+                      op);
+    reduce_columns<1>(rows, cols, SquaredDeviation<T>{values, moments, cols},
+                      StoreMean{moments + cols, float(rows)}, op);
+  };
+  switch (dtype) {
+  case DType::f32: return run(TypeTag<float>{});
+  case DType::f16: return run(TypeTag<__half>{});
+  case DType::bf16: return run(TypeTag<__nv_bfloat16>{});
+  default: throw Error(cat(op, ": column statistics of an f32, f16 or bf16 matrix, got ", dtype));
+  }
+}
+
+void merge_column_partials(const float* partials, int64_t rows, int tile_rows, int cols,
+                           float* moments) {
+  if (cols == 0) return;
+  const int row_tiles = int((rows + tile_rows - 1) / tile_rows);
+  const int blocks = (cols + kColumnsPerBlock - 1) / kColumnsPerBlock;
+  merge_column_partials_kernel<<<blocks, kMergeThreads, 0, stream()>>>(partials, rows, tile_rows,
+                                                                       row_tiles, cols, moments);
+  CUDA_CHECK_LAUNCH("gemm: merging the column statistics");
+}
+
+} // namespace minamp::gpu
