@@ -5,8 +5,10 @@
 // loss scaling), for training steps and forward-only inference, on the CPU or a GPU.
 // bench/pytorch/ holds the same models in PyTorch, timed the same way.
 #include <CLI/CLI.hpp>
-#include <Eigen/Core>
 #include <nlohmann/json.hpp>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -34,6 +36,15 @@ using namespace minamp;
 using json = nlohmann::json;
 
 namespace {
+
+// The threads of the CPU kernels: OpenMP's (OMP_NUM_THREADS), 1 without OpenMP.
+int cpu_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -593,14 +604,14 @@ int run(int argc, char** argv) {
 
   const bool sine = std::find(model_names.begin(), model_names.end(), "sine") != model_names.end();
   std::printf("bench_train on %s (%d threads): %lld warm-up + %lld timed steps%s\n",
-              device_description(cfg.device).c_str(), Eigen::nbThreads(),
+              device_description(cfg.device).c_str(), cpu_threads(),
               static_cast<long long>(cfg.warmup), static_cast<long long>(cfg.steps),
               sine ? cat(", sine ", cfg.size, "x", cfg.size).c_str() : "");
   json result = {
       {"framework", "minamp"},
       {"device", device_name(cfg.device)},
       {"device_name", device_description(cfg.device)},
-      {"threads", Eigen::nbThreads()},
+      {"threads", cpu_threads()},
       {"sine_size", cfg.size},
       {"resnet",
        {{"size", cfg.resnet_size}, {"batch", cfg.resnet_batch}, {"width", cfg.resnet_width}}},
