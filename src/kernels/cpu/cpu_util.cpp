@@ -7,18 +7,6 @@
 namespace minamp::cpu {
 
 namespace {
-// Output tiles: C is halved along its longer tile side until there are kTargetTiles tiles or a
-// tile would drop below kMinTileRows x kMinTileCols. Enough tiles to balance a few cores, each
-// large enough that Eigen's packing of its operand panels stays a small part of the work; tile
-// widths are multiples of kColumnAlign (Eigen's 24-column AVX register block on row-major C).
-constexpr int64_t kTargetTiles = 16;
-constexpr int64_t kMinTileRows = 32, kMinTileCols = 48, kColumnAlign = 24;
-constexpr double kParallelMultiplyAdds = 1 << 18; // smaller products stay on one thread
-
-int64_t half_rounded_up(int64_t extent, int64_t align) {
-  return ((extent + 1) / 2 + align - 1) / align * align;
-}
-
 // The values of an f16 or bf16 tensor, widened (exactly) into `dst`.
 void widen(const Tensor& tensor, float* dst) {
   if (tensor.dtype() == DType::f16)
@@ -66,6 +54,20 @@ void apply_bias_relu(MatrixMap c, const GemmEpilogue& epilogue) {
   }
   if (epilogue.relu) c = c.unaryExpr(&relu);
 }
+
+namespace {
+// Output tiles: C is halved along its longer tile side until there are kTargetTiles tiles or a
+// tile would drop below kMinTileRows x kMinTileCols. Enough tiles to balance a few cores, each
+// large enough that Eigen's packing of its operand panels stays a small part of the work; tile
+// widths are multiples of kColumnAlign (Eigen's 24-column AVX register block on row-major C).
+constexpr int64_t kTargetTiles = 16;
+constexpr int64_t kMinTileRows = 32, kMinTileCols = 48, kColumnAlign = 24;
+constexpr double kParallelMultiplyAdds = 1 << 18; // smaller products stay on one thread
+
+int64_t half_rounded_up(int64_t extent, int64_t align) {
+  return ((extent + 1) / 2 + align - 1) / align * align;
+}
+} // namespace
 
 OutputTiles output_tiles(int64_t rows, int64_t cols) {
   OutputTiles tiles{rows, cols, std::max<int64_t>(rows, 1), std::max<int64_t>(cols, 1)};
