@@ -1,28 +1,27 @@
 #!/usr/bin/env bash
-# The GPU benchmark, run ON the GPU machine (which needs no network) from the repository root with
-# deps/ beside it (scripts/gather-deps.sh): uses the configured build in $BUILD (default build-gpu, as
-# scripts/gpu-check.sh leaves it) or configures one from deps/ for sm_90, builds bench_gemm,
-# bench_train and the sine and mlp examples, then runs, in the order the targets need them,
-# bench_gemm (WMMA / fp32 GEMMs vs cuBLAS), bench_train --device cuda (mlp, sine 512x512,
-# classify; FP32, AMP and AMP-bf16) each model followed by bench/pytorch/train.py --device cuda
-# with the GPU machine's python3, the examples' own comparison tables (sine --compare-dtypes at
-# 512x512: FP32, AMP-f16 and AMP-bf16; mlp --compare; images and metrics under the parts folder),
-# and sine again from five more seeds.
-# The log is written to ${OUT:-/tmp} as it comes, and the parts folder (/tmp/<name>-parts: the
-# per-tool JSON and the examples' outputs) is packed into $OUT/<name>-parts.tgz after every
+# The GPU benchmark, run from the repository root on a machine with an NVIDIA GPU (no network
+# needed) and deps/ beside it (scripts/gather-deps.sh): uses the configured build in $BUILD (default
+# build-gpu, as scripts/gpu-check.sh leaves it) or configures one from deps/ for sm_90, builds
+# bench_gemm, bench_train and the sine and mlp examples, then runs, in the order the targets need
+# them, bench_gemm (WMMA / fp32 GEMMs vs cuBLAS), bench_train --device cuda (mlp, sine 512x512,
+# classify; FP32, AMP and AMP-bf16) each model followed by bench/pytorch/train.py --device cuda with
+# $PYTHON, the examples' own comparison tables (sine --compare-dtypes at 512x512: FP32, AMP-f16 and
+# AMP-bf16; mlp --compare; images and metrics under the parts folder), and sine again from five more
+# seeds. The log is written to ${OUT:-/tmp} as it comes, and the parts folder (/tmp/<name>-parts:
+# the per-tool JSON and the examples' outputs) is packed into $OUT/<name>-parts.tgz after every
 # stage, so that $OUT holds at most four files whatever happens (the log, the parts .tgz, and the
-# report's .json and .md when there is one), in one folder. The report
-# (whatever results there are, the missing ones listed) goes to
-# bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log beside it, and is copied to
-# $OUT. A run with no results at all writes nothing to bench/results. A target that does not
-# build leaves the others to run. Every stage has a time limit, cut to what is left of $BUDGET_S
-# seconds (default 540) in all, so a result comes back even when one hangs (later stages are then
-# skipped); expect 3-5 minutes on an H100, and up to 2 more for the seeds. COMMIT names the
-# measured commit where the tree has no .git (a copy): give the sha of the tree copied, with
-# -dirty if it has uncommitted changes (git diff --quiet HEAD || echo -dirty, where it was copied
-# from). PYTHON (default python3) runs bench/pytorch/train.py and bench/report.py; CUDA_HOME (default
-# /usr/local/cuda) has its bin/ appended to PATH; RESULTS (default bench/results) is where the
-# report goes (tests/bench/test_run_gpu.py runs the whole script on stand-in tools).
+# report's .json and .md when there is one), in one folder. The report (whatever results there are,
+# the missing ones listed) goes to bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the
+# log beside it, and is copied to $OUT. A run with no results at all writes nothing to
+# bench/results. A target that does not build leaves the others to run. Every stage has a time
+# limit, cut to what is left of the whole run's limit, $BUDGET_S seconds (default 540), so a result
+# comes back even when one hangs (later stages are then skipped); expect 3-5 minutes on an H100, and
+# up to 2 more for the seeds. COMMIT names the measured commit where the tree has no .git (an
+# exported tree): its sha, with -dirty if it had uncommitted changes (git diff --quiet HEAD || echo
+# -dirty, in the repository it came from). PYTHON (default python3) runs bench/pytorch/train.py and
+# bench/report.py; CUDA_HOME (default /usr/local/cuda) has its bin/ appended to PATH; RESULTS
+# (default bench/results) is where the report goes (tests/bench/test_run_gpu.py runs the whole
+# script on stand-in tools).
 #
 #   COMMIT=<sha> bash bench/run-gpu.sh      (no arguments)
 set -uo pipefail

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check, run ON the GPU machine from the repository root with deps/ beside it (see
-# scripts/gather-deps.sh): builds GoogleTest into /tmp/prefix, configures and builds minamp for
+# The GPU check, run on a machine with an NVIDIA GPU from the repository root with deps/ beside
+# it (see scripts/gather-deps.sh): builds GoogleTest into /tmp/prefix, configures and builds minamp for
 # sm_90, reads the GEMM kernels' machine code (bench/gemm_sass.py: each version's main loop, no
 # local-memory LDL/STL), runs the whole test binary (a skipped GPU test fails it), then
 # compute-sanitizer memcheck on the GPU tests and racecheck on the GEMM and reduction tests.
 # Full logs go to ${OUT:-/tmp/minamp-gpu}: setup.log (device, GoogleTest, configure), build.log
 # (build, SASS), sass.json (the SASS figures), tests.log, memcheck.log, racecheck.log and extra.log
-# — seven files at most, few enough to copy back from a remote machine at once.
+# — seven files at most, all in one folder.
 # Every stage runs and is recorded even when an earlier one failed; each has a time limit, cut so
 # that all of them stay within $BUDGET_S seconds (default 560: under ten minutes), so the summary
 # always prints. A pass/fail table ends the output and the exit status is

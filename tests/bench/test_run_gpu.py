@@ -3,7 +3,8 @@
 the files the real one writes, with made-up figures, and refusing an option or value the real one
 refuses), and the test checks what a GPU run depends on: every stage ran, the report lists
 nothing missing, and $OUT holds the four files the script promises;
-a stage that hangs is cut to the budget and the later ones are skipped, the report still written;
+a stage that hangs is cut to the run's time limit (BUDGET_S) and the later ones are skipped, the
+report still written;
 with nothing built the script fails. Standard library only; ctest runs it as bench.run_gpu.
 
 The same file is the stand-in tools: `test_run_gpu.py --tool NAME ARGS...`."""
