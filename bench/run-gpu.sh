@@ -13,7 +13,9 @@
 # report's .json and .md when there is one), in one folder. The report (whatever results there are,
 # the missing ones listed) goes to bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the
 # log beside it, and is copied to $OUT. A run with no results at all writes nothing to
-# bench/results. A target that does not build leaves the others to run. Every stage has a time
+# bench/results. A target that does not build leaves the others to run. MODELS (default: mlp sine
+# classify resnet50 resnet50-frozen) names the models whose bench_train and PyTorch stages run;
+# the report lists the others as missing. Every stage has a time
 # limit, cut to what is left of the whole run's limit, $BUDGET_S seconds (default 540), so a result
 # comes back even when one hangs (later stages are then skipped); expect 3-5 minutes on an H100, and
 # up to 2 more for the seeds. COMMIT names the measured commit where the tree has no .git (an
@@ -44,6 +46,12 @@ name="gpu-${device:-unknown}-$(date -u +%Y%m%d-%H%M)-$commit"
 log=$results/$name.log
 work=/tmp/$name-parts
 budget=${BUDGET_S:-540}
+all_models="mlp sine classify resnet50 resnet50-frozen"
+models=${MODELS:-$all_models}
+for model in $models; do
+  [[ " $all_models " == *" $model "* ]] ||
+    { echo "run-gpu: MODELS names '$model', not one of: $all_models" >&2; exit 2; }
+done
 mkdir -p "$results" "$work" "$out"
 
 # Per model: the bench_train / train.py step options. sine trains 512 steps in all, as the ROCm
@@ -135,6 +143,7 @@ run_gemm() {
 # the other configurations last), so that each pair is measured close in time.
 run_model() {
   local m=$1 p
+  [[ " $models " == *" $m "* ]] || return 0
   for p in fp32 amp amp-bf16; do
     # shellcheck disable=SC2086
     stage "bench_train $m $p" 60 "$build/bench_train" --device cuda --models "$m" \

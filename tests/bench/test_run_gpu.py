@@ -218,6 +218,21 @@ class RunGpuScript(unittest.TestCase):
         self.assertIn("minamp mlp: no results", missing)
         self.assertNotIn("bench_gemm: no results", missing)  # the stage before it ran
 
+    def test_models_picks_the_models_that_run(self):
+        process, out, results = self.run_script(MODELS="sine resnet50")
+        self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
+        ran = set(re.findall(r"^== bench_train (\S+) fp32 ", process.stdout, re.MULTILINE))
+        self.assertEqual(ran, {"sine", "resnet50"})
+        self.assertNotIn("== pytorch mlp", process.stdout)
+        [path] = glob.glob(os.path.join(results, "gpu-*.json"))
+        with open(path) as f:
+            missing = json.load(f)["meta"]["missing"]
+        self.assertIn("minamp mlp: no results", missing)
+
+        process, _, _ = self.run_script(MODELS="sine resnet")
+        self.assertEqual(process.returncode, 2)
+        self.assertIn("MODELS names 'resnet', not one of:", process.stderr)
+
     def test_with_nothing_built_it_fails_and_writes_no_report(self):
         process, out, results = self.run_script(FAKE_NO_BUILD="1")
         self.assertEqual(process.returncode, 1, process.stdout[-3000:] + process.stderr)
