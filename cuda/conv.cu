@@ -28,10 +28,10 @@ namespace {
 // kernels' 32-bit limit.
 ConvGeometry conv_geometry(const char* op, const ConvDims& d, const Tensor& x, const Tensor& w) {
   const int64_t out_rows = d.n * d.out_pixels();
-  require(x.numel() <= kMaxGemmExtent && w.numel() <= kMaxGemmExtent &&
-              out_rows * d.cout <= kMaxGemmExtent && out_rows * d.patch() <= kMaxGemmExtent,
-          op, "sizes must fit in 32 bits (at most ", kMaxGemmExtent, " elements), got x ",
-          describe(x), ", w ", describe(w));
+  require_size(x.numel() <= kMaxGemmExtent && w.numel() <= kMaxGemmExtent &&
+                   out_rows * d.cout <= kMaxGemmExtent && out_rows * d.patch() <= kMaxGemmExtent,
+               op, "sizes must fit in 32 bits (at most ", kMaxGemmExtent, " elements), got x ",
+               describe(x), ", w ", describe(w));
   ConvGeometry g;
   g.batch = int(d.n), g.height = int(d.h), g.width = int(d.w), g.channels = int(d.cin);
   g.kernel_h = int(d.kh), g.kernel_w = int(d.kw), g.stride = d.stride, g.pad = d.pad;

@@ -28,9 +28,9 @@ void tensor_core_gemm(const GemmArgs& args) {
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           const GemmEpilogue& epilogue) {
   const GemmDims s = require_gemm(a, trans_a, b, trans_b, c, epilogue);
-  require(s.m <= kMaxGemmExtent && s.n <= kMaxGemmExtent && s.k <= kMaxGemmExtent, "gemm",
-          "sizes must fit in 32 bits (at most ", kMaxGemmExtent, "), got M ", s.m, ", N ", s.n,
-          ", K ", s.k);
+  require_size(s.m <= kMaxGemmExtent && s.n <= kMaxGemmExtent && s.k <= kMaxGemmExtent, "gemm",
+               "sizes must fit in 32 bits (at most ", kMaxGemmExtent, "), got M ", s.m, ", N ", s.n,
+               ", K ", s.k);
 
   GemmArgs args;
   args.a = matrix_operand(a, trans_a);

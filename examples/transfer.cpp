@@ -214,11 +214,24 @@ void predict(const examples::TrainSpec& spec, const examples::Options& options, 
               100.0 * double(correct) / double(std::max<int64_t>(val.size(), 1)), out.c_str());
 }
 
+// How one training step at a given batch ended: it ran, the allocator ran out of memory, or a
+// tensor went beyond what the kernels index (the CUDA kernels' 32-bit sizes).
+enum class StepOutcome { fits, out_of_memory, too_large };
+
+const char* describe(StepOutcome outcome) {
+  switch (outcome) {
+  case StepOutcome::fits: return "fits";
+  case StepOutcome::out_of_memory: return "is out of memory";
+  case StepOutcome::too_large: return "is beyond the kernels' 32-bit sizes";
+  }
+  return "";
+}
+
 // One training step at `batch` images in `precision` from a fresh model, optimizer and scaler
-// (enabled as the run's options say): whether it fitted, and the peak bytes of the device's
-// allocator while it ran.
+// (enabled as the run's options say): how it ended, and the peak bytes of the device's allocator
+// while it ran.
 struct StepTry {
-  bool fitted = false;
+  StepOutcome outcome = StepOutcome::out_of_memory;
   size_t peak_bytes = 0;
 };
 
@@ -254,38 +267,59 @@ StepTry try_training_step(const examples::TrainSpec& spec, const examples::Optio
     scaler.step(adam);
     scaler.update();
     (void)loss.value().item(); // waits for the device
-    result.fitted = true;
+    result.outcome = StepOutcome::fits;
   } catch (const OutOfMemory&) {
   } catch (const std::bad_alloc&) {
+  } catch (const SizeLimit&) {
+    result.outcome = StepOutcome::too_large;
   }
   result.peak_bytes = allocator.peak_bytes();
   return result;
 }
 
+// The largest batch found and what stopped the search: the first batch past it ran out of memory
+// or went beyond the kernels' sizes (`limit`, out_of_memory or too_large; fits when every batch up
+// to kMaxBatch fitted).
+struct LargestBatch {
+  int64_t batch = 0;
+  size_t peak_bytes = 0;
+  StepOutcome limit = StepOutcome::fits;
+};
+
 // The largest batch whose step fits: doubling from 2 (a batch of one image gives BatchNorm one
 // value per channel at the end of the net) until one does not, then bisecting; 0 when 2 does not.
-std::pair<int64_t, size_t> largest_batch(const std::function<StepTry(int64_t)>& attempt,
-                                         const char* label) {
-  int64_t fits = 0, fails = 0;
-  size_t peak = 0;
+LargestBatch largest_batch(const std::function<StepTry(int64_t)>& attempt, const char* label) {
+  LargestBatch found;
+  int64_t fails = 0;
   auto run = [&](int64_t batch) {
     const StepTry t = attempt(batch);
     std::printf("  %s: batch %lld %s (peak %.1f MiB)\n", label, static_cast<long long>(batch),
-                t.fitted ? "fits" : "is out of memory", double(t.peak_bytes) / 1048576.0);
+                describe(t.outcome), double(t.peak_bytes) / 1048576.0);
     std::fflush(stdout);
-    if (t.fitted) {
-      fits = batch;
-      peak = t.peak_bytes;
+    if (t.outcome == StepOutcome::fits) {
+      found.batch = batch;
+      found.peak_bytes = t.peak_bytes;
     } else {
       fails = batch;
+      found.limit = t.outcome;
     }
-    return t.fitted;
+    return t.outcome == StepOutcome::fits;
   };
   for (int64_t batch = 2; batch <= examples::kMaxBatch && run(batch); batch *= 2) {
   }
-  if (fails == 0) return {fits, peak}; // fits up to kMaxBatch
-  while (fits > 0 && fails - fits > 1) run(fits + (fails - fits) / 2);
-  return {fits, peak};
+  if (fails == 0) return found; // fits up to kMaxBatch
+  while (found.batch > 0 && fails - found.batch > 1) run(found.batch + (fails - found.batch) / 2);
+  return found;
+}
+
+// summary.json's name for what ended a search.
+const char* limit_name(StepOutcome limit) {
+  switch (limit) {
+  case StepOutcome::fits: return "none";
+  case StepOutcome::out_of_memory: return "memory";
+  case StepOutcome::too_large: return "kernel sizes";
+  }
+  return "";
 }
 
 std::string mib(size_t bytes) {
@@ -306,8 +340,8 @@ void find_max_batch(const examples::TrainSpec& spec, const examples::Options& op
               device_description(device).c_str(),
               t.memory_limit > 0 ? cat("memory limit ", mib(size_t(t.memory_limit))).c_str()
                                  : "no memory limit");
-  nlohmann::json max_batch, peaks;
-  std::vector<std::pair<std::string, std::pair<int64_t, size_t>>> rows;
+  nlohmann::json max_batch, peaks, limited_by;
+  std::vector<std::pair<std::string, LargestBatch>> rows;
   for (bool amp : {false, true}) {
     const examples::Precision precision{amp, parse_half_precision(options.amp_dtype)};
     const std::string label = precision.name();
@@ -316,16 +350,17 @@ void find_max_batch(const examples::TrainSpec& spec, const examples::Options& op
           return try_training_step(spec, options, device, batch, t.image_size, classes, precision);
         },
         label.c_str());
-    max_batch[label] = found.first;
-    peaks[label] = found.second;
+    max_batch[label] = found.batch;
+    peaks[label] = found.peak_bytes;
+    limited_by[label] = limit_name(found.limit);
     rows.push_back({amp ? "AMP" : "FP32", found});
   }
-  std::printf("\n  %-6s %10s %14s\n", "", "max batch", "peak memory");
+  std::printf("\n  %-6s %10s %14s  %s\n", "", "max batch", "peak memory", "limited by");
   for (const auto& [name, found] : rows)
-    std::printf("  %-6s %10lld %14s\n", name.c_str(), static_cast<long long>(found.first),
-                mib(found.second).c_str());
+    std::printf("  %-6s %10lld %14s  %s\n", name.c_str(), static_cast<long long>(found.batch),
+                mib(found.peak_bytes).c_str(), limit_name(found.limit));
   const double ratio =
-      rows[0].second.first > 0 ? double(rows[1].second.first) / double(rows[0].second.first) : 0.0;
+      rows[0].second.batch > 0 ? double(rows[1].second.batch) / double(rows[0].second.batch) : 0.0;
   std::printf("  AMP / FP32: %.2f\n", ratio);
   const nlohmann::json summary = {{"example", "transfer"},
                                   {"mode", "max_batch"},
@@ -338,6 +373,7 @@ void find_max_batch(const examples::TrainSpec& spec, const examples::Options& op
                                   {"memory_limit", t.memory_limit},
                                   {"max_batch", max_batch},
                                   {"peak_bytes", peaks},
+                                  {"limited_by", limited_by},
                                   {"amp_over_fp32", ratio}};
   io::write_file_atomically(out + "/summary.json", summary.dump(2) + "\n");
   std::printf("wrote %s/summary.json\n", out.c_str());

@@ -20,6 +20,13 @@ public:
   using Error::Error;
 };
 
+// A size beyond what a kernel can index (the CUDA kernels' 32-bit extents): the same request in
+// smaller pieces (a smaller batch) would run.
+class SizeLimit : public Error {
+public:
+  using Error::Error;
+};
+
 // Concatenates any streamable values into one string: cat("Linear: got ", shape, "").
 template <class... Parts> std::string cat(const Parts&... parts) {
   std::ostringstream out;
@@ -30,6 +37,11 @@ template <class... Parts> std::string cat(const Parts&... parts) {
 // Throws Error("<op>: <message>") when `ok` is false.
 template <class... Parts> void require(bool ok, const char* op, const Parts&... message) {
   if (!ok) throw Error(cat(op, ": ", message...));
+}
+
+// Throws SizeLimit("<op>: <message>") when `ok` is false.
+template <class... Parts> void require_size(bool ok, const char* op, const Parts&... message) {
+  if (!ok) throw SizeLimit(cat(op, ": ", message...));
 }
 
 } // namespace minamp

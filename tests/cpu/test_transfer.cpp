@@ -155,12 +155,14 @@ TEST(Transfer, MaxBatchUnderAMemoryLimit) {
   EXPECT_GT(amp, fp32) << run.output;
   EXPECT_EQ(summary["memory_limit"], 24 << 20);
   EXPECT_LE(summary["peak_bytes"]["amp"].get<int64_t>(), 24 << 20);
+  EXPECT_EQ(summary["limited_by"]["fp32"], "memory");
+  EXPECT_EQ(summary["limited_by"]["amp"], "memory");
   EXPECT_NE(run.output.find(cat("fp32: batch ", fp32 + 1, " is out of memory")), std::string::npos)
       << "the search tried one more\n"
       << run.output;
-  expect_error_line(
-      run_program("transfer", cat("--images ", fixture(), " --max-batch --out ", out, "/x")),
-      {"--max-batch", "needs --memory-limit on the cpu"});
+  expect_error_line(run_program("transfer", cat("--images ", fixture(),
+                                                " --device cpu --max-batch --out ", out, "/x")),
+                    {"--max-batch", "needs --memory-limit on the cpu"});
 }
 
 TEST(Transfer, OutOfMemoryAndBadOptionsAreOneLineErrorsWithNoOutput) {

@@ -249,6 +249,17 @@ TEST(GpuConv, RejectsBadArguments) {
         kernels::conv2d_forward(x, wide_w, y, ConvParams{1, 1}, {});
       },
       "conv2d_forward", "the kernel of f16[4, 1, 8, 3] on cuda does not fit", "(pad 1)");
+  // A patch matrix of 1024 * 1024 rows by 47 * 47 * 2 columns: 4.6e9 elements, past the kernels'
+  // 32-bit extents, from tensors of a few MiB. A SizeLimit, so that a caller can try smaller.
+  const Tensor big_x = test::random_tensor(rng, {1, 1024, 1024, 2}, DType::f16, Device::cuda);
+  const Tensor big_w = test::random_tensor(rng, {1, 47, 47, 2}, DType::f16, Device::cuda);
+  Tensor big_y = test::poisoned({1, 1024, 1024, 1}, DType::f16, Device::cuda);
+  EXPECT_THROW(kernels::conv2d_forward(big_x, big_w, big_y, ConvParams{1, 23}, {}), SizeLimit);
+  test::expect_error(
+      [&] {
+        kernels::conv2d_forward(big_x, big_w, big_y, ConvParams{1, 23}, {});
+      },
+      "conv2d_forward", "sizes must fit in 32 bits");
   const Tensor bias_wrong = test::random_tensor(rng, {5}, DType::f32, Device::cuda);
   GemmEpilogue with_bias;
   with_bias.bias = &bias_wrong;
