@@ -15,6 +15,7 @@
 #include "core/allocator.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "nn/module.h"
 
 namespace minamp::test {
 
@@ -193,6 +194,19 @@ template <class Call, class... Parts> void expect_error(Call&& call, const Parts
           << "'" << message << "' lacks '" << part << "'";
   }
 }
+
+// Sets nn::fusion_enabled() for a scope and restores it on exit (an assertion that returns early
+// included).
+class ScopedFusion {
+public:
+  explicit ScopedFusion(bool enabled) : previous_(nn::fusion_enabled()) { nn::set_fusion(enabled); }
+  ~ScopedFusion() { nn::set_fusion(previous_); }
+  ScopedFusion(const ScopedFusion&) = delete;
+  ScopedFusion& operator=(const ScopedFusion&) = delete;
+
+private:
+  bool previous_;
+};
 
 } // namespace minamp::test
 

@@ -85,6 +85,8 @@ BasicBlock::BasicBlock(int64_t in_channels, int64_t planes, int stride, Rng& rng
   kaiming_normal_fan_out(conv1.weight, rng);
   kaiming_normal_fan_out(conv2.weight, rng);
   bn1.absorb_relu();
+  bn1.take_statistics_from(conv1);
+  bn2.take_statistics_from(conv2);
   register_layers({{"conv1", &conv1}, {"bn1", &bn1}, {"conv2", &conv2}, {"bn2", &bn2}}, in_channels,
                   planes * kExpansion, stride, rng);
 }
@@ -104,6 +106,9 @@ Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int stride, Rng& rng
   for (Conv2d* conv : {&conv1, &conv2, &conv3}) kaiming_normal_fan_out(conv->weight, rng);
   bn1.absorb_relu();
   bn2.absorb_relu();
+  bn1.take_statistics_from(conv1);
+  bn2.take_statistics_from(conv2);
+  bn3.take_statistics_from(conv3);
   register_layers({{"conv1", &conv1},
                    {"bn1", &bn1},
                    {"conv2", &conv2},
@@ -131,6 +136,7 @@ ResNet::ResNet(const ResNetOptions& options, Rng& rng)
           options.num_classes);
   kaiming_normal_fan_out(conv1.weight, rng);
   bn1.absorb_relu();
+  bn1.take_statistics_from(conv1);
   register_child("conv1", &conv1);
   register_child("bn1", &bn1);
   const std::array<Sequential*, 4> stages{&layer1, &layer2, &layer3, &layer4};

@@ -280,18 +280,6 @@ TEST(GpuColumnMoments, MeanFarFromZeroKeepsTheVariance) {
 
 // ---- Sequential: a BatchNorm takes its statistics from the Linear or Conv2d before it.
 
-// Restores nn::fusion_enabled() on scope exit.
-class ScopedFusion {
-public:
-  explicit ScopedFusion(bool enabled) : previous_(nn::fusion_enabled()) { nn::set_fusion(enabled); }
-  ~ScopedFusion() { nn::set_fusion(previous_); }
-  ScopedFusion(const ScopedFusion&) = delete;
-  ScopedFusion& operator=(const ScopedFusion&) = delete;
-
-private:
-  bool previous_;
-};
-
 // Conv2d 3x3 -> BatchNorm -> ReLU -> Conv2d 1x1 -> BatchNorm -> ReLU on the device. No bias before
 // a batch norm (as in PyTorch's ResNets): its gradient is zero but for rounding, which no relative
 // tolerance can compare.
@@ -352,11 +340,11 @@ void expect_fused_matches_unfused(std::unique_ptr<nn::Sequential> (*make)(),
   for (DType amp_dtype : {DType::f32, DType::f16, DType::bf16}) {
     StepResult fused, unfused;
     {
-      ScopedFusion on(true);
+      test::ScopedFusion on(true);
       fused = run_step(*make(), input_shape, amp_dtype);
     }
     {
-      ScopedFusion off(false);
+      test::ScopedFusion off(false);
       unfused = run_step(*make(), input_shape, amp_dtype);
     }
     const double tolerance = test::tolerance_for(amp_dtype);
@@ -405,7 +393,7 @@ TEST(GpuFusion, ConvHandsItsMomentsToTheBatchNormOnly) {
   const Tensor other = conv(Var(x)).value();
   EXPECT_FALSE(conv.take_batch_moments(y).defined()) << "moments of another output";
   {
-    ScopedFusion off(false);
+    test::ScopedFusion off(false);
     const Tensor unfused = conv(Var(x)).value();
     EXPECT_FALSE(conv.take_batch_moments(unfused).defined()) << "MINAMP_FUSION=0";
   }

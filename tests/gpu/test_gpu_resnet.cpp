@@ -1,6 +1,8 @@
 // A narrow ResNet-18 and ResNet-50 on the GPU against the CPU from the same weights and batch:
 // the training-mode logits and loss, and the gradients of layers at the start, in a shortcut and
-// at the end of the network, in FP32 and under autocast.
+// at the end of the network, in FP32 and under autocast. The GPU runs with every BatchNorm taking
+// its statistics from the convolution before it (the CPU never fuses); a last test checks that
+// the blocks link their pairs and that the fused step matches nn::set_fusion(false).
 #include <gtest/gtest.h>
 
 #include "amp/autocast.h"
@@ -69,6 +71,55 @@ TEST(GpuResNet, ResNet50StepMatchesTheCpu) {
   MINAMP_REQUIRE_GPU();
   expect_same_pass(nn::ResNetArch::resnet50, false);
   expect_same_pass(nn::ResNetArch::resnet50, true);
+}
+
+// Whether `conv`, run in training mode on x, hands its output's batch moments over: it does when
+// a BatchNorm takes its statistics from it.
+bool produces_moments(nn::Conv2d& conv, const Tensor& x) {
+  const Tensor y = conv(Var(x)).value();
+  return conv.take_batch_moments(y).defined();
+}
+
+TEST(GpuResNet, BatchNormsTakeTheirStatisticsFromTheConvBeforeThem) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(7);
+  test::ScopedFusion on(true);
+  for (nn::ResNetArch arch : {nn::ResNetArch::resnet18, nn::ResNetArch::resnet50}) {
+    SCOPED_TRACE(nn::resnet_arch_name(arch));
+    nn::ResNetOptions options;
+    options.arch = arch;
+    options.width = 4;
+    options.num_classes = 5;
+    nn::ResNet model(options, rng);
+    model.to(Device::cuda);
+    model.train();
+    EXPECT_TRUE(produces_moments(
+        model.conv1, test::random_tensor(rng, {2, 16, 16, 3}, DType::f32, Device::cuda)));
+    const Tensor x = test::random_tensor(rng, {2, 8, 8, 4}, DType::f32, Device::cuda);
+    if (arch == nn::ResNetArch::resnet50) {
+      auto& block = dynamic_cast<nn::Bottleneck&>(model.layer1[0]);
+      EXPECT_TRUE(produces_moments(block.conv1, x));
+      const Tensor mid = test::random_tensor(rng, {2, 8, 8, 4}, DType::f32, Device::cuda);
+      EXPECT_TRUE(produces_moments(block.conv2, mid));
+      EXPECT_TRUE(produces_moments(block.conv3, mid));
+    } else {
+      auto& block = dynamic_cast<nn::BasicBlock&>(model.layer1[0]);
+      EXPECT_TRUE(produces_moments(block.conv1, x));
+      EXPECT_TRUE(produces_moments(block.conv2, x));
+    }
+  }
+  // The whole step, fused and not: the same up to the summation order of the statistics.
+  const Pass fused = run_on(Device::cuda, nn::ResNetArch::resnet50, false);
+  Pass unfused;
+  {
+    test::ScopedFusion off(false);
+    unfused = run_on(Device::cuda, nn::ResNetArch::resnet50, false);
+  }
+  test::expect_close(fused.logits, unfused.logits, 1e-4, "logits");
+  test::expect_close(fused.loss, unfused.loss, 1e-4, "loss");
+  ASSERT_EQ(fused.grads.size(), 3u);
+  for (size_t i = 0; i < fused.grads.size(); ++i)
+    test::expect_close(fused.grads[i], unfused.grads[i], 1e-3, cat("gradient ", i));
 }
 
 } // namespace
