@@ -14,15 +14,16 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Block b unscales chunk b: g *= 1 / scale[0] (the reciprocal in double, as GradScaler.unscale_);
-// a non-finite unscaled g sets found_inf[0] = 1 (kernel_list.h says why the unscaled value) with
-// a plain store: every writer stores the same value, so the race is benign; nobody resets it.
+// Blocks (b, *) unscale chunk b: g *= 1 / scale[0] (the reciprocal in double, as
+// GradScaler.unscale_); a non-finite unscaled g sets found_inf[0] = 1 (kernel_list.h says why the
+// unscaled value) with a plain store: every writer stores the same value, so the race is benign;
+// nobody resets it.
 __global__ void __launch_bounds__(kThreads)
     amp_unscale_kernel(FloatChunkList list, const float* scale, float* found_inf) {
   const FloatChunk chunk = list.chunk[blockIdx.x];
   const float inv_scale = float(1.0 / double(scale[0]));
   bool saw_nonfinite = false;
-  for (int i = threadIdx.x; i < chunk.numel; i += blockDim.x) {
+  for (int i = chunk_begin(); i < chunk.numel; i += chunk_stride()) {
     const float unscaled = chunk.data[i] * inv_scale;
     saw_nonfinite = saw_nonfinite || !isfinite(unscaled);
     chunk.data[i] = unscaled;
@@ -58,7 +59,8 @@ void amp_unscale(const std::vector<Tensor*>& grads, const Tensor& scale, Tensor&
   const float* scale_ptr = ptr<const float>(scale);
   float* found_inf_ptr = ptr<float>(found_inf);
   auto launch = [&](const FloatChunkList& list) {
-    amp_unscale_kernel<<<list.count, kThreads, 0, stream()>>>(list, scale_ptr, found_inf_ptr);
+    amp_unscale_kernel<<<chunk_grid(list.count), kThreads, 0, stream()>>>(list, scale_ptr,
+                                                                          found_inf_ptr);
     CUDA_CHECK_LAUNCH(op);
   };
   ChunkBatcher<FloatChunkList, decltype(launch)> batcher(launch);

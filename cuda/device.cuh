@@ -55,8 +55,8 @@ template <class F> void visit_floating(const Tensor& t, const char* op, F&& f) {
   }
 }
 
-// A fixed-capacity list of work chunks passed by value as a kernel parameter (one block per
-// chunk). Keep sizeof(ChunkList) under the classic 4 KB kernel-parameter limit.
+// A fixed-capacity list of work chunks passed by value as a kernel parameter (kBlocksPerChunk
+// blocks per chunk). Keep sizeof(ChunkList) under the classic 4 KB kernel-parameter limit.
 template <class Chunk, int kCapacity> struct ChunkList {
   static constexpr int capacity = kCapacity;
   Chunk chunk[kCapacity];
@@ -82,8 +82,18 @@ private:
   Launch launch_;
 };
 
-// Elements per chunk of a multi-tensor launch: one block walks one chunk.
+// Elements per chunk of a multi-tensor launch.
 constexpr int64_t kChunkElements = 32768;
+// Blocks per chunk: a launch's grid is [chunks, kBlocksPerChunk] (chunk_grid), and block (c, s)
+// takes every kBlocksPerChunk-th stretch of blockDim.x values of chunk c from stretch s on
+// (chunk_begin, chunk_stride). One block per chunk kept only 80 to 240 blocks in flight on a
+// 132-SM GPU, too few loads to use its memory bandwidth; eight give each thread 16 values of a
+// chunk at 256 threads.
+constexpr int kBlocksPerChunk = 8;
+
+inline dim3 chunk_grid(int chunks) { return dim3(unsigned(chunks), unsigned(kBlocksPerChunk)); }
+__device__ __forceinline__ int chunk_begin() { return int(blockIdx.y * blockDim.x + threadIdx.x); }
+__device__ __forceinline__ int chunk_stride() { return int(gridDim.y * blockDim.x); }
 
 // Up to kChunkElements consecutive values of one f32 tensor (gradients: unscale, zero).
 struct FloatChunk {

@@ -42,10 +42,10 @@ __device__ __forceinline__ bool step_skipped(const float* found_inf) {
   return found_inf && found_inf[0] != 0.0f;
 }
 
-// Block b zeroes chunk b.
+// Blocks (b, *) zero chunk b.
 __global__ void __launch_bounds__(kThreads) zero_kernel(FloatChunkList list) {
   const FloatChunk c = list.chunk[blockIdx.x];
-  for (int i = threadIdx.x; i < c.numel; i += blockDim.x) c.data[i] = 0.0f;
+  for (int i = chunk_begin(); i < c.numel; i += chunk_stride()) c.data[i] = 0.0f;
 }
 
 // The last move of the mixed-precision step, fused into the update: the new fp32 master is stored
@@ -60,13 +60,13 @@ __device__ __forceinline__ void store_master(const ParamValues& p, int i, float 
     store_f(static_cast<__half*>(p.half), i, w);
 }
 
-// Block b updates chunk b (PyTorch SGD, dampening 0; the momentum buffer starts at zero, so the
-// first step's buffer is the gradient).
+// Blocks (b, *) update chunk b (PyTorch SGD, dampening 0; the momentum buffer starts at zero, so
+// the first step's buffer is the gradient).
 __global__ void __launch_bounds__(kThreads)
     sgd_kernel(SgdChunkList list, SgdParams sgd, const float* found_inf) {
   if (step_skipped(found_inf)) return;
   const SgdChunk c = list.chunk[blockIdx.x];
-  for (int i = threadIdx.x; i < c.param.numel; i += blockDim.x) {
+  for (int i = chunk_begin(); i < c.param.numel; i += chunk_stride()) {
     float w = c.param.master[i];
     const float d = c.param.grad[i] + sgd.weight_decay * w;
     if (c.momentum_buffer) {
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Block b updates chunk b (PyTorch Adam with L2 weight decay, not AdamW). t = step[0] + 1: the
+// Blocks (b, *) update chunk b (PyTorch Adam with L2 weight decay, not AdamW). t = step[0] + 1: the
 // step counter is incremented by a later launch, after every chunk has read it.
 __global__ void __launch_bounds__(kThreads)
     adam_kernel(AdamChunkList list, AdamParams adam, const float* step, const float* found_inf) {
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kThreads)
   // In double, as on the CPU (kernels/cpu/optim.cpp): the same two floats on both backends.
   const float bias_correction1 = float(1.0 - pow(double(adam.beta1), double(t)));
   const float bias_correction2 = float(1.0 - pow(double(adam.beta2), double(t)));
-  for (int i = threadIdx.x; i < c.param.numel; i += blockDim.x) {
+  for (int i = chunk_begin(); i < c.param.numel; i += chunk_stride()) {
     float w = c.param.master[i];
     const float d = c.param.grad[i] + adam.weight_decay * w;
     const float m = adam.beta1 * c.exp_avg[i] + (1.0f - adam.beta1) * d;
@@ -143,7 +143,7 @@ void for_each_chunk_list(const std::vector<ParamSlot>& params, MakeChunk make_ch
 void zero_grads(const std::vector<Tensor*>& grads) {
   require_zero_grads(grads);
   auto launch = [](const FloatChunkList& list) {
-    zero_kernel<<<list.count, kThreads, 0, stream()>>>(list);
+    zero_kernel<<<chunk_grid(list.count), kThreads, 0, stream()>>>(list);
     CUDA_CHECK_LAUNCH("zero_grads");
   };
   ChunkBatcher<FloatChunkList, decltype(launch)> batcher(launch);
@@ -159,7 +159,7 @@ void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const 
     return SgdChunk{values, momentum ? state_ptr(slot.momentum_buffer, offset) : nullptr};
   };
   for_each_chunk_list<SgdChunkList>(params, make_chunk, [&](const SgdChunkList& list) {
-    sgd_kernel<<<list.count, kThreads, 0, stream()>>>(list, sgd, skip);
+    sgd_kernel<<<chunk_grid(list.count), kThreads, 0, stream()>>>(list, sgd, skip);
     CUDA_CHECK_LAUNCH("sgd_step");
   });
 }
@@ -173,7 +173,8 @@ void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Ten
     return AdamChunk{values, state_ptr(slot.exp_avg, offset), state_ptr(slot.exp_avg_sq, offset)};
   };
   for_each_chunk_list<AdamChunkList>(params, make_chunk, [&](const AdamChunkList& list) {
-    adam_kernel<<<list.count, kThreads, 0, stream()>>>(list, adam, ptr<const float>(step), skip);
+    adam_kernel<<<chunk_grid(list.count), kThreads, 0, stream()>>>(list, adam,
+                                                                   ptr<const float>(step), skip);
     CUDA_CHECK_LAUNCH(op);
   });
   increment_step_kernel<<<1, 1, 0, stream()>>>(ptr<float>(step), skip);

@@ -79,25 +79,41 @@ void avgpool_backward(const Tensor& dy, Tensor& dx) {
 
 namespace {
 
+// The index arithmetic of both max pooling kernels is in Index: int32_t when every index of x and
+// y stays below 2^30 (so that a grid-stride step cannot overflow it), else int64_t. The kernels
+// divide each linear index into coordinates, and 64-bit integer division costs several times the
+// 32-bit one: at ResNet's stem, 64-bit indexing made the pooling compute-bound.
+template <class Index> struct MaxPoolIndexDims {
+  Index n, h, w, c, ho, wo, kernel, stride, pad;
+  explicit MaxPoolIndexDims(const MaxPoolDims& d)
+      : n(Index(d.n)), h(Index(d.h)), w(Index(d.w)), c(Index(d.c)), ho(Index(d.ho)),
+        wo(Index(d.wo)), kernel(Index(d.kernel)), stride(Index(d.stride)), pad(Index(d.pad)) {}
+};
+
+bool fits_int32_indexing(const MaxPoolDims& d) {
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  return d.n * d.h * d.w * d.c < kLimit && d.n * d.ho * d.wo * d.c < kLimit;
+}
+
 // y[s, oh, ow, c] = the largest x in the window, argmax (when not null) its pixel ih * W + iw:
 // the first largest in row-major window order, or the last NaN, as the CPU reference.
-template <class T>
+template <class T, class Index>
 __global__ void __launch_bounds__(kThreads)
-    maxpool2d_forward_kernel(const T* x, T* y, int32_t* argmax, MaxPoolDims d) {
-  const int64_t outputs = d.n * d.ho * d.wo * d.c;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < outputs;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % d.c, ow = (i / d.c) % d.wo, oh = (i / (d.c * d.wo)) % d.ho;
-    const int64_t sample = i / (d.c * d.wo * d.ho);
-    const int64_t h0 = std::max<int64_t>(oh * d.stride - d.pad, 0);
-    const int64_t h1 = std::min<int64_t>(oh * d.stride - d.pad + d.kernel, d.h);
-    const int64_t w0 = std::max<int64_t>(ow * d.stride - d.pad, 0);
-    const int64_t w1 = std::min<int64_t>(ow * d.stride - d.pad + d.kernel, d.w);
+    maxpool2d_forward_kernel(const T* x, T* y, int32_t* argmax, MaxPoolIndexDims<Index> d) {
+  const Index outputs = d.n * d.ho * d.wo * d.c;
+  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < outputs;
+       i += Index(gridDim.x) * blockDim.x) {
+    const Index c = i % d.c, ow = (i / d.c) % d.wo, oh = (i / (d.c * d.wo)) % d.ho;
+    const Index sample = i / (d.c * d.wo * d.ho);
+    const Index h0 = std::max<Index>(oh * d.stride - d.pad, 0);
+    const Index h1 = std::min<Index>(oh * d.stride - d.pad + d.kernel, d.h);
+    const Index w0 = std::max<Index>(ow * d.stride - d.pad, 0);
+    const Index w1 = std::min<Index>(ow * d.stride - d.pad + d.kernel, d.w);
     const T* image = x + sample * d.h * d.w * d.c + c;
     float best = -INFINITY;
-    int64_t best_pixel = h0 * d.w + w0;
-    for (int64_t ih = h0; ih < h1; ++ih)
-      for (int64_t iw = w0; iw < w1; ++iw) {
+    Index best_pixel = h0 * d.w + w0;
+    for (Index ih = h0; ih < h1; ++ih)
+      for (Index iw = w0; iw < w1; ++iw) {
         const float v = load_f(image, (ih * d.w + iw) * d.c);
         if (v > best || isnan(v)) {
           best = v;
@@ -111,22 +127,23 @@ __global__ void __launch_bounds__(kThreads)
 
 // dx[s, ih, iw, c] = the sum of dy over the outputs whose window holds (ih, iw) and whose argmax
 // it is, in output order.
-template <class TDy, class TDx>
+template <class TDy, class TDx, class Index>
 __global__ void __launch_bounds__(kThreads)
-    maxpool2d_backward_kernel(const TDy* dy, const int32_t* argmax, TDx* dx, MaxPoolDims d) {
-  const int64_t inputs = d.n * d.h * d.w * d.c;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < inputs;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % d.c, pixel = (i / d.c) % (d.h * d.w), sample = i / (d.c * d.h * d.w);
-    const int64_t ih = pixel / d.w, iw = pixel % d.w;
-    const int64_t oh0 = std::max<int64_t>(0, (ih + d.pad - d.kernel + d.stride) / d.stride);
-    const int64_t oh1 = std::min<int64_t>(d.ho, (ih + d.pad) / d.stride + 1);
-    const int64_t ow0 = std::max<int64_t>(0, (iw + d.pad - d.kernel + d.stride) / d.stride);
-    const int64_t ow1 = std::min<int64_t>(d.wo, (iw + d.pad) / d.stride + 1);
+    maxpool2d_backward_kernel(const TDy* dy, const int32_t* argmax, TDx* dx,
+                              MaxPoolIndexDims<Index> d) {
+  const Index inputs = d.n * d.h * d.w * d.c;
+  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < inputs;
+       i += Index(gridDim.x) * blockDim.x) {
+    const Index c = i % d.c, pixel = (i / d.c) % (d.h * d.w), sample = i / (d.c * d.h * d.w);
+    const Index ih = pixel / d.w, iw = pixel % d.w;
+    const Index oh0 = std::max<Index>(0, (ih + d.pad - d.kernel + d.stride) / d.stride);
+    const Index oh1 = std::min<Index>(d.ho, (ih + d.pad) / d.stride + 1);
+    const Index ow0 = std::max<Index>(0, (iw + d.pad - d.kernel + d.stride) / d.stride);
+    const Index ow1 = std::min<Index>(d.wo, (iw + d.pad) / d.stride + 1);
     float sum = 0.0f;
-    for (int64_t oh = oh0; oh < oh1; ++oh)
-      for (int64_t ow = ow0; ow < ow1; ++ow) {
-        const int64_t o = ((sample * d.ho + oh) * d.wo + ow) * d.c + c;
+    for (Index oh = oh0; oh < oh1; ++oh)
+      for (Index ow = ow0; ow < ow1; ++ow) {
+        const Index o = ((sample * d.ho + oh) * d.wo + ow) * d.c + c;
         if (argmax[o] == pixel) sum += load_f(dy, o);
       }
     store_f(dx, i, sum);
@@ -141,8 +158,13 @@ void maxpool2d_forward(const Tensor& x, Tensor& y, Tensor& argmax, const MaxPool
   int32_t* taken = argmax.defined() ? ptr<int32_t>(argmax) : nullptr;
   visit_floating(x, "maxpool2d_forward", [&](auto type) {
     using T = typename decltype(type)::type;
-    maxpool2d_forward_kernel<<<grid_for(y.numel(), kThreads), kThreads, 0, stream()>>>(
-        ptr<const T>(x), ptr<T>(y), taken, d);
+    const int grid = grid_for(y.numel(), kThreads);
+    if (fits_int32_indexing(d))
+      maxpool2d_forward_kernel<<<grid, kThreads, 0, stream()>>>(ptr<const T>(x), ptr<T>(y), taken,
+                                                                MaxPoolIndexDims<int32_t>(d));
+    else
+      maxpool2d_forward_kernel<<<grid, kThreads, 0, stream()>>>(ptr<const T>(x), ptr<T>(y), taken,
+                                                                MaxPoolIndexDims<int64_t>(d));
     CUDA_CHECK_LAUNCH("maxpool2d_forward");
   });
 }
@@ -155,8 +177,15 @@ void maxpool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx,
     visit_floating(dy, "maxpool2d_backward", [&](auto in) {
       using TDx = typename decltype(out)::type;
       using TDy = typename decltype(in)::type;
-      maxpool2d_backward_kernel<<<grid_for(dx.numel(), kThreads), kThreads, 0, stream()>>>(
-          ptr<const TDy>(dy), ptr<const int32_t>(argmax), ptr<TDx>(dx), d);
+      const int grid = grid_for(dx.numel(), kThreads);
+      if (fits_int32_indexing(d))
+        maxpool2d_backward_kernel<<<grid, kThreads, 0, stream()>>>(
+            ptr<const TDy>(dy), ptr<const int32_t>(argmax), ptr<TDx>(dx),
+            MaxPoolIndexDims<int32_t>(d));
+      else
+        maxpool2d_backward_kernel<<<grid, kThreads, 0, stream()>>>(
+            ptr<const TDy>(dy), ptr<const int32_t>(argmax), ptr<TDx>(dx),
+            MaxPoolIndexDims<int64_t>(d));
       CUDA_CHECK_LAUNCH("maxpool2d_backward");
     });
   });
