@@ -1,8 +1,8 @@
 // bench_gemm: TFLOP/s of minamp's GEMMs beside cuBLAS in the same process — the tensor-core GEMM
 // (f16 in, fp32 accumulate) against cublasGemmEx (f16 in, CUBLAS_COMPUTE_32F), as the library
 // runs it and then each version of its ladder (cuda/gemm_v1_naive.cu ... gemm_v4_mma.cu) forced,
-// and the fp32 SIMT GEMM against cublasSgemm — on square shapes and on the GEMMs of the sine model
-// and of the classify benchmark. Before timing, every result is compared with cuBLAS's over the
+// and the fp32 SIMT GEMM against cublasSgemm — on square shapes, on the GEMMs of the sine model
+// and of the classify benchmark, and on ResNet-50's convolution GEMMs. Before timing, every result is compared with cuBLAS's over the
 // whole matrix, and a few entries of both with an fp64 sum on the host. Times come from CUDA events
 // on minamp's stream (cuBLAS runs on it too): warm-up, then the median of many runs, the two
 // libraries interleaved in rounds, inputs rotated over enough buffers to leave the L2 cold when
@@ -71,7 +71,27 @@ std::vector<GemmShape> all_shapes(const std::string& which) {
     shapes.push_back({"classify conv3", 128 * 14 * 14, 64, 288, false, true});
     shapes.push_back({"classify conv4", 128 * 7 * 7, 64, 576, false, true});
   }
-  require(!shapes.empty(), "--shapes", "expected all, square, model or tiny, got '", which, "'");
+  if (which == "all" || which == "resnet50") {
+    // ResNet-50 at batch 64, 224x224 (bench_train's resnet50): forward im2col GEMMs M = N Ho Wo,
+    // N = Cout, K = kh kw Cin, from the stem to layer4; an input gradient dx = dy @ W; and weight
+    // gradients dw = dy^T @ x, summed over every pixel of the batch (fp32 out).
+    const int64_t p56 = 64 * 56 * 56, p28 = 64 * 28 * 28, p14 = 64 * 14 * 14, p7 = 64 * 7 * 7;
+    shapes.push_back({"resnet50 stem 7x7 3->64", 64 * 112 * 112, 64, 147, false, true});
+    shapes.push_back({"resnet50 layer1 1x1 256->64", p56, 64, 256, false, true});
+    shapes.push_back({"resnet50 layer1 3x3 64->64", p56, 64, 576, false, true});
+    shapes.push_back({"resnet50 layer1 1x1 64->256", p56, 256, 64, false, true, DType::f16, true});
+    shapes.push_back({"resnet50 layer2 3x3 128->128", p28, 128, 1152, false, true, DType::f16,
+                      true});
+    shapes.push_back({"resnet50 layer3 1x1 256->1024", p14, 1024, 256, false, true});
+    shapes.push_back({"resnet50 layer4 3x3 512->512", p7, 512, 4608, false, true});
+    shapes.push_back({"resnet50 layer1 1x1 64->256 dgrad", p56, 64, 256, false, false});
+    shapes.push_back({"resnet50 layer1 3x3 wgrad", 64, 576, p56, true, false, DType::f32});
+    shapes.push_back({"resnet50 layer1 1x1 64->256 wgrad", 256, 64, p56, true, false, DType::f32});
+    shapes.push_back({"resnet50 layer3 1x1 256->1024 wgrad", 1024, 256, p14, true, false,
+                      DType::f32});
+  }
+  require(!shapes.empty(), "--shapes", "expected all, square, model, resnet50 or tiny, got '",
+          which, "'");
   return shapes;
 }
 
@@ -455,7 +475,8 @@ int run(int argc, char** argv) {
                "cuBLAS (TFLOP/s)"};
   std::string shapes_name = "all", precisions = "f16,f32", json_path;
   bool with_sweep = false, kernels_only = false, versions = true;
-  app.add_option("--shapes", shapes_name, "all, square, model or tiny (a quick check)")
+  app.add_option("--shapes", shapes_name,
+                 "all, square, model, resnet50 or tiny (a quick check)")
       ->capture_default_str();
   app.add_option("--precisions", precisions,
                  "f16 (tensor cores vs cublasGemmEx), f32 (SIMT vs Sgemm)")
@@ -465,7 +486,8 @@ int run(int argc, char** argv) {
                "time only the library's GEMM, not also each version of the ladder (f16)");
   app.add_flag("--sweep", with_sweep,
                "also time other v4 and v5 tile configurations than the library's (f16 square 4096, "
-               "sine fwd and dgrad; in tiny, the first two shapes)");
+               "sine fwd and dgrad, ResNet-50's layer1 1x1 64->256 and layer2 3x3; in tiny, the "
+               "first two shapes)");
   app.add_flag("--kernels", kernels_only,
                "print, as JSON, the kernel each version runs at 4096^3 (its name, threads and "
                "shared memory; for bench/gemm_sass.py) and exit; needs no GPU");

@@ -125,12 +125,12 @@ stage() {
   return "$rc"
 }
 
-# bench_gemm PART (square-f16, model-f16 or all-f32): one process per part, so that a failure
+# bench_gemm PART (square-f16, model-f16, resnet50-f16 or all-f32): one process per part, so that a failure
 # in one keeps the others (bench_gemm rewrites its JSON after every row, so a fault or a time
 # limit keeps the rows before it; each shape's library row comes before its versions' and sweep
 # rows). The f16 parts time each version of the tensor-core GEMM too, and the sweep's tile
-# configurations (square 4096, sine fwd and dgrad): tuning data.
-gemm_parts=(square-f16 model-f16 all-f32)
+# configurations (square 4096, sine fwd and dgrad, two of ResNet-50's): tuning data.
+gemm_parts=(square-f16 model-f16 resnet50-f16 all-f32)
 run_gemm() {
   local sweep=()
   [ "${1#*-}" = f16 ] && sweep=(--sweep)
@@ -178,7 +178,8 @@ run_seeds() {
 }
 
 # The stages in the order the targets need them (a budget spent skips the last ones): the
-# 4096^3 GEMM, mlp, sine, classify and ResNet-50, then what is only informational.
+# 4096^3 GEMM, mlp, sine, classify and ResNet-50 (and its GEMMs), then what is only
+# informational.
 main() {
   echo "minamp GPU benchmark $name"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
@@ -195,6 +196,7 @@ main() {
   run_model classify
   run_model resnet50
   run_model resnet50-frozen
+  run_gemm resnet50-f16
   run_gemm all-f32
   run_examples
   run_seeds
