@@ -15,14 +15,16 @@
 // All STAGES buffers hold tiles in flight (v4 keeps one of them for the tile being read), and the
 // wait is cp.async.wait_group STAGES - 2 at every tile. BK must hold an even number of 16-wide
 // steps so that the double-buffered fragments line up from one tile to the next. The large tile
-// is 128x256, 8 warps of 64x64 in 3 stages, with v4's 128x128 tile as a medium one for grids
+// is 128x256x64, 8 warps of 64x64 in 3 stages, with v4's 128x128 tile as a medium one for grids
 // too small for it; everything else (small tile, loaders, epilogue, split K, conv views) is
 // v4's.
 //
 // What it bought, measured (H200, bench_gemm, f16): on v4's 128x128 tiles, nothing — 4096^3 at
 // 320.6 TFLOP/s against v4's 329.0 (the barrier was not what held v4 back); with 8 warps on
 // 128x256 tiles, 355.9 (0.48 of cuBLAS), the best of the configurations swept, and sine's forward
-// GEMM 212.8 against v4's 197.5. See bench/NOTES.md.
+// GEMM 212.8 against v4's 197.5. On an H100, BK = 64 on those tiles took sine's forward and
+// input-gradient GEMMs from 202 to 215 TFLOP/s (0.63 of cuBLAS), 4096^3 unchanged. See
+// bench/NOTES.md.
 #include <string>
 #include <vector>
 
@@ -33,9 +35,10 @@ namespace minamp::gpu {
 
 namespace {
 
-// 8 warps of 64x64 in 3 stages (one block per SM: 135 KB of shared memory for the epilogue's
-// staging tile); v4's large configuration, 4 warps of 64x64 in 4 stages, for grids too small for
-// the 128x256 tiles (gemm_plan.h); and v4's small one, 4 warps of 32x32 in 4 stages.
+// 8 warps of 64x64 in 3 stages (one block per SM: up to 166 KB of shared memory for the pipeline,
+// 135 KB of it reused for the epilogue's staging tile); v4's large configuration, 4 warps of 64x64
+// in 4 stages, for grids too small for the 128x256 tiles (gemm_plan.h); and v4's small one, 4 warps
+// of 32x32 in 4 stages.
 using MultistageLarge =
     MmaConfig<kMultistageLargeTile.bm, kMultistageLargeTile.bn, kMultistageLargeTile.bk, 2, 4, 3>;
 using MultistageMedium = MmaConfig<kMmaLargeTile.bm, kMmaLargeTile.bn, kMmaLargeTile.bk, 2, 2, 4>;
@@ -152,7 +155,7 @@ void gemm_v5_multistage(const GemmArgs& args) {
 std::vector<GemmCandidate> gemm_v5_sweep() {
   return {sweep_candidate<V5Family, MmaConfig<128, 128, 64, 2, 2, 3>>("v5"),
           sweep_candidate<V5Family, MmaConfig<128, 128, 32, 2, 2, 4>>("v5"),
-          sweep_candidate<V5Family, MmaConfig<128, 256, 64, 2, 4, 3>>("v5"),
+          sweep_candidate<V5Family, MmaConfig<128, 256, 32, 2, 4, 3>>("v5"),
           sweep_candidate<V5Family, MmaConfig<256, 128, 32, 4, 2, 3>>("v5")};
 }
 

@@ -142,7 +142,7 @@ TEST(GemmPlan, MultistageTakesItsMediumTilesWhereTheLargeOnesLeaveSmsIdle) {
   EXPECT_EQ(v5(1024, 1024, 1024).tiles, GemmTiles::small) << "32 large, 64 medium tiles";
   EXPECT_EQ(v5(1024, 1024, 1024).split.splits, 1) << "256 small tiles fill the SMs";
   EXPECT_EQ(v5(4096, 4096, 4096).split.splits, 1);
-  // Too little shared memory for the large tiles (135 KB): the medium ones.
+  // Too little shared memory for the large tiles (up to 166 KB): the medium ones.
   EXPECT_EQ(plan_gemm(4096, 4096, 4096, kMultistageLargeTile, kMmaLargeTile, kMmaSmallTile, false,
                       true, kH100Sms)
                 .tiles,

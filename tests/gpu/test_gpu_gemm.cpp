@@ -246,9 +246,8 @@ TEST(GpuGemm, ThinShapesOnCudaCores) {
             expect_matches_cpu(GemmCase{100, n, k, trans_a, trans_b, d.ab, d.c, 0.5f,
                                         k == 2 ? -1.0f : 0.0f, true, k != 1},
                                ++seed);
-        expect_matches_cpu(GemmCase{4100, 3, 40, trans_a, trans_b, d.ab, d.c, 1.0f, 0.5f, true,
-                                    true},
-                           ++seed);
+        expect_matches_cpu(
+            GemmCase{4100, 3, 40, trans_a, trans_b, d.ab, d.c, 1.0f, 0.5f, true, true}, ++seed);
       }
   // N = 1 and 4 with K = 37 (4-element loads impossible) and 40, f16 or bf16 in and out.
   for (DType dtype : {DType::f16, DType::bf16})
@@ -345,13 +344,17 @@ TEST(GpuGemmVersions, LargeTilesAndSplitK) {
         GemmCase{40, 72, 8013, true, false, DType::bf16, DType::bf16, 0.5f, -1.0f, true, true},
         ++seed);
   }
-  // v5's large tile is 128x256: 33 x 5 of them over C, ragged on both edges.
+  // v5's large tile is 128x256x64: 33 x 5 of them over C, ragged on both edges; K = 72 is one
+  // whole K tile and a short one, K = 37 (bf16) a single short one.
   ScopedGemmVersion v5(GemmVersion::v5_multistage);
   uint64_t seed = 9100;
   for (bool trans : {false, true})
     expect_matches_cpu(
         GemmCase{4099, 1040, 72, trans, !trans, DType::f16, DType::f16, 1.0f, 0.5f, true, true},
         ++seed);
+  expect_matches_cpu(
+      GemmCase{4099, 1040, 37, false, true, DType::bf16, DType::f32, 1.0f, 0.0f, true, false},
+      ++seed);
 }
 
 // v1 and v3 take f16 only: bf16 operands are refused, naming the version and those that take them.
