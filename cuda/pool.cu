@@ -81,8 +81,9 @@ namespace {
 
 // The index arithmetic of both max pooling kernels is in Index: int32_t when every index of x and
 // y stays below 2^30 (so that a grid-stride step cannot overflow it), else int64_t. The kernels
-// divide each linear index into coordinates, and 64-bit integer division costs several times the
-// 32-bit one: at ResNet's stem, 64-bit indexing made the pooling compute-bound.
+// divide each linear index into coordinates; a 64-bit division tests whether its operands fit in
+// 32 bits and carries a slow path besides the 32-bit one (in SASS the int64 backward kernel is
+// three times the size of the int32 one, with twice the reciprocal sequences).
 template <class Index> struct MaxPoolIndexDims {
   Index n, h, w, c, ho, wo, kernel, stride, pad;
   explicit MaxPoolIndexDims(const MaxPoolDims& d)
