@@ -20,7 +20,8 @@ void require_not_released(const Node& node) {
 }
 
 // Post-order DFS from `root` over nodes that require grad (iterative: graphs can be deep).
-// The order owns its nodes, so the walk may release each node's inputs as it goes. Throws Error,
+// The order owns its nodes, so the walk may release each node's inputs as it goes, and then its
+// own reference to the node. Throws Error,
 // before any gradient is touched, when it reaches an op that an earlier backward() released.
 std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>& root) {
   std::vector<std::shared_ptr<Node>> order;
@@ -65,15 +66,25 @@ Node::~Node() {
   }
 }
 
-Var::Var(Tensor value, bool requires_grad) : node_(std::make_shared<Node>()) {
-  node_->value = std::move(value);
-  node_->requires_grad = requires_grad;
+Var::Handle::~Handle() {
+  if (node.use_count() > 1) node->value = Tensor(); // the graph keeps the node, not its values
+}
+
+Var::Var(Tensor value, bool requires_grad)
+    : handle_(std::make_shared<Handle>(Handle{std::make_shared<Node>()})) {
+  Node& node = *handle_->node;
+  node.shape = value.shape();
+  node.dtype = value.dtype();
+  node.device = value.device();
+  node.value = std::move(value);
+  node.requires_grad = requires_grad;
 }
 
 Var Var::from_op(const char* op, Tensor value, const std::vector<Var>& inputs, bool uses_parameters,
                  std::function<void(Node&)> backward) {
   Var out(std::move(value));
-  out.node_->op = op;
+  Node& node = *out.handle_->node;
+  node.op = op;
   if (!grad_enabled()) return out;
   bool needs_grad = uses_parameters;
   for (const Var& v : inputs) {
@@ -81,9 +92,9 @@ Var Var::from_op(const char* op, Tensor value, const std::vector<Var>& inputs, b
     needs_grad = needs_grad || v.requires_grad();
   }
   if (!needs_grad) return out;
-  out.node_->requires_grad = true;
-  for (const Var& v : inputs) out.node_->inputs.push_back(v.node_);
-  out.node_->backward = std::move(backward);
+  node.requires_grad = true;
+  for (const Var& v : inputs) node.inputs.push_back(v.handle_->node);
+  node.backward = std::move(backward);
   return out;
 }
 
@@ -100,32 +111,38 @@ void Var::backward(const Tensor& seed) const {
           "with requires_grad contributed to it)");
   require(seed.shape() == value().shape(), "backward", "seed ", describe(seed),
           " does not match the value ", describe(value()));
-  std::vector<std::shared_ptr<Node>> order = topological_order(node_);
-  accumulate_grad(*node_, seed.clone()); // the walk may add into it: keep the caller's intact
+  std::vector<std::shared_ptr<Node>> order = topological_order(handle_->node);
+  accumulate_grad(*handle_->node,
+                  seed.clone()); // the walk may add into it: keep the caller's intact
   try {
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       Node& node = **it;
-      if (!node.backward) continue; // a leaf: keeps its gradient
-      if (node.grad.defined()) {
-        if (g_grad_observer) g_grad_observer(node);
-        node.backward(node);
+      if (node.backward) { // a leaf keeps its gradient
+        if (node.grad.defined()) {
+          if (g_grad_observer) g_grad_observer(node);
+          node.backward(node);
+        }
+        release(node);
       }
-      release(node); // activation memory ends with the walk
+      // Every op that reads this node has run and dropped it: with the walk's reference gone, a
+      // node nobody else holds frees its output now, not when the walk ends. The activations so
+      // leave as the gradients arrive (the gradients of the first layers are the largest).
+      it->reset();
     }
   } catch (...) {
     // The ops not yet run hold partial gradients: a retry would add the seed and those again.
     // Free the whole graph instead, so that a second backward() through it is an Error.
     for (const std::shared_ptr<Node>& node : order)
-      if (node->backward) release(*node);
+      if (node && node->backward) release(*node);
     throw;
   }
 }
 
 void accumulate_grad(Node& node, const Tensor& grad) {
-  require(grad.shape() == node.value.shape(), "accumulate_grad", "gradient ", describe(grad),
-          " does not match the value ", describe(node.value), " of op ", node.op);
+  require(grad.shape() == node.shape, "accumulate_grad", "gradient ", describe(grad),
+          " does not match the value ", node.dtype, node.shape, " of op ", node.op);
   if (!node.grad.defined()) {
-    node.grad = grad.dtype() == node.value.dtype() ? grad : grad.to(node.value.dtype());
+    node.grad = grad.dtype() == node.dtype ? grad : grad.to(node.dtype);
   } else {
     kernels::add_inplace(node.grad, grad, 1.0f);
   }

@@ -2,6 +2,11 @@
 // closure; backward() visits the graph from the loss in reverse topological order (the graph
 // *is* the tape), accumulating gradients with +=. Parameters are not Vars: ops that use them
 // write their gradients straight into Parameter::grad (see nn/parameter.h).
+//
+// Memory follows PyTorch: a backward closure keeps only the tensors it saved, and an op's output
+// lives while a Var refers to it or a closure saved it. When the last Var of an output goes (a
+// residual block's last batch norm output, once the add has read it), its memory is freed and
+// the node stays in the graph with the output's shape and dtype only.
 #pragma once
 
 #include <functional>
@@ -15,8 +20,11 @@ namespace minamp {
 
 struct Node {
   const char* op = "input";
-  Tensor value;
-  Tensor grad; // same shape and dtype as value; undefined until a gradient arrives
+  Tensor value; // undefined once no Var refers to it (a closure that needs it saved its own)
+  Shape shape;  // value's, kept when value is freed
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  Tensor grad; // of shape and dtype; undefined until a gradient arrives
   bool requires_grad = false;
   std::vector<std::shared_ptr<Node>> inputs;
   // Reads this node's grad and accumulates into its inputs' grads (and parameters' grads).
@@ -41,10 +49,10 @@ public:
   static Var from_op(const char* op, Tensor value, const std::vector<Var>& inputs,
                      bool uses_parameters, std::function<void(Node&)> backward);
 
-  bool defined() const { return node_ != nullptr; }
+  bool defined() const { return handle_ != nullptr; }
   const Tensor& value() const { return checked_node().value; }
   const Tensor& grad() const { return checked_node().grad; }
-  bool requires_grad() const { return node_ && node_->requires_grad; }
+  bool requires_grad() const { return handle_ && handle_->node->requires_grad; }
   const Shape& shape() const { return value().shape(); }
   DType dtype() const { return value().dtype(); }
   Device device() const { return value().device(); }
@@ -60,10 +68,16 @@ private:
   // The node; throws Error when this Var is undefined (default-constructed).
   Node& checked_node() const {
     require(defined(), "Var", "used before it was given a value");
-    return *node_;
+    return *handle_->node;
   }
 
-  std::shared_ptr<Node> node_;
+  // What every copy of one Var shares: when the last copy goes, the node's value is freed if the
+  // graph still holds the node (the graph needs its shape and dtype, not its values).
+  struct Handle {
+    std::shared_ptr<Node> node;
+    ~Handle();
+  };
+  std::shared_ptr<Handle> handle_;
 };
 
 // Adds `grad` into node.grad, converting it to the node's dtype when they differ. When node.grad

@@ -25,9 +25,9 @@ Var reshape(const Var& x, const Shape& shape) {
 Var relu(const Var& x) {
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   kernels::relu_forward(x.value(), y);
-  return Var::from_op("relu", y, {x}, false, [](Node& self) {
-    Tensor dx = Tensor::empty(self.value.shape(), self.value.dtype(), self.value.device());
-    kernels::relu_backward(self.value, self.grad, dx);
+  return Var::from_op("relu", y, {x}, false, [y](Node& self) {
+    Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
+    kernels::relu_backward(y, self.grad, dx);
     accumulate_grad(*self.inputs[0], dx);
   });
 }
@@ -41,11 +41,12 @@ Var add(const Var& a, const Var& b, bool relu) {
       is_half_precision(a.dtype()) && b.dtype() == a.dtype() ? a.dtype() : DType::f32;
   Tensor y = Tensor::empty(a.shape(), dtype, a.device());
   kernels::add_forward(a.value(), b.value(), y, relu);
-  return Var::from_op("add", y, {a, b}, false, [relu](Node& self) {
+  const Tensor saved_y = relu ? y : Tensor(); // the ReLU's mask
+  return Var::from_op("add", y, {a, b}, false, [saved_y](Node& self) {
     Tensor dy = self.grad;
-    if (relu) {
+    if (saved_y.defined()) {
       dy = Tensor::empty(self.grad.shape(), self.grad.dtype(), self.grad.device());
-      kernels::relu_backward(self.value, self.grad, dy);
+      kernels::relu_backward(saved_y, self.grad, dy);
     }
     // accumulate_grad takes a tensor over: when both inputs need it, each gets its own.
     Node& left = *self.inputs[0];
@@ -62,7 +63,7 @@ Var global_avgpool(const Var& x) {
   Tensor y = Tensor::empty({in_shape[0], in_shape[3]}, x.dtype(), x.device());
   kernels::avgpool_forward(x.value(), y);
   return Var::from_op("global_avgpool", y, {x}, false, [in_shape](Node& self) {
-    Tensor dx = Tensor::empty(in_shape, self.value.dtype(), self.value.device());
+    Tensor dx = Tensor::empty(in_shape, self.dtype, self.device);
     kernels::avgpool_backward(self.grad, dx);
     accumulate_grad(*self.inputs[0], dx);
   });
@@ -78,7 +79,7 @@ Var max_pool2d(const Var& x, const MaxPoolParams& pool) {
     argmax = Tensor::empty(out_shape, DType::i32, x.device());
   kernels::maxpool2d_forward(x.value(), y, argmax, pool);
   return Var::from_op("max_pool2d", y, {x}, false, [argmax, pool, in_shape](Node& self) {
-    Tensor dx = Tensor::empty(in_shape, self.value.dtype(), self.value.device());
+    Tensor dx = Tensor::empty(in_shape, self.dtype, self.device);
     kernels::maxpool2d_backward(self.grad, argmax, dx, pool);
     accumulate_grad(*self.inputs[0], dx);
   });
@@ -88,7 +89,7 @@ Var mul_scalar(const Var& x, const Tensor& scale) {
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   kernels::mul_scalar(x.value(), scale, y);
   return Var::from_op("mul_scalar", y, {x}, false, [scale](Node& self) {
-    Tensor dx = Tensor::empty(self.value.shape(), self.value.dtype(), self.value.device());
+    Tensor dx = Tensor::empty(self.shape, self.dtype, self.device);
     kernels::mul_scalar(self.grad, scale, dx);
     accumulate_grad(*self.inputs[0], dx);
   });

@@ -58,10 +58,10 @@ Var linear(const Var& x, Parameter& weight, Parameter* bias, bool relu, Tensor* 
   kernels::gemm(xc.value(), false, w, true, y,
                 forward_epilogue(bias, relu, moments, ws[0], x.device()));
 
-  const Tensor saved_x = xc.value();
+  const Tensor saved_x = xc.value(), saved_y = relu ? y : Tensor(); // saved_y: the ReLU's mask
   const bool weight_grad = weight.requires_grad(), bias_grad = bias && bias->requires_grad();
   return Var::from_op("linear", y, {xc}, weight_grad || bias_grad, [=, &weight](Node& self) {
-    const Tensor dy = unfused_relu_grad(self.value, self.grad, relu); // [rows, out]
+    const Tensor dy = unfused_relu_grad(saved_y, self.grad, relu); // [rows, out]
     GemmEpilogue accumulate;
     accumulate.beta = 1.0f;
     if (weight_grad) // dW[out, in] += dy^T x
@@ -97,10 +97,10 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
   kernels::conv2d_forward(xc.value(), w, y, conv,
                           forward_epilogue(bias, relu, moments, ws[0], x.device()));
 
-  const Tensor saved_x = xc.value();
+  const Tensor saved_x = xc.value(), saved_y = relu ? y : Tensor(); // saved_y: the ReLU's mask
   const bool weight_grad = weight.requires_grad(), bias_grad = bias && bias->requires_grad();
   return Var::from_op("conv2d", y, {xc}, weight_grad || bias_grad, [=, &weight](Node& self) {
-    const Tensor dy = unfused_relu_grad(self.value, self.grad, relu);
+    const Tensor dy = unfused_relu_grad(saved_y, self.grad, relu);
     if (bias_grad) kernels::bias_backward(dy, bias->grad());
     Node& input = *self.inputs[0];
     Tensor dx, no_dw;

@@ -341,6 +341,55 @@ TEST(Autograd, CastAndMseRefuseWhatTheyCannotDifferentiate) {
 
 // backward() copies its seed: gradients gathered later (here a leaf's own, twice) never write
 // into the caller's tensor.
+// The walk frees each op's output once the ops that read it have run: when it reaches the first
+// op of a chain, the outputs of the later ones (1 MiB each) are gone, not held to the end.
+TEST(Autograd, TheWalkFreesActivationsAsItGoes) {
+  const Allocator& allocator = allocator_for(Device::cpu);
+  Var x(Tensor::full({262144}, 1.0f), true);
+  Var h = x;
+  constexpr int kOps = 8;
+  for (int i = 0; i < kOps; ++i) h = ops::relu(h);
+  const Var loss = ops::mse_loss(h, Tensor::zeros(h.shape()));
+  h = Var(); // the chain's last output is held by the loss's op alone
+  const size_t before = allocator.live_bytes();
+  size_t at_first_relu = 0;
+  int relus = 0;
+  set_grad_observer([&](const Node& node) {
+    if (std::string(node.op) == "relu" && ++relus == kOps) at_first_relu = allocator.live_bytes();
+  });
+  loss.backward();
+  set_grad_observer(nullptr);
+  ASSERT_EQ(relus, kOps);
+  // By then the outputs of relus 2-8 (7 MiB) are freed; x, relu 1's output, its gradient and
+  // the one being passed remain.
+  EXPECT_LT(at_first_relu + (5u << 20), before) << "live at the start of backward: " << before
+                                                << " bytes, at the first relu: " << at_first_relu;
+  EXPECT_EQ(x.grad().numel(), 262144);
+}
+
+// An op's output that no backward saved is freed when its last Var goes, as PyTorch frees a
+// tensor nobody refers to: mul_scalar's backward needs only the scale, relu's its own output.
+// The gradient still flows through the node.
+TEST(Autograd, AnOutputNoBackwardSavedIsFreedWithItsLastVar) {
+  const Allocator& allocator = allocator_for(Device::cpu);
+  Var x(Tensor::full({262144}, -1.0f), true);
+  Var loss;
+  size_t with_scaled = 0, without = 0;
+  {
+    Var scaled = ops::mul_scalar(x, Tensor::full({1}, -2.0f)); // 1 MiB, read by relu only
+    const Var activated = ops::relu(scaled);
+    loss = ops::mse_loss(activated, Tensor::zeros(activated.shape()));
+    with_scaled = allocator.live_bytes();
+    scaled = Var();
+    without = allocator.live_bytes();
+    EXPECT_EQ(with_scaled - without, size_t(1) << 20) << "mul_scalar's output was kept";
+    EXPECT_TRUE(activated.value().defined()) << "a Var still refers to relu's output";
+  }
+  loss.backward();
+  // d/dx of mean((relu(-2x))^2) at x = -1: 2 * 2 * (-2) / n.
+  EXPECT_FLOAT_EQ(x.grad().to_vector()[0], -8.0f / 262144.0f);
+}
+
 TEST(Autograd, BackwardLeavesTheSeedUntouched) {
   Var x(Tensor::full({2}, 1.0f), true);
   const Tensor seed = Tensor::full({2}, 2.0f);
