@@ -143,9 +143,10 @@ void accumulate_grad(Node& node, const Tensor& grad) {
           " does not match the value ", node.dtype, node.shape, " of op ", node.op);
   if (!node.grad.defined()) {
     node.grad = grad.dtype() == node.dtype ? grad : grad.to(node.dtype);
-  } else {
-    kernels::add_inplace(node.grad, grad, 1.0f);
+    return;
   }
+  if (node.grad.storage_shared()) node.grad = node.grad.clone(); // copy on write
+  kernels::add_inplace(node.grad, grad, 1.0f);
 }
 
 NoGrad::NoGrad() : previous_(g_grad_enabled) { g_grad_enabled = false; }

@@ -81,7 +81,9 @@ private:
 };
 
 // Adds `grad` into node.grad, converting it to the node's dtype when they differ. When node.grad
-// is still undefined it takes `grad` over without a copy, so pass a tensor nobody else writes.
+// is still undefined it takes `grad` over without a copy (so one gradient can go to several
+// nodes, as an add's to both its inputs); a node.grad that shares its storage is never added
+// into in place, but copied first.
 void accumulate_grad(Node& node, const Tensor& grad);
 
 // A function shown every op node whose gradient is complete, just before its backward runs

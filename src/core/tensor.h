@@ -27,6 +27,9 @@ public:
                             DType dtype = DType::f32, Device device = Device::cpu);
 
   bool defined() const { return storage_ != nullptr; }
+  // Whether another Tensor (a copy or a reshape) shares this one's storage: writing in place
+  // would change its values too.
+  bool storage_shared() const { return storage_.use_count() > 1; }
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }

@@ -48,10 +48,11 @@ Var add(const Var& a, const Var& b, bool relu) {
       dy = Tensor::empty(self.grad.shape(), self.grad.dtype(), self.grad.device());
       kernels::relu_backward(saved_y, self.grad, dy);
     }
-    // accumulate_grad takes a tensor over: when both inputs need it, each gets its own.
+    // Both inputs take the one gradient over: accumulate_grad copies a shared one before adding
+    // into it, so a residual block's identity path costs no copy when nothing else adds to it.
     Node& left = *self.inputs[0];
     Node& right = *self.inputs[1];
-    if (right.requires_grad) accumulate_grad(right, left.requires_grad ? dy.clone() : dy);
+    if (right.requires_grad) accumulate_grad(right, dy);
     if (left.requires_grad) accumulate_grad(left, dy);
   });
 }

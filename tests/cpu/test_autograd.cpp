@@ -390,6 +390,17 @@ TEST(Autograd, AnOutputNoBackwardSavedIsFreedWithItsLastVar) {
   EXPECT_FLOAT_EQ(x.grad().to_vector()[0], -8.0f / 262144.0f);
 }
 
+// An add hands its one gradient to both inputs; a later gradient into either must not write
+// through to the other: t = (p + q) + p, with p = 2x and q = 3x, is 7x.
+TEST(Autograd, AGradientTwoNodesShareIsNeverAddedIntoInPlace) {
+  Var x(Tensor::full({3}, 1.0f), true);
+  const Var p = ops::mul_scalar(x, Tensor::full({1}, 2.0f));
+  const Var q = ops::mul_scalar(x, Tensor::full({1}, 3.0f));
+  const Var t = ops::add(ops::add(p, q), p);
+  t.backward(Tensor::full({3}, 1.0f));
+  EXPECT_EQ(x.grad().to_vector(), std::vector<float>(3, 7.0f));
+}
+
 TEST(Autograd, BackwardLeavesTheSeedUntouched) {
   Var x(Tensor::full({2}, 1.0f), true);
   const Tensor seed = Tensor::full({2}, 2.0f);
