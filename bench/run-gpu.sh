@@ -45,7 +45,7 @@ commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 name="gpu-${device:-unknown}-$(date -u +%Y%m%d-%H%M)-$commit"
 log=$results/$name.log
 work=/tmp/$name-parts
-budget=${BUDGET_S:-540}
+run_limit=${BUDGET_S:-540}
 all_models="mlp sine classify resnet50 resnet50-frozen"
 models=${MODELS:-$all_models}
 for model in $models; do
@@ -106,15 +106,15 @@ export build gtest_prefix
 export -f configure build_benches
 
 # stage NAME SECONDS COMMAND...: runs COMMAND under a time limit (cut to what is left of the
-# budget, less 20 s for the report; killed 10 s after the TERM if it is still there) and says how
+# run's time limit, less 20 s for the report; killed 10 s after the TERM if it is still there) and says how
 # it ended.
 stage() {
   local label=$1 limit=$2 start=$SECONDS rc
   shift 2
-  local left=$((budget - 20 - SECONDS))
+  local left=$((run_limit - 20 - SECONDS))
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -le 0 ]; then
-    echo "== $label: skipped, the time budget is spent"
+    echo "== $label: skipped, the run's time limit is spent"
     return 124
   fi
   echo "== $label (limit $limit s)"
@@ -166,7 +166,7 @@ run_examples() {
 
 # The sine loss target compares AMP with FP32 from one init (seed 0); the same training from five
 # more seeds gives the report's rows over seeds (informational for AMP, the target for AMP-bf16) (one init's last-10 mean moves by
-# 20% or more with the seed, bench/NOTES.md). Last: a spent budget skips these first.
+# 20% or more with the seed, bench/NOTES.md). Last: a spent time limit skips these first.
 run_seeds() {
   local seed
   mkdir -p "$work/seeds"
@@ -177,7 +177,7 @@ run_seeds() {
   done
 }
 
-# The stages in the order the targets need them (a budget spent skips the last ones): the
+# The stages in the order the targets need them (a spent time limit skips the last ones): the
 # 4096^3 GEMM, mlp, sine, classify and ResNet-50 (and its GEMMs), then what is only
 # informational.
 main() {

@@ -144,7 +144,7 @@ TOOLS = {"bench_train": fake_bench_train, "bench_gemm": fake_bench_gemm, "sine":
 
 
 class RunGpuScript(unittest.TestCase):
-    def run_script(self, budget_s=300, **failures):
+    def run_script(self, limit_s=300, **failures):
         """Runs bench/run-gpu.sh on the stand-ins (`failures` added to its environment); returns
         the process and the OUT and RESULTS folders."""
         tmp = tempfile.TemporaryDirectory()
@@ -157,7 +157,7 @@ class RunGpuScript(unittest.TestCase):
         for name in ("nvidia-smi", "cmake", "python"):
             make_tool(os.path.join(bin_dir, name), name, __file__)
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
-                   OUT=out, RESULTS=results, COMMIT="abc1234", BUDGET_S=str(budget_s),
+                   OUT=out, RESULTS=results, COMMIT="abc1234", BUDGET_S=str(limit_s),
                    PYTHON=os.path.join(bin_dir, "python"), **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "bench", "run-gpu.sh")], env=env,
                                  capture_output=True, text=True, timeout=280)
@@ -168,7 +168,7 @@ class RunGpuScript(unittest.TestCase):
     def test_every_stage_reports_and_out_holds_four_files(self):
         process, out, results = self.run_script()
         self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
-        self.assertNotIn("time budget is spent", process.stdout)
+        self.assertNotIn("time limit is spent", process.stdout)
         self.assertEqual(process.stdout.count(": exit 0,"), 32, process.stdout[-3000:])
 
         files = sorted(os.path.relpath(os.path.join(folder, f), out)
@@ -200,17 +200,17 @@ class RunGpuScript(unittest.TestCase):
                      "seeds/minamp-sine-seed5.json"):
             self.assertIn(part, members)
 
-    def test_a_stage_that_hangs_is_cut_to_the_budget_and_the_rest_skipped(self):
+    def test_a_stage_that_hangs_is_cut_to_the_time_limit_and_the_rest_skipped(self):
         start = time.monotonic()
-        process, out, results = self.run_script(budget_s=35, FAKE_HANG="mlp")
-        self.assertLess(time.monotonic() - start, 35, "the budget was overrun")
+        process, out, results = self.run_script(limit_s=35, FAKE_HANG="mlp")
+        self.assertLess(time.monotonic() - start, 35, "the time limit was overrun")
         self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
         limits = re.findall(r"^== bench_train mlp fp32 \(limit (\d+) s\)$", process.stdout,
                             re.MULTILINE)
         self.assertEqual(len(limits), 1, process.stdout[-3000:])
         self.assertLessEqual(int(limits[0]), 15)
         self.assertRegex(process.stdout, r"-- bench_train mlp fp32: exit 124,")
-        self.assertIn("== bench_train sine seed 5: skipped, the time budget is spent",
+        self.assertIn("== bench_train sine seed 5: skipped, the run's time limit is spent",
                       process.stdout)
         [path] = glob.glob(os.path.join(results, "gpu-*.json"))
         with open(path) as f:
