@@ -10,6 +10,11 @@ namespace minamp::cpu {
 
 namespace {
 
+// Parameters with fewer values are updated on one thread; larger ones are split over the OpenMP
+// threads and vectorised (each value's update is independent of the others, so the result does not
+// depend on the number of threads).
+constexpr int64_t kParallelValues = 1 << 15;
+
 // True when found_inf is defined and set: the step must change nothing.
 bool step_overflowed(const Tensor& found_inf) {
   return found_inf.defined() && found_inf.data<float>()[0] != 0.0f;
@@ -39,7 +44,9 @@ void sgd_step(const std::vector<ParamSlot>& params, const SgdParams& sgd, const 
     float* w = slot.master->data<float>();
     const float* g = slot.grad->data<float>();
     float* buf = momentum ? slot.momentum_buffer->data<float>() : nullptr;
-    for (int64_t i = 0; i < slot.master->numel(); ++i) {
+    const int64_t n = slot.master->numel();
+#pragma omp parallel for simd schedule(static) if (n >= kParallelValues)
+    for (int64_t i = 0; i < n; ++i) {
       const float d = g[i] + sgd.weight_decay * w[i];
       if (momentum) {
         buf[i] = sgd.momentum * buf[i] + d; // dampening 0; buf starts at 0
@@ -66,7 +73,9 @@ void adam_step(const std::vector<ParamSlot>& params, const AdamParams& adam, Ten
     const float* g = slot.grad->data<float>();
     float* m = slot.exp_avg->data<float>();
     float* v = slot.exp_avg_sq->data<float>();
-    for (int64_t i = 0; i < slot.master->numel(); ++i) {
+    const int64_t n = slot.master->numel();
+#pragma omp parallel for simd schedule(static) if (n >= kParallelValues)
+    for (int64_t i = 0; i < n; ++i) {
       const float d = g[i] + adam.weight_decay * w[i]; // L2 decay (Adam, not AdamW)
       m[i] = adam.beta1 * m[i] + (1.0f - adam.beta1) * d;
       v[i] = adam.beta2 * v[i] + (1.0f - adam.beta2) * d * d;
