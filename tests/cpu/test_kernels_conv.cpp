@@ -2,7 +2,8 @@
 // against the definition in double (1x1 shortcut, stride 2 with padding, odd channel counts,
 // batch 1, bias + ReLU epilogue), dx and dw by finite differences, dw accumulation, batches of
 // several image groups (the threaded path) against double references and across thread counts,
-// the f16 emulation, and the error messages.
+// the f16 emulation, the Winograd path of 3x3 stride-1 convolutions, and the error messages.
+#include "kernels/cpu/conv_winograd.h"
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -144,6 +145,65 @@ TEST(CpuConv, ImageGroupsMatchReferencesOnAnyThreadCount) {
     EXPECT_LT(relative_error_to(outputs[1], ref.dx), kF32Tolerance) << name(c);
     EXPECT_LT(relative_error_to(outputs[2], ref.dw), kF32Tolerance) << name(c);
   }
+}
+
+ConvDims dims(const ConvCase& c) {
+  return {c.n, c.h, c.w, c.cin, c.cout, c.kh, c.kw, c.ho(), c.wo(), c.stride, c.pad};
+}
+
+// 3x3 stride-1 convolutions that take the Winograd F(2x2, 3x3) path: odd output sizes (partial
+// tiles), no padding and padding 2, odd channel counts, wide channels, and a batch whose tiles
+// come in several groups (1024 tiles each: 2 images + 1). Forward and input gradient (a 3x3
+// conv of dy, through Winograd too where it has enough tiles) against the definition, bit for bit
+// on 1 and on 4 threads; the bias + ReLU epilogue still applies.
+TEST(CpuConv, WinogradPathMatchesDefinition) {
+  Rng rng(27);
+  for (const ConvCase& c : {ConvCase{2, 17, 15, 5, 7, 3, 3, 1, 1},    // Ho, Wo odd
+                            ConvCase{1, 21, 20, 3, 4, 3, 3, 1, 0},    // no padding
+                            ConvCase{2, 6, 6, 4, 3, 3, 3, 1, 2},      // padding 2: the dx shape
+                            ConvCase{1, 16, 16, 96, 80, 3, 3, 1, 1},  // wide channels
+                            ConvCase{3, 40, 40, 2, 3, 3, 3, 1, 1}}) { // groups: 2 + 1 images
+    ASSERT_TRUE(cpu::winograd_applies(dims(c))) << name(c);
+    const Tensor x = random_tensor(rng, c.x_shape());
+    const Tensor w = random_tensor(rng, c.w_shape());
+    const Tensor bias = random_tensor(rng, {c.cout});
+    const Tensor dy = random_tensor(rng, c.y_shape());
+    const std::vector<Tensor> outputs = outputs_on_any_thread_count(
+        [&] {
+          Tensor y = poisoned(c.y_shape()), dx = poisoned(c.x_shape()), no_dw;
+          cpu::conv2d_forward(x, w, y, params(c), {});
+          cpu::conv2d_backward(x, w, dy, dx, no_dw, params(c));
+          return std::vector<Tensor>{y, dx};
+        },
+        name(c));
+    const Doubles x0 = to_doubles(x), w0 = to_doubles(w);
+    EXPECT_LT(relative_error_to(outputs[0], conv_reference(x0, w0, c)), kF32Tolerance) << name(c);
+    EXPECT_LT(relative_error_to(outputs[1], conv_backward_reference(x0, w0, to_doubles(dy), c).dx),
+              kF32Tolerance)
+        << name(c) << " input gradient";
+
+    GemmEpilogue epilogue;
+    epilogue.bias = &bias;
+    epilogue.relu = true;
+    Tensor y = poisoned(c.y_shape());
+    cpu::conv2d_forward(x, w, y, params(c), epilogue);
+    Doubles ref = conv_reference(to_doubles(x), to_doubles(w), c);
+    const Doubles b = to_doubles(bias);
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] = std::max(ref[i] + b[i % c.cout], 0.0);
+    EXPECT_LT(relative_error_to(y, ref), kF32Tolerance) << name(c) << " with bias and ReLU";
+  }
+}
+
+// Only 3x3 kernels at stride 1 go through Winograd, and only with enough output tiles per filter
+// to pay for transforming the filters: ResNet's 56x56 stage does, its 7x7 stage at batch 1 does
+// not.
+TEST(CpuConv, WinogradAppliesTo3x3Stride1WithEnoughTiles) {
+  EXPECT_TRUE(cpu::winograd_applies(dims({1, 56, 56, 64, 64, 3, 3, 1, 1})));
+  EXPECT_FALSE(cpu::winograd_applies(dims({1, 7, 7, 512, 512, 3, 3, 1, 1})));
+  EXPECT_FALSE(cpu::winograd_applies(dims({1, 56, 56, 64, 64, 3, 3, 2, 1}))); // stride 2
+  EXPECT_FALSE(cpu::winograd_applies(dims({1, 56, 56, 64, 64, 1, 1, 1, 0}))); // 1x1
+  EXPECT_FALSE(cpu::winograd_applies(dims({1, 56, 56, 3, 64, 5, 5, 1, 2})));  // 5x5
+  EXPECT_FALSE(cpu::winograd_applies(dims({0, 56, 56, 64, 64, 3, 3, 1, 1}))); // empty batch
 }
 
 TEST(CpuConv, BackwardComputesOnlyTheDefinedGradients) {

@@ -4,9 +4,13 @@
 // is large enough for every thread while the cols buffer [G * Ho * Wo, kh * kw * Cin] stays a few
 // MB; im2col / col2im run in parallel over the group's images. The groups depend on the shape only,
 // so results never depend on the number of threads. A 1x1, stride-1, unpadded conv needs no
-// im2col: its input already is the cols matrix.
+// im2col: its input already is the cols matrix, and a 3x3 stride-1 conv with enough output
+// pixels goes through Winograd's F(2x2, 3x3) instead (conv_winograd.h), forward and input
+// gradient.
 #include <algorithm>
+#include <vector>
 
+#include "kernels/cpu/conv_winograd.h"
 #include "kernels/cpu/cpu_util.h"
 
 namespace minamp::cpu {
@@ -92,11 +96,33 @@ template <class GroupFn> void for_each_group(const ConvDims& d, const GroupFn& f
   }
 }
 
-// dx[N, H, W, Cin] = col2im(dy @ w), group by group; dy [N*Ho*Wo, Cout], w [Cout, K].
+// The input gradient of a 3x3 stride-1 conv with padding p <= 2 is itself one: dx = conv(dy,
+// w', padding 2 - p), w' [Cin, 3, 3, Cout] the kernel turned by 180 degrees with its channels
+// swapped, w'[ci, i, j, co] = w[co, 2 - i, 2 - j, ci]. The dims of that convolution.
+ConvDims input_gradient_as_conv(const ConvDims& d) {
+  return {d.n, d.ho, d.wo, d.cout, d.cin, 3, 3, d.h, d.w, 1, 2 - d.pad};
+}
+bool input_gradient_is_conv3x3(const ConvDims& d) {
+  return d.kh == 3 && d.kw == 3 && d.stride == 1 && d.pad <= 2;
+}
+std::vector<float> turned_kernel(const float* w, const ConvDims& d) { // w' of w [Cout, 3, 3, Cin]
+  std::vector<float> turned(static_cast<size_t>(d.cin * 9 * d.cout));
+  for (int64_t co = 0; co < d.cout; ++co)
+    for (int64_t tap = 0; tap < 9; ++tap)
+      for (int64_t ci = 0; ci < d.cin; ++ci)
+        turned[(ci * 9 + 8 - tap) * d.cout + co] = w[(co * 9 + tap) * d.cin + ci];
+  return turned;
+}
+
+// dx[N, H, W, Cin] = col2im(dy @ w), group by group; dy [N*Ho*Wo, Cout], w [Cout, K]. Through
+// Winograd when the gradient is a 3x3 conv that takes that path.
 void input_gradient(const FloatInput& dy, const FloatInput& w, const ConvDims& d, Tensor& dx) {
   const ConstMatrixMap weights = w.matrix(d.cout, d.patch());
   FloatOutput dx_values(dx, false);
-  if (d.is_pointwise()) {
+  if (input_gradient_is_conv3x3(d) && winograd_applies(input_gradient_as_conv(d))) {
+    const std::vector<float> turned = turned_kernel(w.data(), d);
+    winograd_conv2d_forward(dy.data(), turned.data(), dx_values.data(), input_gradient_as_conv(d));
+  } else if (d.is_pointwise()) {
     const int64_t rows = d.n * d.h * d.w;
     matmul(dy.matrix(rows, d.cout), false, weights, false, dx_values.matrix(rows, d.cin), 1.0f,
            false);
@@ -144,6 +170,8 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
   if (d.is_pointwise()) {
     const ConstMatrixMap pixels = x_values.matrix(d.n * d.h * d.w, d.cin); // [N*H*W, Cin]
     matmul(pixels, false, weights, true, y_values.matrix(d.n * d.h * d.w, d.cout), 1.0f, false);
+  } else if (winograd_applies(d)) {
+    winograd_conv2d_forward(x_values.data(), w_values.data(), y_values.data(), d);
   } else {
     RowMatrix cols(images_per_group(d) * d.out_pixels(), d.patch());
     for_each_group(d, [&](int64_t first, int64_t count, int64_t rows) {
