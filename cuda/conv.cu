@@ -7,10 +7,12 @@
 //             B operand), accumulated in f32 through the epilogue's beta = 1.
 //   dx:       dx[N*H*W, Cin] = col2im(dy)[N*H*W, kh*kw*Cout] @ w_t[kh*kw*Cout, Cin], implicit
 //             too: row (n, ih, iw) of col2im(dy) holds, per tap, dy at the output pixel whose
-//             tap reads (ih, iw), or zero where none does (gemm.cuh's Col2imView); w_t is w
-//             with its taps moved first, a copy the size of w. One fp32 sum and one rounding per
-//             dx element, no atomics. With stride s, all but 1/s^2 of the col2im entries are
-//             zeros the tensor cores still multiply.
+//             tap reads (ih, iw), or zero where none does; w_t is w with its taps moved first, a
+//             copy the size of w. One fp32 sum and one rounding per dx element, no atomics. With
+//             stride s, all but 1/s^2 of those entries would be zeros between strided taps, so
+//             the GEMM runs per stride phase (gemm.cuh's Col2imPhase): the input pixels
+//             (row0 + s*i, col0 + s*j) are read by the taps (tap_y0 + s*t, tap_x0 + s*u) only,
+//             and each of the s^2 phases is a GEMM over those, into a buffer then placed in dx.
 // A 1x1, stride-1, unpadded conv is a plain GEMM on x viewed as [N*H*W, Cin] in all three.
 // Operands of mixed dtypes (allowed, as on the CPU) are converted to f32 first, and so are 16-bit
 // operands whose 16-bit output is in the other format.
@@ -71,6 +73,7 @@ GemmOperand weight_operand(const Tensor& w, bool transposed) {
           w.raw(),
           s[0],
           s[1] * s[2] * s[3],
+          {},
           {}};
 }
 
@@ -79,56 +82,117 @@ GemmOperand output_grad_operand(const Tensor& dy, bool transposed) {
   return matrix_operand(dy, transposed);
 }
 
-// w_t[(ky, kx, co), ci] = w[co, ky, kx, ci]: the weight as the B operand of the input gradient.
-// w [Cout, taps, Cin], w_t [taps, Cout, Cin]. One thread per element.
+// w_phase[(t, u, co), ci] = w[co, tap_y0 + s*t, tap_x0 + s*u, ci]: the weight as the B operand of
+// one stride phase of the input gradient (every tap, in (ky, kx) order, at stride 1). w [Cout, kh,
+// kw, Cin], w_phase [taps_y, taps_x, Cout, Cin]. One thread per element of w_phase.
 template <class T>
-__global__ void taps_first_kernel(const T* __restrict__ w, int out_channels, int taps, int channels,
-                                  T* __restrict__ w_t, int64_t total) {
+__global__ void phase_taps_first_kernel(const T* __restrict__ w, ConvGeometry g, Col2imPhase p,
+                                        T* __restrict__ w_phase, int64_t total) {
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    const int ci = int(idx % channels);
-    const int co = int((idx / channels) % out_channels);
-    const int tap = int(idx / (int64_t(channels) * out_channels));
-    w_t[idx] = w[(int64_t(co) * taps + tap) * channels + ci];
+    const int ci = int(idx % g.channels);
+    const int co = int((idx / g.channels) % g.out_channels);
+    const int tap = int(idx / (int64_t(g.channels) * g.out_channels));
+    const int ky = p.tap_y0 + g.stride * (tap / p.taps_x),
+              kx = p.tap_x0 + g.stride * (tap % p.taps_x);
+    w_phase[idx] = w[((int64_t(co) * g.kernel_h + ky) * g.kernel_w + kx) * g.channels + ci];
   }
 }
 
-// w [Cout, kh, kw, Cin] as the matrix [kh*kw*Cout, Cin] with rows (ky, kx, co).
-Tensor taps_first(const Tensor& w, const ConvGeometry& g) {
-  const int taps = g.kernel_h * g.kernel_w;
-  Tensor w_t = Tensor::empty({taps * int64_t(g.out_channels), g.channels}, w.dtype(), Device::cuda);
+// w [Cout, kh, kw, Cin] as phase p's matrix [taps * Cout, Cin] with rows (t, u, co).
+Tensor phase_taps_first(const Tensor& w, const ConvGeometry& g, const Col2imPhase& p) {
+  Tensor w_phase =
+      Tensor::empty({p.taps() * int64_t(g.out_channels), g.channels}, w.dtype(), Device::cuda);
   constexpr int kThreads = 256;
-  const int64_t total = w.numel();
-  if (total == 0) return w_t;
-  const int blocks = grid_for(total, kThreads);
+  const int64_t total = w_phase.numel();
+  if (total == 0) return w_phase;
   visit_floating(w, "conv2d_backward", [&](auto type) {
     using T = typename decltype(type)::type;
-    taps_first_kernel<<<blocks, kThreads, 0, stream()>>>(ptr<const T>(w), g.out_channels, taps,
-                                                         g.channels, ptr<T>(w_t), total);
+    phase_taps_first_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
+        ptr<const T>(w), g, p, ptr<T>(w_phase), total);
   });
-  CUDA_CHECK_LAUNCH("conv2d_backward: moving the weight's taps first");
-  return w_t;
+  CUDA_CHECK_LAUNCH("conv2d_backward: gathering a stride phase's taps of the weight");
+  return w_phase;
 }
 
-// dx[N, H, W, Cin] from dy [N, Ho, Wo, Cout] and w [Cout, kh, kw, Cin].
+// dx[n, row0 + s*i, col0 + s*j, :] = phase_dx[(n, i, j), :], or 0 without phase_dx (a phase that
+// no tap reads). phase_dx [phase pixels, Cin], dx [N, H, W, Cin]; one thread per element of a
+// phase pixel, in units of U (16 bytes when a pixel's channels allow it, else one element).
+template <class U>
+__global__ void scatter_phase_kernel(const U* __restrict__ phase_dx, ConvGeometry g, Col2imPhase p,
+                                     int units_per_pixel, U* __restrict__ dx, int64_t total) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t pixel = idx / units_per_pixel;
+    const int unit = int(idx % units_per_pixel);
+    const int j = int(pixel % p.cols), i = int((pixel / p.cols) % p.rows);
+    const int64_t n = pixel / (int64_t(p.cols) * p.rows);
+    const int64_t at =
+        (n * g.height + p.row0 + int64_t(g.stride) * i) * g.width + p.col0 + int64_t(g.stride) * j;
+    dx[at * units_per_pixel + unit] = phase_dx ? phase_dx[idx] : U{};
+  }
+}
+
+// Writes phase p's rows of dx from phase_dx (its GEMM's output), or zeros when it is undefined.
+void scatter_phase(const Tensor& phase_dx, const ConvGeometry& g, const Col2imPhase& p,
+                   Tensor& dx) {
+  const int64_t pixel_bytes = int64_t(g.channels) * dtype_size(dx.dtype());
+  const bool packs = pixel_bytes % 16 == 0 && is_aligned16(dx.raw()) &&
+                     (!phase_dx.defined() || is_aligned16(phase_dx.raw()));
+  const auto launch = [&](auto unit) {
+    using U = typename decltype(unit)::type;
+    const int units = int(pixel_bytes / int64_t(sizeof(U)));
+    const int64_t total = p.pixels(g.batch) * units;
+    if (total == 0) return;
+    constexpr int kThreads = 256;
+    scatter_phase_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
+        phase_dx.defined() ? static_cast<const U*>(phase_dx.raw()) : nullptr, g, p, units,
+        static_cast<U*>(dx.raw()), total);
+  };
+  if (packs)
+    launch(TypeTag<uint4>{});
+  else if (dtype_size(dx.dtype()) == 4)
+    launch(TypeTag<float>{});
+  else
+    launch(TypeTag<uint16_t>{});
+  CUDA_CHECK_LAUNCH("conv2d_backward: placing a stride phase's input gradient");
+}
+
+// dx[N, H, W, Cin] from dy [N, Ho, Wo, Cout] and w [Cout, kh, kw, Cin], one stride phase at a
+// time: stride s gives s^2 phases, each a GEMM over its own input pixels and taps, written to a
+// buffer and placed into dx; stride 1 is one phase written in place.
 void input_gradient(const Tensor& w, const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
   GemmArgs args;
   args.ab_dtype = dy.dtype();
-  args.c = dx.raw();
   args.c_dtype = dx.dtype();
-  args.m = g.in_pixels(), args.n = g.channels;
+  args.n = g.channels;
   if (g.is_pointwise()) { // dx [N*H*W, Cin] = dy [N*H*W, Cout] @ w [Cout, Cin]
     args.a = output_grad_operand(dy, false);
     args.b = weight_operand(w, false);
-    args.k = g.out_channels;
+    args.c = dx.raw();
+    args.m = dx.shape().rows(), args.k = g.out_channels;
     run_gemm(args);
     return;
   }
-  const Tensor w_t = taps_first(w, g);
-  args.a = col2im_operand(dy, g);      // [N*H*W, kh*kw*Cout]
-  args.b = matrix_operand(w_t, false); // [kh*kw*Cout, Cin]
-  args.k = g.out_patch();
-  run_gemm(args);
+  for (int row0 = 0; row0 < g.stride; ++row0)
+    for (int col0 = 0; col0 < g.stride; ++col0) {
+      const Col2imPhase p = col2im_phase(g, row0, col0);
+      if (p.pixels(g.batch) == 0) continue;
+      if (p.taps() == 0) { // no tap reads these pixels
+        scatter_phase(Tensor(), g, p, dx);
+        continue;
+      }
+      const Tensor w_phase = phase_taps_first(w, g, p);
+      const bool whole = p.is_whole(g);
+      Tensor phase_dx =
+          whole ? dx : Tensor::empty({p.pixels(g.batch), g.channels}, dx.dtype(), Device::cuda);
+      args.a = col2im_operand(dy, g, p);       // [phase pixels, taps * Cout]
+      args.b = matrix_operand(w_phase, false); // [taps * Cout, Cin]
+      args.c = phase_dx.raw();
+      args.m = p.pixels(g.batch), args.k = int64_t(p.taps()) * g.out_channels;
+      run_gemm(args);
+      if (!whole) scatter_phase(phase_dx, g, p, dx);
+    }
 }
 
 // dw[Cout, K] += dy^T @ im2col(x).

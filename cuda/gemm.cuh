@@ -38,24 +38,55 @@ struct ConvGeometry {
   __host__ __device__ int64_t out_pixels() const { return int64_t(batch) * out_h * out_w; }
   // Columns of the im2col matrix: one per kernel tap and input channel.
   __host__ __device__ int64_t patch() const { return int64_t(kernel_h) * kernel_w * channels; }
-  // Rows of the col2im matrix: one per input pixel.
-  __host__ __device__ int64_t in_pixels() const { return int64_t(batch) * height * width; }
-  // Columns of the col2im matrix: one per kernel tap and output channel.
-  __host__ __device__ int64_t out_patch() const {
-    return int64_t(kernel_h) * kernel_w * out_channels;
-  }
   __host__ __device__ bool is_pointwise() const {
     return kernel_h == 1 && kernel_w == 1 && stride == 1 && pad == 0;
   }
 };
+
+// One stride phase of a conv's input gradient. With stride s, the input pixels (ih, iw) =
+// (row0 + s*i, col0 + s*j), for a fixed (row0, col0) in [0, s)^2, are read only by the kernel taps
+// (ky, kx) = (tap_y0 + s*t, tap_x0 + s*u), each through output pixel (oh, ow) =
+// (i + shift_y - t, j + shift_x - u): dx at those pixels is one GEMM over those taps alone, with no
+// zero entries between strided taps. Stride 1 has one phase: every pixel and every tap.
+struct Col2imPhase {
+  int row0 = 0, col0 = 0;       // the phase's first input pixel (ih, iw) of each image
+  int rows = 0, cols = 0;       // its input pixels of each image along H and W
+  int tap_y0 = 0, tap_x0 = 0;   // its first kernel tap (ky, kx)
+  int taps_y = 0, taps_x = 0;   // its taps along kh and kw (0 when stride > kernel misses it)
+  int shift_y = 0, shift_x = 0; // (oh, ow) = (i + shift_y - t, j + shift_x - u)
+
+  __host__ __device__ int64_t pixels(int batch) const { return int64_t(batch) * rows * cols; }
+  __host__ __device__ int taps() const { return taps_y * taps_x; }
+  // Whether the phase is every input pixel (stride 1): its GEMM writes dx in place.
+  __host__ __device__ bool is_whole(const ConvGeometry& g) const {
+    return rows == g.height && cols == g.width;
+  }
+};
+
+// The phase of conv g's input gradient whose first input pixel is (row0, col0), both < stride.
+inline Col2imPhase col2im_phase(const ConvGeometry& g, int row0, int col0) {
+  const auto axis = [&](int first, int extent, int kernel, int& count, int& tap0, int& taps,
+                        int& shift) {
+    count = first < extent ? (extent - first + g.stride - 1) / g.stride : 0;
+    tap0 = (first + g.pad) % g.stride; // ky = first + pad - s * oh: the taps of this residue
+    taps = tap0 < kernel ? (kernel - tap0 + g.stride - 1) / g.stride : 0;
+    shift = (first + g.pad) / g.stride;
+  };
+  Col2imPhase p;
+  p.row0 = row0, p.col0 = col0;
+  axis(row0, g.height, g.kernel_h, p.rows, p.tap_y0, p.taps_y, p.shift_y);
+  axis(col0, g.width, g.kernel_w, p.cols, p.tap_x0, p.taps_x, p.shift_x);
+  return p;
+}
 
 // How an operand's values are stored.
 enum class OperandKind {
   matrix,     // row-major [rows, cols] used as is
   transposed, // row-major [rows, cols] used as its transpose
   im2col,     // the im2col matrix [out_pixels, kh*kw*Cin] of a conv input x, gathered on the fly
-  col2im,     // the col2im matrix [in_pixels, kh*kw*Cout] of a conv output gradient dy, gathered
-              // on the fly: dx = col2im(dy) @ w as [kh*kw*Cout, Cin] (conv input gradient)
+  col2im,     // the col2im matrix [phase pixels, phase taps * Cout] of a conv output gradient dy,
+              // gathered on the fly: dx = col2im(dy) @ w_phase [phase taps * Cout, Cin] (conv
+              // input gradient, one stride phase at a time)
 };
 
 // The largest M, N, K (and im2col extent) a GEMM takes: the kernels index in int, and their tile
@@ -68,22 +99,29 @@ struct GemmOperand {
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
   ConvGeometry conv; // only for OperandKind::im2col and col2im
+  Col2imPhase phase; // only for OperandKind::col2im
 };
 
 // A tensor viewed as the row-major matrix [rows, last].
 inline GemmOperand matrix_operand(const Tensor& t, bool transposed) {
   const OperandKind kind = transposed ? OperandKind::transposed : OperandKind::matrix;
-  return {kind, t.raw(), t.shape().rows(), t.shape().last(), {}};
+  return {kind, t.raw(), t.shape().rows(), t.shape().last(), {}, {}};
 }
 
 // The im2col matrix of the conv input x, never materialised.
 inline GemmOperand im2col_operand(const Tensor& x, const ConvGeometry& conv) {
-  return {OperandKind::im2col, x.raw(), conv.out_pixels(), conv.patch(), conv};
+  return {OperandKind::im2col, x.raw(), conv.out_pixels(), conv.patch(), conv, {}};
 }
 
-// The col2im matrix of the conv output gradient dy, never materialised.
-inline GemmOperand col2im_operand(const Tensor& dy, const ConvGeometry& conv) {
-  return {OperandKind::col2im, dy.raw(), conv.in_pixels(), conv.out_patch(), conv};
+// One stride phase's col2im matrix of the conv output gradient dy, never materialised.
+inline GemmOperand col2im_operand(const Tensor& dy, const ConvGeometry& conv,
+                                  const Col2imPhase& phase) {
+  return {OperandKind::col2im,
+          dy.raw(),
+          phase.pixels(conv.batch),
+          int64_t(phase.taps()) * conv.out_channels,
+          conv,
+          phase};
 }
 
 // The fused epilogue, applied per element in fp32: v = alpha * acc (+ beta * C_old when beta
@@ -194,15 +232,16 @@ template <class T> struct Im2colView {
   bool vectorizable; // channels and the base pointer allow 16-byte chunks of one tap
 };
 
-// The col2im matrix of dy: row p = input pixel (n, ih, iw), col q = tap (ky, kx, co); the value
-// is dy[n, oh, ow, co] for the output pixel whose tap (ky, kx) reads the input pixel, i.e.
-// oh * stride - pad + ky == ih (and the same for ow), or 0 where no output pixel does (between
-// strided taps, or past the output's edge). Row p of col2im(dy) @ w[(ky, kx, co), ci] is
-// therefore the input gradient dx[n, ih, iw, ci].
+// One stride phase of the col2im matrix of dy: row p = input pixel (n, i, j) of the phase, col q =
+// its tap (t, u, co); the value is dy[n, oh, ow, co] for the output pixel whose tap reads the
+// input pixel, oh = i + shift_y - t and ow = j + shift_x - u (Col2imPhase), or 0 past the
+// output's edge. Row p of col2im(dy) @ w_phase[(t, u, co), ci] is therefore the input gradient
+// dx[n, row0 + s*i, col0 + s*j, ci].
 template <class T> struct Col2imView {
   const T* data; // dy [batch, out_h, out_w, out_channels]
   int rows, cols;
   ConvGeometry conv;
+  Col2imPhase phase;
   bool vectorizable; // out_channels and the base pointer allow 16-byte chunks of one tap
 };
 
@@ -229,8 +268,8 @@ template <class T> Im2colView<T> im2col_view(const GemmOperand& op) {
 
 template <class T> Col2imView<T> col2im_view(const GemmOperand& op) {
   const T* data = static_cast<const T*>(op.data);
-  return {data, int(op.rows), int(op.cols), op.conv,
-          op.conv.out_channels % kChunkElems<T> == 0 && is_aligned16(data)};
+  return {data,    int(op.rows), int(op.cols),
+          op.conv, op.phase,     op.conv.out_channels % kChunkElems<T> == 0 && is_aligned16(data)};
 }
 
 // Maps OperandKind to the view type a kernel is instantiated with, and whether it is used
@@ -410,18 +449,17 @@ __device__ __forceinline__ int64_t element_offset(const Im2colView<T>& v, int ro
   return ((int64_t(n) * g.height + ih) * g.width + iw) * g.channels + ci;
 }
 
-// Offset in dy of col2im element (row = input pixel, col = tap), or -1 when no output pixel's
-// tap reads that input pixel.
+// Offset in dy of col2im element (row = input pixel of the phase, col = tap of the phase), or -1
+// when that tap reads the pixel from past the output's edge.
 template <class T>
 __device__ __forceinline__ int64_t element_offset(const Col2imView<T>& v, int row, int col) {
   const ConvGeometry& g = v.conv;
-  const int iw = row % g.width, ih = (row / g.width) % g.height, n = row / (g.width * g.height);
+  const Col2imPhase& p = v.phase;
+  const int j = row % p.cols, i = (row / p.cols) % p.rows, n = row / (p.cols * p.rows);
   const int co = col % g.out_channels, tap = col / g.out_channels;
-  const int kx = tap % g.kernel_w, ky = tap / g.kernel_w;
-  const int th = ih + g.pad - ky, tw = iw + g.pad - kx; // = oh * stride, ow * stride
-  if (th < 0 || tw < 0 || th % g.stride != 0 || tw % g.stride != 0) return -1;
-  const int oh = th / g.stride, ow = tw / g.stride;
-  if (oh >= g.out_h || ow >= g.out_w) return -1;
+  const int u = tap % p.taps_x, t = tap / p.taps_x;
+  const int oh = i + p.shift_y - t, ow = j + p.shift_x - u;
+  if (oh < 0 || oh >= g.out_h || ow < 0 || ow >= g.out_w) return -1;
   return ((int64_t(n) * g.out_h + oh) * g.out_w + ow) * g.out_channels + co;
 }
 
