@@ -47,26 +47,33 @@ TEST(CpuConv, ForwardMatchesDefinition) {
   }
 }
 
+// conv(x, w) + bias, then ReLU, through the epilogue, against the definition; returns how many
+// outputs the ReLU clamped.
+int check_bias_relu_forward(const ConvCase& c, const Tensor& x, const Tensor& w,
+                            const Tensor& bias) {
+  GemmEpilogue epilogue;
+  epilogue.bias = &bias;
+  epilogue.relu = true;
+  Tensor y = poisoned(c.y_shape());
+  cpu::conv2d_forward(x, w, y, params(c), epilogue);
+  Doubles ref = conv_reference(to_doubles(x), to_doubles(w), c);
+  const Doubles b = to_doubles(bias);
+  int clamped = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ref[i] += b[i % c.cout];
+    if (ref[i] < 0) ref[i] = 0, ++clamped;
+  }
+  EXPECT_LT(relative_error_to(y, ref), kF32Tolerance) << name(c) << " with bias and ReLU";
+  return clamped;
+}
+
 TEST(CpuConv, ForwardAppliesBiasAndRelu) {
   Rng rng(22);
   for (const ConvCase& c : {kCases[1], kCases[2]}) {
     const Tensor x = random_tensor(rng, c.x_shape());
     const Tensor w = random_tensor(rng, c.w_shape());
     const Tensor bias = random_tensor(rng, {c.cout});
-    GemmEpilogue epilogue;
-    epilogue.bias = &bias;
-    epilogue.relu = true;
-    Tensor y = poisoned(c.y_shape());
-    cpu::conv2d_forward(x, w, y, params(c), epilogue);
-    Doubles ref = conv_reference(to_doubles(x), to_doubles(w), c);
-    const Doubles b = to_doubles(bias);
-    int clamped = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ref[i] += b[i % c.cout];
-      if (ref[i] < 0) ref[i] = 0, ++clamped;
-    }
-    EXPECT_GT(clamped, 0) << name(c);
-    EXPECT_LT(relative_error_to(y, ref), kF32Tolerance) << name(c);
+    EXPECT_GT(check_bias_relu_forward(c, x, w, bias), 0) << name(c);
   }
 }
 
@@ -181,16 +188,7 @@ TEST(CpuConv, WinogradPathMatchesDefinition) {
     EXPECT_LT(relative_error_to(outputs[1], conv_backward_reference(x0, w0, to_doubles(dy), c).dx),
               kF32Tolerance)
         << name(c) << " input gradient";
-
-    GemmEpilogue epilogue;
-    epilogue.bias = &bias;
-    epilogue.relu = true;
-    Tensor y = poisoned(c.y_shape());
-    cpu::conv2d_forward(x, w, y, params(c), epilogue);
-    Doubles ref = conv_reference(to_doubles(x), to_doubles(w), c);
-    const Doubles b = to_doubles(bias);
-    for (size_t i = 0; i < ref.size(); ++i) ref[i] = std::max(ref[i] + b[i % c.cout], 0.0);
-    EXPECT_LT(relative_error_to(y, ref), kF32Tolerance) << name(c) << " with bias and ReLU";
+    check_bias_relu_forward(c, x, w, bias);
   }
 }
 
