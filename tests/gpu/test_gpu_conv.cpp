@@ -160,6 +160,16 @@ TEST(GpuConv, ForwardGathersOnTheWidestTiles) {
   check_forward({1, 130, 130, 8, 256, 3, 3, 1, 1}, DType::f16, DType::f16, true, 360);
 }
 
+// ResNet's strided convolutions, a 3x3 stride-2 conv and a 1x1 stride-2 downsample, with input
+// gradients wide enough for the large tile configurations: each stride phase of dx is its own
+// GEMM (a quarter of the pixels, the taps that reach them), placed into dx in 16-byte packs; the
+// downsample's three phases that no tap reads get zeros.
+TEST(GpuConv, StridedInputGradientOnWideTiles) {
+  MINAMP_REQUIRE_GPU();
+  check_backward({1, 66, 64, 128, 64, 3, 3, 2, 1}, DType::f16, true, false, 365);
+  check_backward({1, 66, 64, 128, 256, 1, 1, 2, 0}, DType::f16, true, false, 366);
+}
+
 TEST(GpuConv, BackwardOnlyOneGradient) {
   MINAMP_REQUIRE_GPU();
   const ConvCase c{1, 9, 7, 3, 6, 3, 3, 2, 1};
