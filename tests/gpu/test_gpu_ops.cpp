@@ -322,11 +322,13 @@ TEST(GpuPool, AvgpoolForwardAndBackward) {
 TEST(GpuPool, MaxpoolForwardAndBackwardEqualTheReference) {
   MINAMP_REQUIRE_GPU();
   Rng rng(22);
-  // ResNet's stem window at odd and even sizes, a window without overlap, stride 1.
+  // ResNet's stem window at odd and even sizes, a window without overlap, stride 1; channels
+  // in packs of 4 (64, 12) and not (3, 7, 2).
   const std::vector<std::pair<Shape, MaxPoolParams>> cases = {{{2, 17, 17, 64}, {3, 2, 1}},
                                                               {{1, 8, 10, 3}, {3, 2, 1}},
                                                               {{3, 6, 5, 7}, {2, 2, 0}},
-                                                              {{1, 5, 5, 2}, {3, 1, 1}}};
+                                                              {{1, 5, 5, 2}, {3, 1, 1}},
+                                                              {{2, 6, 6, 12}, {3, 1, 1}}};
   for (const auto& [shape, pool] : cases)
     for (DType dtype : kFloating) {
       const std::string what =
@@ -353,18 +355,22 @@ TEST(GpuPool, MaxpoolForwardAndBackwardEqualTheReference) {
     }
 }
 
+// 2 channels (one at a time) and 4 (a pack).
 TEST(GpuPool, MaxpoolTakesNaNAndTheFirstOfEqualValues) {
   MINAMP_REQUIRE_GPU();
-  Tensor x = Tensor::zeros({1, 5, 5, 2});
-  x.data<float>()[2 * 12] = std::nanf(""); // channel 0 of the centre pixel
-  const Shape out{1, 3, 3, 2};
-  Tensor y = poisoned(out, DType::f32, Device::cuda);
-  Tensor argmax = Tensor::empty(out, DType::i32, Device::cuda);
-  kernels::maxpool2d_forward(gpu(x), y, argmax, MaxPoolParams{});
-  Tensor y_ref = Tensor::empty(out), argmax_ref = Tensor::empty(out, DType::i32);
-  kernels::maxpool2d_forward(x, y_ref, argmax_ref, MaxPoolParams{});
-  expect_equal(y, y_ref, "maxpool2d_forward of zeros and a NaN");
-  expect_equal(argmax, argmax_ref, "maxpool2d_forward argmax of zeros and a NaN");
+  for (int64_t channels : {2, 4}) {
+    Tensor x = Tensor::zeros({1, 5, 5, channels});
+    x.data<float>()[channels * 12] = std::nanf(""); // channel 0 of the centre pixel
+    const Shape out{1, 3, 3, channels};
+    Tensor y = poisoned(out, DType::f32, Device::cuda);
+    Tensor argmax = Tensor::empty(out, DType::i32, Device::cuda);
+    kernels::maxpool2d_forward(gpu(x), y, argmax, MaxPoolParams{});
+    Tensor y_ref = Tensor::empty(out), argmax_ref = Tensor::empty(out, DType::i32);
+    kernels::maxpool2d_forward(x, y_ref, argmax_ref, MaxPoolParams{});
+    const std::string what = cat(channels, " channels");
+    expect_equal(y, y_ref, "maxpool2d_forward of zeros and a NaN, " + what);
+    expect_equal(argmax, argmax_ref, "maxpool2d_forward argmax of zeros and a NaN, " + what);
+  }
 }
 
 // ---- Reductions.
