@@ -15,10 +15,10 @@
 # log beside it, and is copied to $OUT. A run with no results at all writes nothing to
 # bench/results. A target that does not build leaves the others to run. MODELS (default: mlp sine
 # classify resnet50 resnet50-frozen) names the models whose bench_train and PyTorch stages run;
-# the report lists the others as missing. Every stage has a time
-# limit, cut to what is left of the whole run's limit, $BUDGET_S seconds (default 540), so a result
-# comes back even when one hangs (later stages are then skipped); expect 3-5 minutes on an H100, and
-# up to 2 more for the seeds. COMMIT names the measured commit where the tree has no .git (an
+# the report lists the others as missing. Every stage has a time limit, cut to what is left of
+# the whole run's limit, $TIME_LIMIT_S seconds (default 540), so a result comes back even when
+# one hangs (later stages are then skipped); expect 3-5 minutes on an H100, and up to 2 more for
+# the seeds. COMMIT names the measured commit where the tree has no .git (an
 # exported tree): its sha, with -dirty if it had uncommitted changes (git diff --quiet HEAD || echo
 # -dirty, in the repository it came from). PYTHON (default python3) runs bench/pytorch/train.py and
 # bench/report.py; CUDA_HOME (default /usr/local/cuda) has its bin/ appended to PATH; RESULTS
@@ -45,7 +45,7 @@ commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 name="gpu-${device:-unknown}-$(date -u +%Y%m%d-%H%M)-$commit"
 log=$results/$name.log
 work=/tmp/$name-parts
-run_limit=${BUDGET_S:-540}
+run_limit=${TIME_LIMIT_S:-540}
 all_models="mlp sine classify resnet50 resnet50-frozen"
 models=${MODELS:-$all_models}
 for model in $models; do

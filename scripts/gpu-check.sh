@@ -8,8 +8,8 @@
 # (build, SASS), sass.json (the SASS figures), tests.log, memcheck.log, racecheck.log and extra.log
 # — seven files at most, all in one folder.
 # Every stage runs and is recorded even when an earlier one failed; each has a time limit, cut so
-# that all of them stay within $BUDGET_S seconds (default 560: under ten minutes), so the summary
-# always prints. A pass/fail table ends the output and the exit status is
+# that all of them stay within $TIME_LIMIT_S seconds (default 560: under ten minutes), so the
+# summary always prints. A pass/fail table ends the output and the exit status is
 # non-zero when any stage failed or timed out. The build folder is $BUILD (default build-gpu);
 # CUDA_HOME (default /usr/local/cuda) has its bin/ appended to PATH. ONLY (e.g. ONLY=racecheck)
 # names the check stages to run, of sass, tests, memcheck and racecheck (default: all), and
@@ -42,7 +42,7 @@ gtest_prefix=/tmp/prefix
 export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin"
 mkdir -p "$out"
 
-budget=${BUDGET_S:-560}
+budget=${TIME_LIMIT_S:-560}
 stage_names=()
 stage_results=()
 check_stages="sass tests memcheck racecheck"

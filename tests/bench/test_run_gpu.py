@@ -3,7 +3,7 @@
 the files the real one writes, with made-up figures, and refusing an option or value the real one
 refuses), and the test checks what a GPU run depends on: every stage ran, the report lists
 nothing missing, and $OUT holds the four files the script promises;
-a stage that hangs is cut to the run's time limit (BUDGET_S) and the later ones are skipped, the
+a stage that hangs is cut to the run's time limit (TIME_LIMIT_S) and the later ones are skipped, the
 report still written;
 with nothing built the script fails. Standard library only; ctest runs it as bench.run_gpu.
 
@@ -157,7 +157,7 @@ class RunGpuScript(unittest.TestCase):
         for name in ("nvidia-smi", "cmake", "python"):
             make_tool(os.path.join(bin_dir, name), name, __file__)
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
-                   OUT=out, RESULTS=results, COMMIT="abc1234", BUDGET_S=str(limit_s),
+                   OUT=out, RESULTS=results, COMMIT="abc1234", TIME_LIMIT_S=str(limit_s),
                    PYTHON=os.path.join(bin_dir, "python"), **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "bench", "run-gpu.sh")], env=env,
                                  capture_output=True, text=True, timeout=280)
