@@ -7,12 +7,13 @@
 //             B operand), accumulated in f32 through the epilogue's beta = 1.
 //   dx:       dx[N*H*W, Cin] = col2im(dy)[N*H*W, kh*kw*Cout] @ w_t[kh*kw*Cout, Cin], implicit
 //             too: row (n, ih, iw) of col2im(dy) holds, per tap, dy at the output pixel whose
-//             tap reads (ih, iw), or zero where none does; w_t is w with its taps moved first, a
-//             copy the size of w. One fp32 sum and one rounding per dx element, no atomics. With
-//             stride s, all but 1/s^2 of those entries would be zeros between strided taps, so
-//             the GEMM runs per stride phase (gemm.cuh's Col2imPhase): the input pixels
-//             (row0 + s*i, col0 + s*j) are read by the taps (tap_y0 + s*t, tap_x0 + s*u) only,
-//             and each of the s^2 phases is a GEMM over those, into a buffer then placed in dx.
+//             tap reads (ih, iw), or zero where none does; w_t is w with its taps moved first
+//             (per phase, below: a copy of that phase's taps). One fp32 sum and one rounding per
+//             dx element, no atomics. With stride s, all but 1/s^2 of those entries would be
+//             zeros between strided taps, so the GEMM runs per stride phase (gemm.cuh's
+//             Col2imPhase): the input pixels (row0 + s*i, col0 + s*j) are read by the taps (tap_y0
+//             + s*t, tap_x0 + s*u) only, and each of the s^2 phases is a GEMM over those, into a
+//             buffer then placed in dx.
 // A 1x1, stride-1, unpadded conv is a plain GEMM on x viewed as [N*H*W, Cin] in all three.
 // Operands of mixed dtypes (allowed, as on the CPU) are converted to f32 first, and so are 16-bit
 // operands whose 16-bit output is in the other format.

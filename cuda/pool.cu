@@ -2,9 +2,9 @@
 // max pooling over windows (x [N, H, W, C] -> y [N, Ho, Wo, C], with the argmax its gradient
 // needs). One thread per output element (max pooling: per 4 channels of one pixel, packed, where
 // they allow), consecutive threads on consecutive channels, so every load of a pixel's channels
-// is coalesced. The max pooling's gradient is a gather (one thread per
-// input element sums the dy of the few windows whose argmax it is): no atomics, and the same sum
-// in the same order as the CPU reference.
+// is coalesced. The max pooling's gradient is a gather (a thread sums, for its input elements,
+// the dy of the few windows whose argmax they are): no atomics, and the same sum in the same
+// order as the CPU reference.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
