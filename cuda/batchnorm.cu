@@ -126,12 +126,8 @@ __global__ void __launch_bounds__(kThreads)
     float v[kPack];
     load_pack(x, at.first(), v);
     const ChannelValues<kPack> ch(p, at.channel());
-    for (int j = 0; j < kPack; ++j) {
-      const float xhat = (v[j] - ch.mean[j]) * ch.invstd[j];
-      // One rounding (fma), as the CPU reference; the backward recomputes exactly this.
-      const float normalised = fmaf(ch.gamma[j], xhat, ch.beta[j]);
-      v[j] = relu && normalised < 0.0f ? 0.0f : normalised;
-    }
+    for (int j = 0; j < kPack; ++j) // the backward recomputes exactly this (ReLU mask)
+      v[j] = batchnorm_normalized(v[j], ch.gamma[j], ch.beta[j], ch.mean[j], ch.invstd[j], relu);
     store_pack(y, at.first(), v);
   }
 }
@@ -240,7 +236,7 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
     }
     const ChannelParams p{ptr<const float>(gamma), ptr<const float>(beta), ptr<const float>(mean),
                           ptr<const float>(invstd)};
-    if (x.numel() == 0) return;
+    if (!y.defined() || x.numel() == 0) return; // undefined y: the statistics only
     const auto launch = [&](auto kernel, int pack) {
       kernel<<<grid_for(x.numel() / pack, kThreads), kThreads, 0, stream()>>>(
           ptr<const T>(x), ptr<T>(y), x.numel(), d.channels, p, bn.relu);

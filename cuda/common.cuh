@@ -111,6 +111,16 @@ __device__ __forceinline__ void store_pack(T* p, int64_t i, const float (&v)[kPa
     store_f(p, i, v[0]);
 }
 
+// Batch norm's normalisation of one value of a channel, then ReLU when asked: gamma (v - mean)
+// invstd + beta with one rounding (fma), as the CPU reference; a NaN passes the ReLU. The batch
+// norm kernel writes it, and a GEMM that normalises an operand as it loads it (gemm.cuh,
+// OperandNormalization) computes the same value bit for bit.
+__device__ __forceinline__ float batchnorm_normalized(float v, float gamma, float beta, float mean,
+                                                      float invstd, bool relu) {
+  const float normalised = fmaf(gamma, (v - mean) * invstd, beta);
+  return relu && normalised < 0.0f ? 0.0f : normalised;
+}
+
 } // namespace minamp::gpu
 
 // Checks a CUDA runtime call: CUDA_CHECK(cudaMemcpyAsync(...), "copy").

@@ -14,13 +14,17 @@
 //             Col2imPhase): the input pixels (row0 + s*i, col0 + s*j) are read by the taps (tap_y0
 //             + s*t, tap_x0 + s*u) only, and each of the s^2 phases is a GEMM over those, into a
 //             buffer then placed in dx.
-// A 1x1, stride-1, unpadded conv is a plain GEMM on x viewed as [N*H*W, Cin] in all three.
+// A 1x1, stride-1, unpadded conv is a plain GEMM on x viewed as [N*H*W, Cin] in all three. Such a
+// conv can also take its input batch-normalised (InputNormalization): the forward and dw GEMMs
+// then read x as a normalised operand (gemm.cuh's OperandKind::normalized), normalising each tile
+// as it lands in shared memory, so the batch norm's output is never written.
 // Operands of mixed dtypes (allowed, as on the CPU) are converted to f32 first, and so are 16-bit
 // operands whose 16-bit output is in the other format.
 #include <initializer_list>
 
 #include "device.cuh"
 #include "gemm.cuh"
+#include "kernels/gemm_version.h"
 #include "kernels/kernels.h"
 
 namespace minamp::gpu {
@@ -62,8 +66,14 @@ Tensor as_dtype(const Tensor& t, DType dtype) {
   return converted;
 }
 
-// The conv input as the GEMM operand [N*Ho*Wo, kh*kw*Cin]: x itself for a pointwise conv.
-GemmOperand input_operand(const Tensor& x, const ConvGeometry& g) {
+// The conv input as the GEMM operand [N*Ho*Wo, kh*kw*Cin]: x itself for a pointwise conv, read
+// batch-normalised when `norm` is given (pointwise convs only, conv2d_normalizes_on_load).
+GemmOperand input_operand(const Tensor& x, const ConvGeometry& g,
+                          const InputNormalization* norm = nullptr) {
+  if (norm)
+    return normalized_operand(x, {ptr<const float>(*norm->gamma), ptr<const float>(*norm->beta),
+                                  ptr<const float>(*norm->mean), ptr<const float>(*norm->invstd),
+                                  norm->relu});
   return g.is_pointwise() ? matrix_operand(x, false) : im2col_operand(x, g);
 }
 
@@ -196,11 +206,12 @@ void input_gradient(const Tensor& w, const Tensor& dy, const ConvGeometry& g, Te
     }
 }
 
-// dw[Cout, K] += dy^T @ im2col(x).
-void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw) {
+// dw[Cout, K] += dy^T @ im2col(x), with x batch-normalised per `norm` when given.
+void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw,
+                     const InputNormalization* norm) {
   GemmArgs args;
   args.a = output_grad_operand(dy, true); // dy^T: [Cout, N*Ho*Wo]
-  args.b = input_operand(x, g);           // [N*Ho*Wo, K]
+  args.b = input_operand(x, g, norm);     // [N*Ho*Wo, K]
   args.ab_dtype = x.dtype();
   args.c = dw.raw();
   args.c_dtype = DType::f32;
@@ -211,9 +222,28 @@ void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, T
 
 } // namespace
 
+bool conv2d_normalizes_on_load(const Tensor& x, const Tensor& w, const ConvParams& conv) {
+  const Shape& xs = x.shape();
+  const Shape& ws = w.shape();
+  if (xs.rank() != 4 || ws.rank() != 4 || ws[1] != 1 || ws[2] != 1 || conv.stride != 1 ||
+      conv.pad != 0 || x.dtype() != w.dtype() || xs[3] != ws[3])
+    return false;
+  // Thin GEMMs (a first or last layer's few channels) have their own kernel, which reads plain
+  // matrices only: such a conv keeps its unfused input.
+  const int64_t pixels = xs.rows(), in_channels = xs[3], out_channels = ws[0];
+  if (is_thin_gemm(pixels, out_channels, in_channels) ||
+      is_thin_gemm(out_channels, in_channels, pixels))
+    return false;
+  if (!is_half_precision(x.dtype())) return true; // the SIMT kernel
+  const GemmVersion version = plan_version(gemm_version(), compute_capability());
+  return version == GemmVersion::v2_wmma || version == GemmVersion::v4_mma ||
+         version == GemmVersion::v5_multistage;
+}
+
 void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParams& conv,
-                    const GemmEpilogue& epilogue) {
-  const ConvDims d = require_conv2d_forward(x, w, y, conv, epilogue);
+                    const GemmEpilogue& epilogue, const InputNormalization* input_norm) {
+  const ConvDims d = require_conv2d_forward(x, w, y, conv, epilogue, input_norm,
+                                            input_norm && conv2d_normalizes_on_load(x, w, conv));
   const ConvGeometry g = conv_geometry("conv2d_forward", d, x, w);
   const int64_t out_channels = d.cout;
   const Tensor* bias = epilogue.bias;
@@ -221,8 +251,8 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
   const DType dtype = common_dtype({&x, &w}, &y);
   const Tensor x_in = as_dtype(x, dtype), w_in = as_dtype(w, dtype);
   GemmArgs args;
-  args.a = input_operand(x_in, g);     // [N*Ho*Wo, K]
-  args.b = weight_operand(w_in, true); // w^T: [K, Cout]
+  args.a = input_operand(x_in, g, input_norm); // [N*Ho*Wo, K]
+  args.b = weight_operand(w_in, true);         // w^T: [K, Cout]
   args.ab_dtype = dtype;
   args.c = y.raw();
   args.c_dtype = y.dtype();
@@ -234,13 +264,14 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
 }
 
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
-                     const ConvParams& conv) {
-  const ConvGeometry g =
-      conv_geometry("conv2d_backward", require_conv2d_backward(x, w, dy, dx, dw, conv), x, w);
+                     const ConvParams& conv, const InputNormalization* input_norm) {
+  const ConvDims d = require_conv2d_backward(x, w, dy, dx, dw, conv, input_norm,
+                                             input_norm && conv2d_normalizes_on_load(x, w, conv));
+  const ConvGeometry g = conv_geometry("conv2d_backward", d, x, w);
   const DType dtype = common_dtype({&x, &w, &dy}, dx.defined() ? &dx : nullptr);
   const Tensor dy_in = as_dtype(dy, dtype);
   if (dx.defined()) input_gradient(as_dtype(w, dtype), dy_in, g, dx);
-  if (dw.defined()) weight_gradient(as_dtype(x, dtype), dy_in, g, dw);
+  if (dw.defined()) weight_gradient(as_dtype(x, dtype), dy_in, g, dw, input_norm);
 }
 
 } // namespace minamp::gpu

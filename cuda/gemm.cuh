@@ -1,11 +1,13 @@
 // The GEMM machinery shared by the tensor-core kernel (gemm_wmma.cuh), the fp32 SIMT kernel
 // (gemm_fp32.cu) and the implicit-GEMM convolution (conv.cu):
-//   - host side: how a GEMM operand is described (a plain matrix, a transposed one, or one of
-//     the two gathered matrices of a conv that are never materialised: the im2col matrix of its
-//     input, and the col2im matrix of its output gradient) and the launcher, which picks
-//     the tile configuration and, for few tiles over a long K, splits K (gemm_plan.h);
+//   - host side: how a GEMM operand is described (a plain matrix, a transposed one, one of the
+//     two gathered matrices of a conv that are never materialised: the im2col matrix of its
+//     input, and the col2im matrix of its output gradient, or an activation batch-normalised as
+//     it loads) and the launcher, which picks the tile configuration and, for few tiles over a
+//     long K, splits K (gemm_plan.h);
 //   - device side: cp.async helpers, the shared-memory tile shapes, the loaders that copy one
-//     operand tile from global to shared memory (zero-filling everything out of bounds) and
+//     operand tile from global to shared memory (zero-filling everything out of bounds; a
+//     normalised operand's tile is then normalised in place before the warps read it) and
 //     the fused epilogue C = relu(alpha * acc + beta * C + bias) with its optional per-column
 //     statistics of C (for a following batch norm), and the kernel that adds split-K partial
 //     sums and applies it.
@@ -13,6 +15,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -87,6 +90,21 @@ enum class OperandKind {
   col2im,     // the col2im matrix [phase pixels, phase taps * Cout] of a conv output gradient dy,
               // gathered on the fly: dx = col2im(dy) @ w_phase [phase taps * Cout, Cin] (conv
               // input gradient, one stride phase at a time)
+  normalized, // row-major [rows, cols] used as is, each column batch-normalised as its tiles
+              // land in shared memory (OperandNormalization)
+};
+
+// A batch norm (and ReLU) that a GEMM applies to an operand as it loads it, so that it reads a
+// normalised activation nobody has written: the stored value v in column c (a channel of an NHWC
+// activation viewed as [pixels, C]) becomes batchnorm_normalized(v, gamma[c], beta[c], mean[c],
+// invstd[c], relu) rounded to the operand's dtype — the batch norm kernel's output, bit for bit.
+// All f32 [cols] on the device, 16-byte aligned.
+struct OperandNormalization {
+  const float* gamma = nullptr;
+  const float* beta = nullptr;
+  const float* mean = nullptr;
+  const float* invstd = nullptr;
+  bool relu = false;
 };
 
 // The largest M, N, K (and im2col extent) a GEMM takes: the kernels index in int, and their tile
@@ -98,14 +116,25 @@ struct GemmOperand {
   OperandKind kind = OperandKind::matrix;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
-  ConvGeometry conv; // only for OperandKind::im2col and col2im
-  Col2imPhase phase; // only for OperandKind::col2im
+  ConvGeometry conv;                  // only for OperandKind::im2col and col2im
+  Col2imPhase phase;                  // only for OperandKind::col2im
+  OperandNormalization normalization; // only for OperandKind::normalized
 };
 
 // A tensor viewed as the row-major matrix [rows, last].
 inline GemmOperand matrix_operand(const Tensor& t, bool transposed) {
   const OperandKind kind = transposed ? OperandKind::transposed : OperandKind::matrix;
   return {kind, t.raw(), t.shape().rows(), t.shape().last(), {}, {}};
+}
+
+// The activation x viewed as the row-major matrix [rows, channels], batch-normalised as it loads.
+inline GemmOperand normalized_operand(const Tensor& x, const OperandNormalization& normalization) {
+  for (const float* p :
+       {normalization.gamma, normalization.beta, normalization.mean, normalization.invstd})
+    require(p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0, "gemm",
+            "a normalised operand needs 16-byte aligned per-channel f32 vectors (internal error)");
+  return {
+      OperandKind::normalized, x.raw(), x.shape().rows(), x.shape().last(), {}, {}, normalization};
 }
 
 // The im2col matrix of the conv input x, never materialised.
@@ -151,7 +180,9 @@ struct GemmArgs {
 
 // Launch one GEMM on stream(): A and B f16 or bf16 (tensor cores) / f32 (SIMT). Supported operand
 // pairs: any of matrix/transposed for both, (im2col, transposed) for the conv forward,
-// (transposed, im2col) for the conv weight gradient and (col2im, matrix) for its input gradient.
+// (transposed, im2col) for the conv weight gradient and (col2im, matrix) for its input gradient;
+// and for a pointwise conv whose input is batch-normalised as it loads, (normalized, transposed)
+// for the forward and (transposed, normalized) for the weight gradient (not in v1 and v3).
 // tensor_core_gemm runs the version gemm_version() names, or the one the planner picks for
 // `automatic` (gemm_plan.h); a version that cannot run the GEMM (v1 and v3 take plain f16
 // matrices only; v4, v5 and bf16 need sm_80) is an error naming it.
@@ -245,6 +276,9 @@ template <class T> struct Col2imView {
   bool vectorizable; // out_channels and the base pointer allow 16-byte chunks of one tap
 };
 
+// A row-major matrix whose columns are batch-normalised as its tiles land in shared memory.
+template <class T> struct NormalizedView : MatrixView<T> { OperandNormalization normalization; };
+
 // Elements of T in one 16-byte cp.async chunk.
 template <class T> constexpr int kChunkElems = 16 / int(sizeof(T));
 
@@ -266,6 +300,10 @@ template <class T> Im2colView<T> im2col_view(const GemmOperand& op) {
           op.conv.channels % kChunkElems<T> == 0 && is_aligned16(data)};
 }
 
+template <class T> NormalizedView<T> normalized_view(const GemmOperand& op) {
+  return {matrix_view<T>(op), op.normalization};
+}
+
 template <class T> Col2imView<T> col2im_view(const GemmOperand& op) {
   const T* data = static_cast<const T*>(op.data);
   return {data,    int(op.rows), int(op.cols),
@@ -273,7 +311,8 @@ template <class T> Col2imView<T> col2im_view(const GemmOperand& op) {
 }
 
 // Maps OperandKind to the view type a kernel is instantiated with, and whether it is used
-// transposed. The gathered views (im2col, col2im) are never transposed. Elem is the element type.
+// transposed. The gathered views (im2col, col2im) and the normalised one are never transposed.
+// Elem is the element type.
 template <class T, OperandKind kKind> struct OperandTraits {
   using Elem = T;
   using View = MatrixView<T>;
@@ -285,6 +324,12 @@ template <class T> struct OperandTraits<T, OperandKind::im2col> {
   using View = Im2colView<T>;
   static constexpr bool kTransposed = false;
   static View view(const GemmOperand& op) { return im2col_view<T>(op); }
+};
+template <class T> struct OperandTraits<T, OperandKind::normalized> {
+  using Elem = T;
+  using View = NormalizedView<T>;
+  static constexpr bool kTransposed = false;
+  static View view(const GemmOperand& op) { return normalized_view<T>(op); }
 };
 template <class T> struct OperandTraits<T, OperandKind::col2im> {
   using Elem = T;
@@ -315,10 +360,14 @@ void dispatch_operands(const GemmArgs& args, const char* kernel) {
       return Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::im2col>>::run(args);
     if (a == K::col2im && b == K::matrix)
       return Launch<OperandTraits<T, K::col2im>, OperandTraits<T, K::matrix>>::run(args);
+    if (a == K::normalized && b == K::transposed)
+      return Launch<OperandTraits<T, K::normalized>, OperandTraits<T, K::transposed>>::run(args);
+    if (a == K::transposed && b == K::normalized)
+      return Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::normalized>>::run(args);
     throw Error(cat(kernel, ": unsupported pair of operand kinds (internal error)"));
   }
   throw Error(cat(kernel, ": takes plain (or transposed) matrices only, not a convolution's "
-                          "gathered im2col/col2im operand"));
+                          "gathered im2col/col2im operand or a normalised one"));
 }
 
 // dispatch_operands for a tensor-core version that takes f16 and bf16 operands (args.ab_dtype).
@@ -397,6 +446,61 @@ template <> __device__ __forceinline__ __nv_bfloat16 zero_value<__nv_bfloat16>()
 }
 
 // ---------------------------------------------------------------------------------------------
+// 16 bytes of C or of an operand tile: 8 halves (f16 or bf16) or 4 floats, widened to / rounded
+// from fp32 (p 16-byte aligned).
+template <class CT> constexpr int kPackElems = 16 / int(sizeof(CT));
+__device__ __forceinline__ void load_pack16(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+// (A half2 travels through __half2_raw and 32-bit words, not a pointer cast: the cast would
+// break aliasing rules that the emulator's host compiler enforces.)
+__device__ __forceinline__ void load_pack16(const __half* p, float (&v)[8]) {
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __half2_raw raw;
+    raw.x = static_cast<unsigned short>(words[i] & 0xffffu);
+    raw.y = static_cast<unsigned short>(words[i] >> 16);
+    const float2 f = __half22float2(__half2(raw));
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void load_pack16(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __nv_bfloat162_raw raw;
+    raw.x = static_cast<unsigned short>(words[i] & 0xffffu);
+    raw.y = static_cast<unsigned short>(words[i] >> 16);
+    const float2 f = __bfloat1622float2(__nv_bfloat162(raw));
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store_pack16(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store_pack16(__half* p, const float (&v)[8]) {
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw raw = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+    words[i] = uint32_t(raw.x) | (uint32_t(raw.y) << 16);
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+__device__ __forceinline__ void store_pack16(__nv_bfloat16* p, const float (&v)[8]) {
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162_raw raw = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    words[i] = uint32_t(raw.x) | (uint32_t(raw.y) << 16);
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
 // Shared-memory tiles. A tile keeps the orientation the operand has in global memory, so every
 // copy reads contiguous 16-byte chunks; the MMA side adapts (row/col-major fragments, or which
 // of a thread's rows are contiguous). For the A operand (kOuter = BM) and B (kOuter = BN):
@@ -505,6 +609,60 @@ __device__ __forceinline__ void load_operand_tile(T* tile, const View& view, int
     load_tile<Tile::kRows, Tile::kCols, THREADS>(tile, Tile::kLd, view, k0, outer0);
 }
 
+// Batch-normalises, in place, the chunks of the [ROWS, COLS] block at (row0, col0) that this thread
+// copied into `tile` (load_tile: the same chunks, the same bounds), once they have landed; the
+// zeros outside the matrix stay zeros. A whole chunk is 16 bytes of one row, so its channels (the
+// matrix's columns) are consecutive and their parameters are read as 16-byte packs.
+template <int ROWS, int COLS, int THREADS, class T>
+__device__ __forceinline__ void normalize_tile(T* tile, int tile_ld, const NormalizedView<T>& src,
+                                               int row0, int col0) {
+  constexpr int V = kChunkElems<T>;
+  constexpr int kChunksPerRow = COLS / V;
+  const OperandNormalization& nz = src.normalization;
+  for (int chunk = threadIdx.x; chunk < ROWS * kChunksPerRow; chunk += THREADS) {
+    const int r = chunk / kChunksPerRow, c = (chunk % kChunksPerRow) * V;
+    const int row = row0 + r, col = col0 + c;
+    if (row >= src.rows) continue;
+    T* values = tile + r * tile_ld + c;
+    if (src.vectorizable && col + V <= src.cols) {
+      float v[V], gamma[4], beta[4], mean[4], invstd[4];
+      load_pack16(values, v);
+#pragma unroll
+      for (int q = 0; q < V; q += 4) {
+        load_pack16(nz.gamma + col + q, gamma);
+        load_pack16(nz.beta + col + q, beta);
+        load_pack16(nz.mean + col + q, mean);
+        load_pack16(nz.invstd + col + q, invstd);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          v[q + e] = batchnorm_normalized(v[q + e], gamma[e], beta[e], mean[e], invstd[e], nz.relu);
+      }
+      store_pack16(values, v);
+    } else {
+      for (int e = 0; e < V && col + e < src.cols; ++e) {
+        const int ch = col + e;
+        store_f(values, e,
+                batchnorm_normalized(load_f(values, e), nz.gamma[ch], nz.beta[ch], nz.mean[ch],
+                                     nz.invstd[ch], nz.relu));
+      }
+    }
+  }
+}
+
+// What a loader does to the tile of one operand for the k-step at k0 once this thread's copies of
+// it have landed, before the barrier that lets the warps read it: a normalised operand is
+// normalised in place (normalize_tile); the other views are used as copied.
+template <class Tile, int THREADS, class View, class T>
+__device__ __forceinline__ void finish_operand_tile(T*, const View&, int, int) {}
+template <class Tile, int THREADS, class T>
+__device__ __forceinline__ void finish_operand_tile(T* tile, const NormalizedView<T>& view,
+                                                    int outer0, int k0) {
+  if constexpr (Tile::kKContiguous)
+    normalize_tile<Tile::kRows, Tile::kCols, THREADS>(tile, Tile::kLd, view, outer0, k0);
+  else
+    normalize_tile<Tile::kRows, Tile::kCols, THREADS>(tile, Tile::kLd, view, k0, outer0);
+}
+
 // This block's share of a GEMM: the first row m0 and column n0 of its BM x BN tile of C (grid.x
 // walks M, grid.y walks N) and its slice [k_begin, k_end) of K (split K, gemm_plan.h: grid.z
 // walks the slices, and block_share moves c to the slice's own [M, N] partial C).
@@ -521,10 +679,10 @@ __device__ __forceinline__ BlockShare block_share(int m, int n, int k, int k_per
 
 // The multi-stage cp.async main loop shared by the GEMM kernels: STAGES rotating shared buffers
 // of [A tile, B tile] (Smem::kStageElems each) over `k_tiles` K tiles. Tiles 0 .. STAGES-2 are put
-// in flight first, one commit group each; each iteration waits for tile kt, fills tile
-// kt + STAGES - 1 into the buffer tile kt-1 used (load_a(tile, kt) and load_b(tile, kt) issue
-// the copies of one operand's tile), and calls consume(tile_a, tile_b) on tile kt. Ends with every
-// group drained: the caller may reuse the buffers after a __syncthreads.
+// in flight first, one commit group each; each iteration waits for tile kt, finishes it
+// (load.finish), fills tile kt + STAGES - 1 into the buffer tile kt-1 used (load_a(tile, kt) and
+// load_b(tile, kt) issue the copies of one operand's tile), and calls consume(tile_a, tile_b) on
+// tile kt. Ends with every group drained: the caller may reuse the buffers after a __syncthreads.
 template <class Cfg, class Smem, class T, class LoadA, class LoadB, class Consume>
 __device__ __forceinline__ void gemm_pipeline_with(T* smem, int k_tiles, LoadA&& load_a,
                                                    LoadB&& load_b, Consume&& consume) {
@@ -542,7 +700,9 @@ __device__ __forceinline__ void gemm_pipeline_with(T* smem, int k_tiles, LoadA&&
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<Cfg::STAGES - 2>(); // this thread's copies of tile kt have landed
-    __syncthreads();                  // everyone's have, and tile kt-1 is no longer read
+    load_a.finish(stage_a(kt % Cfg::STAGES), kt);
+    load_b.finish(stage_b(kt % Cfg::STAGES), kt);
+    __syncthreads(); // everyone's have, and tile kt-1 is no longer read
     const int next = kt + Cfg::STAGES - 1;
     if (next < k_tiles) load_stage(next % Cfg::STAGES, next);
     cp_async_commit();
@@ -559,12 +719,17 @@ template <class Cfg> __device__ __forceinline__ int share_k_tiles(const BlockSha
 
 // The plain loader of one operand's tiles: load_operand_tile, every chunk's address and bounds
 // worked out on each k-step. Called as load(tile, k_tile) for the k_tile-th BK tile of a block's
-// share of K (from k_begin); `outer0` is the block's first row of C (A) or column (B).
+// share of K (from k_begin), and as load.finish(tile, k_tile) once this thread's copies of that
+// tile have landed (finish_operand_tile); `outer0` is the block's first row of C (A) or column
+// (B).
 template <class Tile, int kThreads, class View> struct PlainTileLoader {
   const View& view;
   int outer0, k_begin;
   template <class T> __device__ __forceinline__ void operator()(T* tile, int k_tile) const {
     load_operand_tile<Tile, kThreads>(tile, view, outer0, k_begin + k_tile * Tile::kBK);
+  }
+  template <class T> __device__ __forceinline__ void finish(T* tile, int k_tile) const {
+    finish_operand_tile<Tile, kThreads>(tile, view, outer0, k_begin + k_tile * Tile::kBK);
   }
 };
 
@@ -614,6 +779,7 @@ template <class Tile, int kThreads, class T> struct InteriorTileLoader {
     for (int p = 0; p < kPasses; ++p)
       cp_async16(tile + tile_first + p * kRowsPerPass * Tile::kLd, src + p * pass_stride);
   }
+  __device__ __forceinline__ void finish(T*, int) const {} // plain matrices are used as copied
 };
 
 // True when every tile of this operand for a block's share lies inside the matrix and copies in
@@ -676,61 +842,6 @@ __device__ __forceinline__ float store_output(CT* c, int n, int row, int col, fl
   if (ep.relu) v = v < 0.0f ? 0.0f : v; // NaN propagates, as in torch.relu
   store_f(c, at, v);
   return as_stored<CT>(v);
-}
-
-// 16 bytes of C: 8 halves (f16 or bf16) or 4 floats, widened to / rounded from fp32 (p 16-byte
-// aligned).
-template <class CT> constexpr int kPackElems = 16 / int(sizeof(CT));
-__device__ __forceinline__ void load_pack16(const float* p, float (&v)[4]) {
-  const float4 q = *reinterpret_cast<const float4*>(p);
-  v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-}
-// (A half2 travels through __half2_raw and 32-bit words, not a pointer cast: the cast would
-// break aliasing rules that the emulator's host compiler enforces.)
-__device__ __forceinline__ void load_pack16(const __half* p, float (&v)[8]) {
-  const uint4 q = *reinterpret_cast<const uint4*>(p);
-  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    __half2_raw raw;
-    raw.x = static_cast<unsigned short>(words[i] & 0xffffu);
-    raw.y = static_cast<unsigned short>(words[i] >> 16);
-    const float2 f = __half22float2(__half2(raw));
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void load_pack16(const __nv_bfloat16* p, float (&v)[8]) {
-  const uint4 q = *reinterpret_cast<const uint4*>(p);
-  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    __nv_bfloat162_raw raw;
-    raw.x = static_cast<unsigned short>(words[i] & 0xffffu);
-    raw.y = static_cast<unsigned short>(words[i] >> 16);
-    const float2 f = __bfloat1622float2(__nv_bfloat162(raw));
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void store_pack16(float* p, const float (&v)[4]) {
-  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ __forceinline__ void store_pack16(__half* p, const float (&v)[8]) {
-  uint32_t words[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __half2_raw raw = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
-    words[i] = uint32_t(raw.x) | (uint32_t(raw.y) << 16);
-  }
-  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
-}
-__device__ __forceinline__ void store_pack16(__nv_bfloat16* p, const float (&v)[8]) {
-  uint32_t words[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162_raw raw = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    words[i] = uint32_t(raw.x) | (uint32_t(raw.y) << 16);
-  }
-  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
 // The statistics hook of the packed epilogue: partials[blockIdx.x, 0, col] and [.., 1, col] =

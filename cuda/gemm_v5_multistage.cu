@@ -64,10 +64,18 @@ multistage_loop(typename Smem::T* smem, int k_tiles, const LoadA& load_a, const 
     cp_async_commit(); // one group per tile, empty past the end: the count stays uniform
   };
 
+  // After this thread's copies of tile k_tile have landed (a normalised operand is normalised).
+  const auto finish_stage = [&](int s, int k_tile) {
+    if (k_tile >= k_tiles) return;
+    load_a.finish(stage_a(s), k_tile);
+    load_b.finish(stage_b(s), k_tile);
+  };
+
   // Tiles 0 .. STAGES-1 in flight; wait for tile 0 and load its first fragments.
 #pragma unroll
   for (int s = 0; s < kStages; ++s) load_stage(s, s);
   cp_async_wait<kStages - 1>();
+  finish_stage(0, 0);
   __syncthreads();
   Fragments<Cfg, typename Smem::T> frags[2];
   load_fragments<Cfg, TileA, TileB>(frags[0], stage_a(0), stage_b(0), a_lane, b_lane, 0);
@@ -81,10 +89,11 @@ multistage_loop(typename Smem::T* smem, int k_tiles, const LoadA& load_a, const 
         load_fragments<Cfg, TileA, TileB>(next, stage_a(s), stage_b(s), a_lane, b_lane,
                                           (step + 1) * 16);
       } else {
-        cp_async_wait<kStages - 2>(); // this thread's copies of tile kt + 1 have landed
-        __syncthreads();              // everyone's have, and every warp is done with tile kt
-        load_stage(s, kt + kStages);
         const int s_next = (kt + 1) % kStages;
+        cp_async_wait<kStages - 2>(); // this thread's copies of tile kt + 1 have landed
+        finish_stage(s_next, kt + 1);
+        __syncthreads(); // everyone's have, and every warp is done with tile kt
+        load_stage(s, kt + kStages);
         load_fragments<Cfg, TileA, TileB>(next, stage_a(s_next), stage_b(s_next), a_lane, b_lane,
                                           0);
       }

@@ -144,19 +144,42 @@ void require_conv_output(const char* op, const char* name, const Tensor& y, cons
 
 } // namespace
 
+namespace {
+
+// Throws Error unless `norm` (when given) holds f32 [Cin] vectors for a conv that can apply it as
+// it loads x (conv2d_normalizes_on_load).
+void require_input_normalization(const char* op, const InputNormalization* norm, const Tensor& x,
+                                 const Tensor& w, const ConvDims& d, bool normalizes_on_load) {
+  if (!norm) return;
+  for (const Tensor* t : {norm->gamma, norm->beta, norm->mean, norm->invstd}) {
+    require(t != nullptr, op, "input_norm needs gamma, beta, mean and invstd");
+    require_f32(op, "input_norm's gamma, beta, mean and invstd", *t, d.cin);
+  }
+  require(normalizes_on_load, op, "cannot batch-normalise x as it loads it for x ", describe(x),
+          ", w ", describe(w), ", stride ", d.stride, ", pad ", d.pad,
+          " (only a 1x1, stride-1, unpadded conv in one dtype on CUDA, see "
+          "conv2d_normalizes_on_load)");
+}
+
+} // namespace
+
 ConvDims require_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y,
-                                const ConvParams& conv, const GemmEpilogue& epilogue) {
+                                const ConvParams& conv, const GemmEpilogue& epilogue,
+                                const InputNormalization* input_norm, bool normalizes_on_load) {
   const ConvDims d = conv_dims("conv2d_forward", x, w, conv);
   require_conv_output("conv2d_forward", "y", y, d);
   if (epilogue.bias) require_f32("conv2d_forward", "bias", *epilogue.bias, d.cout);
   require_column_moments("conv2d_forward", epilogue, d.n * d.out_pixels(), d.cout);
+  require_input_normalization("conv2d_forward", input_norm, x, w, d, normalizes_on_load);
   return d;
 }
 
 ConvDims require_conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                 const Tensor& dx, const Tensor& dw, const ConvParams& conv) {
+                                 const Tensor& dx, const Tensor& dw, const ConvParams& conv,
+                                 const InputNormalization* input_norm, bool normalizes_on_load) {
   const char* op = "conv2d_backward";
   const ConvDims d = conv_dims(op, x, w, conv);
+  require_input_normalization(op, input_norm, x, w, d, normalizes_on_load);
   require_conv_output(op, "dy", dy, d);
   if (dx.defined())
     require(is_floating(dx.dtype()) && dx.shape() == x.shape(), op, "expects dx shaped like x ",
@@ -200,9 +223,9 @@ BatchNormDims require_batchnorm_forward(const Tensor& x, const Tensor& gamma, co
                                         const BatchNormParams& bn) {
   const char* op = "batchnorm_forward";
   const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
-  require(y.defined() && y.dtype() == x.dtype() && y.shape() == x.shape(), op,
+  require(!y.defined() || (y.dtype() == x.dtype() && y.shape() == x.shape()), op,
           "expects y shaped and typed like x ", describe(x), ", got ", describe(y));
-  require(y.raw() != x.raw() || x.numel() == 0, op,
+  require(!y.defined() || y.raw() != x.raw() || x.numel() == 0, op,
           "y must be a tensor of its own, not x (in-place batch norm is not supported)");
   for (const Tensor* t : {&mean, &invstd, &running_mean, &running_var})
     require_f32(op, "mean, invstd, running_mean and running_var", *t, d.channels);

@@ -47,10 +47,16 @@ struct ConvDims {
   int64_t out_pixels() const { return ho * wo; }  // of one image
   bool is_pointwise() const { return kh == 1 && kw == 1 && stride == 1 && pad == 0; }
 };
+// With input_norm, also its vectors, and that the backend takes it here (normalizes_on_load,
+// conv2d_normalizes_on_load's answer).
 ConvDims require_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y,
-                                const ConvParams& conv, const GemmEpilogue& epilogue);
+                                const ConvParams& conv, const GemmEpilogue& epilogue,
+                                const InputNormalization* input_norm = nullptr,
+                                bool normalizes_on_load = false);
 ConvDims require_conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                 const Tensor& dx, const Tensor& dw, const ConvParams& conv);
+                                 const Tensor& dx, const Tensor& dw, const ConvParams& conv,
+                                 const InputNormalization* input_norm = nullptr,
+                                 bool normalizes_on_load = false);
 
 struct BatchNormDims {
   int64_t rows, channels; // x viewed as [rows, C]

@@ -116,17 +116,33 @@ void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 }
 
 void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParams& conv,
-                    const GemmEpilogue& epilogue) {
+                    const GemmEpilogue& epilogue, const InputNormalization* input_norm) {
+  const InputNormalization none;
+  const InputNormalization& n = input_norm ? *input_norm : none;
   MINAMP_DISPATCH(
       "conv2d_forward",
-      common_device("conv2d_forward", {&x, &w, &y, epilogue.bias, epilogue.column_moments}),
-      conv2d_forward(x, w, y, conv, epilogue));
+      common_device("conv2d_forward", {&x, &w, &y, epilogue.bias, epilogue.column_moments, n.gamma,
+                                       n.beta, n.mean, n.invstd}),
+      conv2d_forward(x, w, y, conv, epilogue, input_norm));
 }
 
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
-                     const ConvParams& conv) {
-  MINAMP_DISPATCH("conv2d_backward", common_device("conv2d_backward", {&x, &w, &dy, &dx, &dw}),
-                  conv2d_backward(x, w, dy, dx, dw, conv));
+                     const ConvParams& conv, const InputNormalization* input_norm) {
+  const InputNormalization none;
+  const InputNormalization& n = input_norm ? *input_norm : none;
+  MINAMP_DISPATCH(
+      "conv2d_backward",
+      common_device("conv2d_backward", {&x, &w, &dy, &dx, &dw, n.gamma, n.beta, n.mean, n.invstd}),
+      conv2d_backward(x, w, dy, dx, dw, conv, input_norm));
+}
+
+bool conv2d_normalizes_on_load(const Tensor& x, const Tensor& w, const ConvParams& conv) {
+  if (x.device() == Device::cpu) return cpu::conv2d_normalizes_on_load(x, w, conv);
+#if MINAMP_WITH_CUDA
+  return gpu::conv2d_normalizes_on_load(x, w, conv);
+#else
+  return false;
+#endif
 }
 
 void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,

@@ -37,20 +37,30 @@ void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
 
 // y[N, Ho, Wo, Cout] = conv(x[N, H, W, Cin], w[Cout, kh, kw, Cin]) (+ bias, ReLU per epilogue;
-// alpha/beta are not used). Ho = (H + 2 pad - kh) / stride + 1, likewise Wo.
+// alpha/beta are not used). Ho = (H + 2 pad - kh) / stride + 1, likewise Wo. With input_norm, the
+// conv's input is x batch-normalised as input_norm says, applied as x is loaded; only where
+// conv2d_normalizes_on_load allows it (an Error elsewhere).
 void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParams& conv,
-                    const GemmEpilogue& epilogue);
+                    const GemmEpilogue& epilogue, const InputNormalization* input_norm = nullptr);
 // dx[N, H, W, Cin] = input gradient (when dx is defined); dw[Cout, kh, kw, Cin] += weight
-// gradient in f32 (when dw is defined).
+// gradient in f32 (when dw is defined). With input_norm (as in the forward), dw is computed from
+// the normalised input, and dx is the gradient with respect to it (the batch norm's output).
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
-                     const ConvParams& conv);
+                     const ConvParams& conv, const InputNormalization* input_norm = nullptr);
+// Whether conv2d_forward and conv2d_backward take an input_norm for these tensors: a 1x1,
+// stride-1, unpadded conv with x and w in one dtype, on CUDA, whose GEMMs run on a kernel that
+// normalises its operand as it loads it. Never on the CPU, whose unfused batch norm is the
+// reference.
+bool conv2d_normalizes_on_load(const Tensor& x, const Tensor& w, const ConvParams& conv);
 
 // Batch norm over x[rows, C] (an NHWC activation viewed as [N*H*W, C]); gamma, beta f32 [C].
 // Training: batch mean and biased variance, saved as mean[C] and invstd[C] = 1/sqrt(var + eps),
 // and running_mean/var (f32 [C]) updated with `momentum` and the unbiased variance.
 // Eval: normalise with the running statistics (mean/invstd are still written, from them).
 // y = gamma * (x - mean) * invstd + beta, then ReLU when bn.relu; y.dtype == x.dtype; y must not
-// be x (an Error: the GPU kernel reads x through a non-aliasing pointer).
+// be x (an Error: the GPU kernel reads x through a non-aliasing pointer). With y undefined, only
+// the statistics (mean, invstd, the running statistics' update): for a conv2d_forward that
+// applies the normalisation itself (InputNormalization).
 void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                        Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,
                        const BatchNormParams& bn);

@@ -18,6 +18,17 @@ struct GemmEpilogue {
   Tensor* column_moments = nullptr;
 };
 
+// A batch norm (and ReLU) that conv2d_forward/backward apply to their input x as they read it,
+// instead of reading a normalised copy of it: the conv's input is relu?(gamma (x - mean) invstd
+// + beta) per channel, as batchnorm_forward writes it (mean and invstd from it). All f32 [Cin].
+struct InputNormalization {
+  const Tensor* gamma = nullptr;
+  const Tensor* beta = nullptr;
+  const Tensor* mean = nullptr;
+  const Tensor* invstd = nullptr;
+  bool relu = false;
+};
+
 struct ConvParams {
   int stride = 1;
   int pad = 0;

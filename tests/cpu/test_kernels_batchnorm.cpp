@@ -401,6 +401,27 @@ TEST(CpuBatchNorm, GivenBatchMomentsReplaceTheStatisticsPass) {
   }
 }
 
+// Without y, the statistics alone (for a conv that applies the normalisation as it loads): the
+// same mean, invstd and running statistics as with it, in both modes.
+TEST(CpuBatchNorm, WithoutAnOutputOnlyTheStatistics) {
+  Rng rng(38);
+  for (bool training : {true, false}) {
+    BatchNormLayer layer(rng, {3, 4, 5, 6});
+    Tensor with_rm = layer.running_mean.clone(), with_rv = layer.running_var.clone();
+    Tensor y = poisoned({3, 4, 5, 6}), mean = poisoned({6}), invstd = poisoned({6});
+    cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, with_rm, with_rv,
+                           params(training, true));
+    Tensor no_y, only_mean = poisoned({6}), only_invstd = poisoned({6});
+    cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, no_y, only_mean, only_invstd,
+                           layer.running_mean, layer.running_var, params(training, true));
+    EXPECT_FALSE(no_y.defined());
+    EXPECT_EQ(only_mean.to_vector(), mean.to_vector()) << "training " << training;
+    EXPECT_EQ(only_invstd.to_vector(), invstd.to_vector()) << "training " << training;
+    EXPECT_EQ(layer.running_mean.to_vector(), with_rm.to_vector()) << "training " << training;
+    EXPECT_EQ(layer.running_var.to_vector(), with_rv.to_vector()) << "training " << training;
+  }
+}
+
 TEST(CpuBatchNorm, BatchMomentsAreForTrainingOnlyAndShapedTwoByChannels) {
   Rng rng(38);
   BatchNormLayer layer(rng, {2, 3, 3, 4});

@@ -126,6 +126,7 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                         running_var.data<float>());
   else
     eval_statistics(d, bn, running_mean.data<float>(), running_var.data<float>(), mu, inv);
+  if (!y.defined()) return; // the statistics only
 
   const float* g = gamma.data<float>();
   const float* b = beta.data<float>();

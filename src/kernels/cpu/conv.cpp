@@ -161,8 +161,8 @@ void weight_gradient(const FloatInput& x, const FloatInput& dy, const ConvDims& 
 } // namespace
 
 void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParams& conv,
-                    const GemmEpilogue& epilogue) {
-  const ConvDims d = require_conv2d_forward(x, w, y, conv, epilogue);
+                    const GemmEpilogue& epilogue, const InputNormalization* input_norm) {
+  const ConvDims d = require_conv2d_forward(x, w, y, conv, epilogue, input_norm, false);
 
   const FloatInput x_values(x), w_values(w);
   const ConstMatrixMap weights = w_values.matrix(d.cout, d.patch()); // [Cout, K]
@@ -187,11 +187,14 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
 }
 
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
-                     const ConvParams& conv) {
-  const ConvDims d = require_conv2d_backward(x, w, dy, dx, dw, conv);
+                     const ConvParams& conv, const InputNormalization* input_norm) {
+  const ConvDims d = require_conv2d_backward(x, w, dy, dx, dw, conv, input_norm, false);
   const FloatInput dy_values(dy);
   if (dx.defined()) input_gradient(dy_values, FloatInput(w), d, dx);
   if (dw.defined()) weight_gradient(FloatInput(x), dy_values, d, dw);
 }
+
+// The CPU runs the batch norm before the conv, unfused: the reference of the fused GPU path.
+bool conv2d_normalizes_on_load(const Tensor&, const Tensor&, const ConvParams&) { return false; }
 
 } // namespace minamp::cpu
