@@ -155,6 +155,16 @@ Var Conv2d::forward(const Var& x) {
   return y;
 }
 
+Var Conv2d::forward_normalized(const Var& x, BatchNorm& norm) {
+  Tensor norm_moments;
+  const BatchNormParams bn = norm.forward_params(x, norm_moments);
+  Var y = ops::batch_norm_conv2d(
+      x, {norm.weight, norm.bias, norm.running_mean, norm.running_var, bn}, weight,
+      has_bias_ ? &bias : nullptr, conv_, relu_, moments_.target(training(), x.device()));
+  moments_.produced(y.value());
+  return y;
+}
+
 std::string Conv2d::describe() const {
   const Shape& s = weight.master().shape();
   return cat("Conv2d(", s[3], ", ", s[0], ", kernel ", s[1], ", stride ", conv_.stride,
@@ -175,17 +185,22 @@ BatchNorm::BatchNorm(int64_t channels, float eps, float momentum)
   register_counter("num_batches_tracked", &num_batches_tracked);
 }
 
-Var BatchNorm::forward(const Var& x) {
+BatchNormParams BatchNorm::forward_params(const Var& x, Tensor& moments) {
   BatchNormParams bn;
   bn.training = training();
   bn.momentum = momentum_;
   bn.eps = eps_;
   bn.relu = relu_;
   // Taken in either mode, so that the previous layer keeps no output; used in training only.
-  const Tensor moments =
-      statistics_source_ ? statistics_source_->take_batch_moments(x.value()) : Tensor();
+  moments = statistics_source_ ? statistics_source_->take_batch_moments(x.value()) : Tensor();
   if (bn.training && moments.defined()) bn.batch_moments = &moments;
   if (bn.training) ++num_batches_tracked;
+  return bn;
+}
+
+Var BatchNorm::forward(const Var& x) {
+  Tensor moments;
+  const BatchNormParams bn = forward_params(x, moments);
   return ops::batch_norm(x, weight, bias, running_mean, running_var, bn);
 }
 
@@ -218,21 +233,42 @@ std::string MaxPool2d::describe() const {
 
 Var GlobalAvgPool::forward(const Var& x) { return ops::global_avgpool(x); }
 
+size_t Sequential::last_unfused() const {
+  for (size_t i = layers_.size(); i-- > 0;)
+    if (!fused_into_previous_[i]) return i;
+  return layers_.size();
+}
+
 Sequential& Sequential::add(std::unique_ptr<Module> layer) {
   const bool is_relu = dynamic_cast<ReLU*>(layer.get()) != nullptr;
   const bool fused = is_relu && !layers_.empty() && layers_.back()->absorb_relu();
   if (auto* norm = dynamic_cast<BatchNorm*>(layer.get()); norm && !layers_.empty())
     norm->take_statistics_from(*layers_.back());
+  if (const size_t i = last_unfused(); dynamic_cast<Conv2d*>(layer.get()) && i < layers_.size() &&
+                                       dynamic_cast<BatchNorm*>(layers_[i].get()))
+    applied_by_next_[i] = true;
   register_child(std::to_string(layers_.size()), layer.get());
   layers_.push_back(std::move(layer));
   fused_into_previous_.push_back(fused);
+  applied_by_next_.push_back(false);
   return *this;
 }
 
 Var Sequential::forward(const Var& x) {
+  const bool fold = fusion_enabled();
+  BatchNorm* pending = nullptr; // a batch norm the next layer, a Conv2d, applies to its input
   Var h = x;
-  for (size_t i = 0; i < layers_.size(); ++i)
-    if (!fused_into_previous_[i]) h = layers_[i]->forward(h);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (fused_into_previous_[i]) continue;
+    if (fold && applied_by_next_[i]) {
+      pending = static_cast<BatchNorm*>(layers_[i].get());
+    } else if (pending) {
+      h = static_cast<Conv2d&>(*layers_[i]).forward_normalized(h, *pending);
+      pending = nullptr;
+    } else {
+      h = layers_[i]->forward(h);
+    }
+  }
   return h;
 }
 

@@ -16,9 +16,11 @@
 namespace minamp::nn {
 
 // Whether a BatchNorm in training mode on CUDA takes its batch statistics from the epilogue of the
-// Linear or Conv2d GEMM before it (Sequential) instead of its own pass over the activation. On by
-// default; MINAMP_FUSION=0 turns it off (read once, 1 or unset: on); set_fusion overrides it. The
-// CPU backend always runs the unfused reference, and a fused ReLU is not affected.
+// Linear or Conv2d GEMM before it (Sequential) instead of its own pass over the activation, and
+// whether a 1x1 Conv2d after a BatchNorm (+ ReLU) applies that batch norm as it loads its input
+// (Conv2d::forward_normalized). On by default; MINAMP_FUSION=0 turns it off (read once, 1 or
+// unset: on); set_fusion overrides it. The CPU backend always runs the unfused reference, and a
+// fused ReLU is not affected.
 bool fusion_enabled();
 void set_fusion(bool enabled);
 
@@ -111,6 +113,8 @@ private:
   BatchMomentsHandoff moments_;
 };
 
+class BatchNorm;
+
 // y[N, Ho, Wo, Cout] = conv(x[N, H, W, Cin]) with weight [Cout, k, k, Cin]. Init as PyTorch:
 // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = Cin k k.
 class Conv2d : public Module {
@@ -118,6 +122,9 @@ public:
   Conv2d(int64_t in_channels, int64_t out_channels, int kernel_size, Rng& rng, int stride = 1,
          int padding = 0, bool bias = true);
   Var forward(const Var& x) override;
+  // forward(norm.forward(x)), with the batch norm applied as this conv loads x where the kernels
+  // can (ops::batch_norm_conv2d): its output is never written.
+  Var forward_normalized(const Var& x, BatchNorm& norm);
   std::string describe() const override;
   bool absorb_relu() override { return relu_ = true; }
   bool produce_batch_moments() override { return moments_.request(); }
@@ -143,6 +150,9 @@ public:
   // Takes the batch statistics of training mode from `previous`, the layer before it, when that
   // layer can produce them with its output (previous.produce_batch_moments()); false otherwise.
   bool take_statistics_from(Module& previous);
+  // The settings of this forward on x, its batch moments (taken from the layer before, put in
+  // `moments`) and the batch counted: what forward and Conv2d::forward_normalized start with.
+  BatchNormParams forward_params(const Var& x, Tensor& moments);
   Parameter weight;                 // gamma [C]
   Parameter bias;                   // beta [C]
   Tensor running_mean, running_var; // f32 [C]
@@ -182,9 +192,11 @@ public:
 };
 
 // Runs its layers in order. Fuses a ReLU into the layer before it when that layer can apply it
-// in its epilogue (Linear, Conv2d, BatchNorm), and has a BatchNorm take its training statistics
-// from the Linear or Conv2d before it (BatchNorm::take_statistics_from); the layers keep their
-// indices, so names still match PyTorch's nn.Sequential.
+// in its epilogue (Linear, Conv2d, BatchNorm), has a BatchNorm take its training statistics
+// from the Linear or Conv2d before it (BatchNorm::take_statistics_from), and, while
+// fusion_enabled(), has a Conv2d right after a BatchNorm (+ ReLU) apply it as it loads its input
+// (Conv2d::forward_normalized); the layers keep their indices, so names still match PyTorch's
+// nn.Sequential.
 class Sequential : public Module {
 public:
   Sequential() = default;
@@ -200,6 +212,9 @@ public:
 private:
   std::vector<std::unique_ptr<Module>> layers_;
   std::vector<bool> fused_into_previous_;
+  std::vector<bool> applied_by_next_; // a BatchNorm the Conv2d after it may apply
+  // The index of the last layer that is not fused into the one before it (size() when none).
+  size_t last_unfused() const;
 };
 
 } // namespace minamp::nn

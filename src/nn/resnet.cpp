@@ -119,7 +119,10 @@ Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int stride, Rng& rng
 }
 
 Var Bottleneck::forward(const Var& x) {
-  return add_shortcut(bn3(conv3(bn2(conv2(bn1(conv1(x)))))), x);
+  const Var h = conv2(bn1(conv1(x)));
+  // conv3 is 1x1: it applies bn2 (+ ReLU) as it loads h where the kernels can.
+  const Var y = fusion_enabled() ? conv3.forward_normalized(h, bn2) : conv3(bn2(h));
+  return add_shortcut(bn3(y), x);
 }
 
 std::string Bottleneck::describe() const {

@@ -57,7 +57,8 @@ public:
 };
 
 // conv1x1 BN ReLU, conv3x3(stride) BN ReLU, conv1x1 (to 4 x planes) BN, + x (or downsample(x)),
-// ReLU.
+// ReLU. While fusion_enabled(), the second BN (+ ReLU) is applied by conv3 as it loads its input
+// (Conv2d::forward_normalized).
 class Bottleneck : public ResidualBlock {
 public:
   static constexpr int64_t kExpansion = 4;

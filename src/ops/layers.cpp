@@ -1,4 +1,5 @@
-// Linear, Conv2d and BatchNorm as differentiable ops on fp32 masters / f16 working copies. A
+// Linear, Conv2d and BatchNorm as differentiable ops on fp32 masters / f16 working copies, and a
+// batch norm folded into the 1x1 conv after it (batch_norm_conv2d). A
 // frozen parameter gets no gradient; an op whose parameters are all frozen and whose input needs
 // no gradient records nothing (a frozen prefix of a network keeps no activations).
 #include "amp/autocast.h"
@@ -42,6 +43,18 @@ GemmEpilogue forward_epilogue(Parameter* bias, bool relu, Tensor* moments, int64
 void require_parameter_device(const char* op, const Var& x, Parameter& p) {
   require(p.master().device() == x.device(), op, "input ", describe(x.value()), " and parameter ",
           describe(p.master()), " are on different devices");
+}
+
+// The checks batch_norm makes of its input; returns the channels.
+int64_t require_batch_norm_input(const Var& x, Parameter& gamma, const BatchNormParams& bn) {
+  const int64_t channels = gamma.master().numel();
+  require(x.shape().rank() >= 2 && x.shape().last() == channels, "BatchNorm",
+          "expected input [rows, ", channels, "] or [N, H, W, ", channels, "], got ",
+          describe(x.value()));
+  require(!bn.training || x.shape().rows() > 1, "BatchNorm",
+          "training needs more than one value per channel, got ", describe(x.value()));
+  require_parameter_device("BatchNorm", x, gamma);
+  return channels;
 }
 
 } // namespace
@@ -112,13 +125,7 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
 
 Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_mean,
                Tensor& running_var, const BatchNormParams& bn) {
-  const int64_t channels = gamma.master().numel();
-  require(x.shape().rank() >= 2 && x.shape().last() == channels, "BatchNorm",
-          "expected input [rows, ", channels, "] or [N, H, W, ", channels, "], got ",
-          describe(x.value()));
-  require(!bn.training || x.shape().rows() > 1, "BatchNorm",
-          "training needs more than one value per channel, got ", describe(x.value()));
-  require_parameter_device("BatchNorm", x, gamma);
+  const int64_t channels = require_batch_norm_input(x, gamma, bn);
   Var xc = cast(x, amp::autocast_dtype(amp::OpClass::normalize, x.dtype()));
   Tensor y = Tensor::empty(x.shape(), xc.dtype(), x.device());
   Tensor mean = Tensor::empty({channels}, DType::f32, x.device());
@@ -141,6 +148,62 @@ Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_
                                 dgamma, dbeta, backward_bn);
     if (self.inputs[0]->requires_grad) accumulate_grad(*self.inputs[0], dx);
   });
+}
+
+Var batch_norm_conv2d(const Var& x, const BatchNormArgs& norm, Parameter& weight, Parameter* bias,
+                      const ConvParams& conv, bool relu, Tensor* moments) {
+  const int64_t channels = require_batch_norm_input(x, norm.gamma, norm.bn);
+  require_parameter_device("Conv2d", x, weight);
+  Var xc = cast(x, amp::autocast_dtype(amp::OpClass::normalize, x.dtype()));
+  // The conv reads the batch norm's output in its own dtype: fused only when no cast lies between.
+  const DType dtype = amp::autocast_dtype(amp::OpClass::matmul, xc.dtype());
+  const Tensor w = weight.working_copy(dtype); // [Cout, 1, 1, Cin]
+  if (dtype != xc.dtype() || !kernels::conv2d_normalizes_on_load(xc.value(), w, conv))
+    return conv2d(
+        batch_norm(x, norm.gamma, norm.beta, norm.running_mean, norm.running_var, norm.bn), weight,
+        bias, conv, relu, moments);
+
+  Parameter &gamma = norm.gamma, &beta = norm.beta;
+  const Device device = x.device();
+  Tensor mean = Tensor::empty({channels}, DType::f32, device);
+  Tensor invstd = Tensor::empty({channels}, DType::f32, device);
+  BatchNormParams forward_bn = norm.bn; // given moments are those of x as stored
+  if (xc.value().raw() != x.value().raw()) forward_bn.batch_moments = nullptr;
+  Tensor no_output; // the statistics only: the conv normalises x as it loads it
+  kernels::batchnorm_forward(xc.value(), gamma.master(), beta.master(), no_output, mean, invstd,
+                             norm.running_mean, norm.running_var, forward_bn);
+  const InputNormalization input_norm{&gamma.master(), &beta.master(), &mean, &invstd,
+                                      norm.bn.relu};
+  const Shape& xs = x.shape();
+  Tensor y = Tensor::empty({xs[0], xs[1], xs[2], w.shape()[0]}, dtype, device); // [N, H, W, Cout]
+  kernels::conv2d_forward(xc.value(), w, y, conv,
+                          forward_epilogue(bias, relu, moments, w.shape()[0], device), &input_norm);
+
+  BatchNormParams backward_bn = norm.bn;
+  backward_bn.batch_moments = nullptr; // a forward-only input, not kept
+  const Tensor saved_x = xc.value(), saved_y = relu ? y : Tensor(); // saved_y: the ReLU's mask
+  const bool weight_grad = weight.requires_grad(), bias_grad = bias && bias->requires_grad();
+  const bool affine_grad = gamma.requires_grad() || beta.requires_grad();
+  return Var::from_op(
+      "batch_norm_conv2d", y, {xc}, weight_grad || bias_grad || affine_grad,
+      [=, &weight, &gamma, &beta](Node& self) {
+        const Tensor dy = unfused_relu_grad(saved_y, self.grad, relu);
+        if (bias_grad) kernels::bias_backward(dy, bias->grad());
+        const InputNormalization input_norm{&gamma.master(), &beta.master(), &mean, &invstd,
+                                            backward_bn.relu};
+        Node& input = *self.inputs[0];
+        const bool norm_grad = input.requires_grad || affine_grad;
+        Tensor d_normalized, no_dw; // the gradient of the batch norm's output
+        if (norm_grad) d_normalized = Tensor::empty(saved_x.shape(), dtype, saved_x.device());
+        kernels::conv2d_backward(saved_x, w, dy, d_normalized, weight_grad ? weight.grad() : no_dw,
+                                 conv, &input_norm);
+        if (!norm_grad) return;
+        Tensor dx = Tensor::empty(saved_x.shape(), saved_x.dtype(), saved_x.device());
+        Tensor dgamma = grad_or_scratch(gamma), dbeta = grad_or_scratch(beta);
+        kernels::batchnorm_backward(saved_x, gamma.master(), beta.master(), mean, invstd,
+                                    d_normalized, dx, dgamma, dbeta, backward_bn);
+        if (input.requires_grad) accumulate_grad(input, dx);
+      });
 }
 
 } // namespace minamp::ops

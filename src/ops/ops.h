@@ -29,6 +29,21 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
 // updates running_mean/var (f32 [C]), from bn.batch_moments when given. ReLU fused when bn.relu.
 Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_mean,
                Tensor& running_var, const BatchNormParams& bn);
+// A batch norm's parameters, running statistics and settings, as batch_norm takes them.
+struct BatchNormArgs {
+  Parameter& gamma;
+  Parameter& beta;
+  Tensor& running_mean;
+  Tensor& running_var;
+  BatchNormParams bn;
+};
+// conv2d(batch_norm(x)) as one op where the conv can normalise its input as it loads it
+// (kernels::conv2d_normalizes_on_load: 1x1 convs on CUDA): the batch norm's statistics and
+// running-statistics update as batch_norm's, but its output is never written, and the backward
+// keeps x alone (not x and the normalised activation), reading it normalised again for the
+// conv's weight gradient and recomputing the ReLU mask from it. Elsewhere, the two ops unfused.
+Var batch_norm_conv2d(const Var& x, const BatchNormArgs& norm, Parameter& weight, Parameter* bias,
+                      const ConvParams& conv, bool relu = false, Tensor* moments = nullptr);
 Var relu(const Var& x);
 // y = a + b, then ReLU when `relu` (a residual connection); a and b have one shape. f16 + f16 is
 // f16, any f32 makes it f32 (PyTorch's type promotion).

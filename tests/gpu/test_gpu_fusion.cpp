@@ -3,7 +3,9 @@
 // elsewhere) against the moments of C as stored and against the CPU composition (gemm, then
 // column mean and variance), on every version, edge tiles, split K, thin GEMMs and convolutions;
 // NaN, determinism and values far from zero; then Sequential Conv2d/Linear -> BatchNorm -> ReLU
-// fused against nn::set_fusion(false), forward and backward, in training and eval mode.
+// fused against nn::set_fusion(false), forward and backward, in training and eval mode, and a
+// chain of 1x1 convs, each applying the batch norm before it as it loads its input, against that
+// and against the CPU.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -309,15 +311,36 @@ std::unique_ptr<nn::Sequential> make_linear_net() {
   return net;
 }
 
-// What one training step and one eval forward leave: outputs, gradients, running statistics.
+// Sine's model at a small size (no bias before a batch norm, as above): Conv2d 1x1 (2 -> 32) ->
+// BatchNorm -> ReLU -> Conv2d 1x1 (32 -> 40)
+// -> BatchNorm -> ReLU -> Conv2d 1x1 (40 -> 1), on the device. The second and third convs apply the
+// batch norm before them as they load their input (the third one's N = 1 is a single edge tile).
+std::unique_ptr<nn::Sequential> make_pointwise_net() {
+  Rng rng(1150);
+  auto net = std::make_unique<nn::Sequential>();
+  net->emplace<nn::Conv2d>(2, 32, 1, rng, 1, 0, false);
+  net->emplace<nn::BatchNorm>(32).emplace<nn::ReLU>();
+  net->emplace<nn::Conv2d>(32, 40, 1, rng, 1, 0, false);
+  net->emplace<nn::BatchNorm>(40).emplace<nn::ReLU>();
+  net->emplace<nn::Conv2d>(40, 1, 1, rng);
+  net->to(Device::cuda);
+  return net;
+}
+
+// What one training step and one eval forward leave: outputs, gradients, running statistics, and
+// the op that made the training output.
 struct StepResult {
   Tensor train_out, eval_out;
   std::vector<Tensor> grads, buffers;
+  std::string last_op;
 };
 
-StepResult run_step(nn::Sequential& net, const Shape& input_shape, DType amp_dtype) {
+// One step of `net` moved to `device`.
+StepResult run_step(nn::Sequential& net, const Shape& input_shape, DType amp_dtype,
+                    Device device = Device::cuda) {
+  net.to(device);
   Rng rng(1200);
-  const Tensor x = test::random_tensor(rng, input_shape, DType::f32, Device::cuda, -2.0f, 2.0f);
+  const Tensor x = test::random_tensor(rng, input_shape, DType::f32, device, -2.0f, 2.0f);
   StepResult out;
   {
     const bool amp = amp_dtype != DType::f32;
@@ -325,7 +348,8 @@ StepResult run_step(nn::Sequential& net, const Shape& input_shape, DType amp_dty
     net.train();
     const Var y = net(Var(x));
     out.train_out = y.value().to(Device::cpu);
-    const Tensor target = test::random_tensor(rng, y.shape(), DType::f32, Device::cuda);
+    out.last_op = y.node().op;
+    const Tensor target = test::random_tensor(rng, y.shape(), DType::f32, device);
     ops::mse_loss(y, target).backward();
     net.eval();
     out.eval_out = net(Var(x)).value().to(Device::cpu);
@@ -369,6 +393,36 @@ TEST(GpuFusion, ConvBatchNormReluMatchesUnfused) {
 TEST(GpuFusion, LinearBatchNormReluMatchesUnfused) {
   MINAMP_REQUIRE_GPU();
   expect_fused_matches_unfused(make_linear_net, {300, 20}, "linear net");
+}
+
+// Both later convs of the pointwise net apply their batch norm as they load (batch_norm_conv2d)
+// with fusion on, and agree with the unfused GPU path and with the CPU: forward, every gradient
+// and the running statistics, in training and eval mode.
+TEST(GpuFusion, PointwiseConvsApplyTheBatchNormBeforeThem) {
+  MINAMP_REQUIRE_GPU();
+  const Shape input{2, 9, 11, 2};
+  expect_fused_matches_unfused(make_pointwise_net, input, "pointwise net");
+  for (DType amp_dtype : {DType::f32, DType::f16}) {
+    StepResult fused, cpu;
+    {
+      test::ScopedFusion on(true);
+      fused = run_step(*make_pointwise_net(), input, amp_dtype);
+      EXPECT_STREQ(fused.last_op.c_str(), "batch_norm_conv2d");
+      test::ScopedFusion off(false);
+      EXPECT_STREQ(run_step(*make_pointwise_net(), input, amp_dtype).last_op.c_str(), "conv2d");
+    }
+    cpu = run_step(*make_pointwise_net(), input, amp_dtype, Device::cpu);
+    EXPECT_STREQ(cpu.last_op.c_str(), "conv2d") << "the CPU runs the unfused reference";
+    const double tolerance = test::tolerance_for(amp_dtype);
+    const std::string what = cat("pointwise net ", amp_dtype, " fused vs CPU");
+    test::expect_close(fused.train_out, cpu.train_out, tolerance, what + ": training forward");
+    test::expect_close(fused.eval_out, cpu.eval_out, tolerance, what + ": eval forward");
+    for (size_t i = 0; i < fused.grads.size(); ++i)
+      test::expect_close(fused.grads[i], cpu.grads[i], tolerance,
+                         cat(what, ": gradient of parameter ", i));
+    for (size_t i = 0; i < fused.buffers.size(); ++i)
+      test::expect_close(fused.buffers[i], cpu.buffers[i], tolerance, cat(what, ": buffer ", i));
+  }
 }
 
 // The handoff itself: a Conv2d that a BatchNorm follows produces moments with its output in

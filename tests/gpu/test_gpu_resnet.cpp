@@ -1,8 +1,10 @@
 // A narrow ResNet-18 and ResNet-50 on the GPU against the CPU from the same weights and batch:
 // the training-mode logits and loss, and the gradients of layers at the start, in a shortcut and
 // at the end of the network, in FP32 and under autocast. The GPU runs with every BatchNorm taking
-// its statistics from the convolution before it (the CPU never fuses); a last test checks that
-// the blocks link their pairs and that the fused step matches nn::set_fusion(false).
+// its statistics from the convolution before it, and each Bottleneck's 1x1 conv3 applying bn2 as
+// it loads where its GEMMs are not thin (layer3 and layer4 at width 4; the CPU never fuses); a
+// last test checks that the blocks link their pairs and that the fused step matches
+// nn::set_fusion(false).
 #include <gtest/gtest.h>
 
 #include "amp/autocast.h"
