@@ -228,12 +228,11 @@ bool conv2d_normalizes_on_load(const Tensor& x, const Tensor& w, const ConvParam
   if (xs.rank() != 4 || ws.rank() != 4 || ws[1] != 1 || ws[2] != 1 || conv.stride != 1 ||
       conv.pad != 0 || x.dtype() != w.dtype() || xs[3] != ws[3])
     return false;
-  // Thin GEMMs (a first or last layer's few channels) have their own kernel, which reads plain
-  // matrices only: such a conv keeps its unfused input.
+  // Thin GEMMs (a first or last layer's few channels) have their own kernels, which normalise
+  // the A operand of a thin N only (a last layer's few output channels, thin_gemm_applies): a
+  // conv with few input channels, or whose weight gradient is thin, keeps its unfused input.
   const int64_t pixels = xs.rows(), in_channels = xs[3], out_channels = ws[0];
-  if (is_thin_gemm(pixels, out_channels, in_channels) ||
-      is_thin_gemm(out_channels, in_channels, pixels))
-    return false;
+  if (in_channels <= kThinK || is_thin_gemm(out_channels, in_channels, pixels)) return false;
   if (!is_half_precision(x.dtype())) return true; // the SIMT kernel
   const GemmVersion version = plan_version(gemm_version(), compute_capability());
   return version == GemmVersion::v2_wmma || version == GemmVersion::v4_mma ||

@@ -222,12 +222,14 @@ GemmKernelInfo gemm_v4_kernel_info();
 GemmKernelInfo gemm_v5_kernel_info();
 
 // GEMMs too thin for tensor-core tiles (gemm_thin.cu, is_thin_gemm in gemm_plan.h), of plain
-// or transposed matrices.
+// or transposed matrices; A may also be normalised when N, not K, is what is thin (a last
+// layer's few output channels).
 inline bool thin_gemm_applies(const GemmArgs& args) {
   const auto plain = [](const GemmOperand& op) {
     return op.kind == OperandKind::matrix || op.kind == OperandKind::transposed;
   };
-  return plain(args.a) && plain(args.b) && is_thin_gemm(args.m, args.n, args.k);
+  const bool a_ok = plain(args.a) || (args.a.kind == OperandKind::normalized && args.k > kThinK);
+  return a_ok && plain(args.b) && is_thin_gemm(args.m, args.n, args.k);
 }
 void thin_gemm(const GemmArgs& args);
 

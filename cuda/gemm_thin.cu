@@ -12,9 +12,12 @@
 //   thin N (N <= kThinN, M >= kThinNMinRows): a warp sums one row of A against the N columns of
 //     B, each lane 4 consecutive k at a time (one 8- or 16-byte load where the row allows), the
 //     lanes' partial sums added by shuffles; a transposed A ([K, M], m contiguous) is read one
-//     row per thread instead, consecutive threads on consecutive rows.
-// Plain and transposed matrices only: the conv views with such shapes are 1x1 convs, which the
-// conv ops pass as plain matrices.
+//     row per thread instead, consecutive threads on consecutive rows. An untransposed A may be
+//     a normalised operand (gemm.cuh's OperandNormalization: a 1x1 conv applying the batch norm
+//     before it): each value is normalised as it loads and rounded to A's dtype, the value the
+//     batch norm kernel would have stored.
+// Plain and transposed matrices otherwise: the conv views with such shapes are 1x1 convs, which
+// the conv ops pass as plain matrices.
 #include "device.cuh"
 #include "gemm.cuh"
 #include "reduce.cuh"
@@ -81,18 +84,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// C[M, N] = epilogue(A @ op(B)) for N <= kThinN, A untransposed ([M, K], k contiguous): one warp
-// per row; `packed` when K is a multiple of 4 and A is aligned for 4-element loads.
-template <bool kTransB, class T, class CT>
+// Element kk of a row of a normalised A, from its stored value v: batch norm's output as stored.
+template <class T>
+__device__ __forceinline__ float normalized_at(const OperandNormalization& nz, int kk, float v) {
+  return as_stored<T>(
+      batchnorm_normalized(v, nz.gamma[kk], nz.beta[kk], nz.mean[kk], nz.invstd[kk], nz.relu));
+}
+
+// C[M, N] = epilogue(A @ op(B)) for N <= kThinN, A untransposed ([M, K], k contiguous), normalised
+// per `nz` when kNormalized: one warp per row; `packed` when K is a multiple of 4 and A is aligned
+// for 4-element loads.
+template <bool kTransB, bool kNormalized, class T, class CT>
 __global__ void __launch_bounds__(kThreads)
-    gemm_thin_n_rows_kernel(const T* a, const T* b, CT* c, int m, int n, int k, EpilogueArgs ep,
-                            bool packed) {
+    gemm_thin_n_rows_kernel(const T* a, OperandNormalization nz, const T* b, CT* c, int m, int n,
+                            int k, EpilogueArgs ep, bool packed) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; row < m; row += warps) {
     const T* a_row = a + row * k;
     float acc[kThinN] = {};
     const auto add = [&](int kk, float value) {
+      if constexpr (kNormalized) value = normalized_at<T>(nz, kk, value);
 #pragma unroll
       for (int j = 0; j < kThinN; ++j)
         if (j < n) acc[j] += value * b_at<kTransB>(b, k, n, kk, j);
@@ -153,9 +165,14 @@ template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmA
         <<<grid_for(args.m, kThreads), kThreads, 0, stream()>>>(a, b, c, m, n, k, args.epilogue);
   } else {
     const bool packed = k % 4 == 0 && aligned_for_pack(a);
-    gemm_thin_n_rows_kernel<kTransB, T, CT>
-        <<<grid_for(args.m * 32, kThreads), kThreads, 0, stream()>>>(a, b, c, m, n, k,
-                                                                     args.epilogue, packed);
+    const auto rows = [&](auto kernel) {
+      kernel<<<grid_for(args.m * 32, kThreads), kThreads, 0, stream()>>>(
+          a, args.a.normalization, b, c, m, n, k, args.epilogue, packed);
+    };
+    if (args.a.kind == OperandKind::normalized)
+      rows(gemm_thin_n_rows_kernel<kTransB, true, T, CT>);
+    else
+      rows(gemm_thin_n_rows_kernel<kTransB, false, T, CT>);
   }
   CUDA_CHECK_LAUNCH("gemm (thin, CUDA cores)");
 }

@@ -127,6 +127,8 @@ const std::vector<NormalizedConvCase> kCases = {
     {2, 5, 7, 20, 24, true},     // 20 channels: rows not in whole 16-byte chunks of f16
     {4, 32, 32, 16, 16, true},   // one tile of dw over K = 4096 pixels: split K
     {1, 16, 18, 128, 256, true}, // wide channels, the largest tiles
+    {1, 64, 64, 32, 1, true},    // one output channel over 4096 pixels: the thin-N kernel
+    {1, 64, 64, 22, 3, false},   // three, from rows of 22 values: its unpacked loads
 };
 
 TEST(GpuNormalizedConv, MatchesTheNormalisedInputOnEveryVersion) {
@@ -147,8 +149,9 @@ TEST(GpuNormalizedConv, Bf16AndF32) {
   }
 }
 
-// Where the conv keeps its unfused input: not 1x1 stride 1 unpadded, mixed dtypes, thin GEMMs,
-// the versions without the normalised operand (v1, v3), the CPU; and the error when asked anyway.
+// Where the conv keeps its unfused input: not 1x1 stride 1 unpadded, mixed dtypes, few input
+// channels (the thin-K kernel), the versions without the normalised operand (v1, v3), the CPU;
+// and the error when asked anyway. Few output channels (the thin-N kernel) do take it.
 TEST(GpuNormalizedConv, OnlyWhereTheGemmCanNormalise) {
   MINAMP_REQUIRE_GPU();
   Rng rng(740);
@@ -168,10 +171,10 @@ TEST(GpuNormalizedConv, OnlyWhereTheGemmCanNormalise) {
                                                   tensor({24, 1, 1, 4}, DType::f16, Device::cuda),
                                                   ConvParams{}))
       << "K = 4: a thin GEMM";
-  EXPECT_FALSE(kernels::conv2d_normalizes_on_load(tensor({1, 64, 64, 16}, DType::f16, Device::cuda),
-                                                  tensor({1, 1, 1, 16}, DType::f16, Device::cuda),
-                                                  ConvParams{}))
-      << "one output channel over 4096 pixels: a thin GEMM";
+  EXPECT_TRUE(kernels::conv2d_normalizes_on_load(tensor({1, 64, 64, 16}, DType::f16, Device::cuda),
+                                                 tensor({1, 1, 1, 16}, DType::f16, Device::cuda),
+                                                 ConvParams{}))
+      << "one output channel over 4096 pixels: the thin-N kernel normalises its A";
   for (GemmVersion version : {GemmVersion::v1_naive, GemmVersion::v3_interior}) {
     ScopedGemmVersion scope(version);
     EXPECT_FALSE(kernels::conv2d_normalizes_on_load(x, w, ConvParams{}))
