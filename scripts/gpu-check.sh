@@ -13,8 +13,8 @@
 # non-zero when any stage failed or timed out. The build folder is $BUILD (default build-gpu);
 # CUDA_HOME (default /usr/local/cuda) has its bin/ appended to PATH. ONLY (e.g. ONLY=racecheck)
 # names the check stages to run, of sass, tests, memcheck and racecheck (default: all), and
-# lifts their own time limits (the budget alone bounds them): a second run in the same build
-# folder (nothing to rebuild) can so give a stage that the first run cut short the whole budget;
+# lifts their own time limits (the run's limit alone bounds them): a second run in the same build
+# folder (nothing to rebuild) can so give a stage that the first run cut short the whole limit;
 # the stages not named are listed as not run.
 #
 #   bash scripts/gpu-check.sh [COMMAND [ARG...]]
@@ -42,7 +42,7 @@ gtest_prefix=/tmp/prefix
 export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin"
 mkdir -p "$out"
 
-budget=${TIME_LIMIT_S:-560}
+run_limit=${TIME_LIMIT_S:-560}
 stage_names=()
 stage_results=()
 check_stages="sass tests memcheck racecheck"
@@ -55,13 +55,13 @@ for stage in $only; do
 done
 
 # run_stage NAME LOG SECONDS COMMAND...: runs COMMAND with its output appended to $out/LOG under
-# a time limit (cut to what is left of the budget, less 10 s for the summary; killed 10 s after
+# a time limit (cut to what is left of the run's limit, less 10 s for the summary; killed 10 s after
 # the TERM if still there), shows the stage's output and records pass, fail, timeout or
 # unavailable (compute-sanitizer refusing the device, as on gVisor machines) with the time taken.
 run_stage() {
   local name=$1 log=$out/$2 limit=$3
   shift 3
-  local left=$((budget - 10 - SECONDS)) start=$SECONDS rc
+  local left=$((run_limit - 10 - SECONDS)) start=$SECONDS rc
   [ "$left" -lt "$limit" ] && limit=$left
   stage_names+=("$name")
   if [[ " $check_stages " == *" ${name%% *} "* && -n ${ONLY-} ]]; then
@@ -69,10 +69,10 @@ run_stage() {
       stage_results+=("not run (ONLY=$only), 0 s")
       return
     fi
-    limit=$left # a stage named in ONLY has the budget for itself
+    limit=$left # a stage named in ONLY has the run's limit for itself
   fi
   if [ "$limit" -le 0 ]; then
-    stage_results+=("SKIPPED (time budget spent)")
+    stage_results+=("SKIPPED (time limit reached)")
     return
   fi
   echo "== $name (limit $limit s, log: $log)"

@@ -3,7 +3,7 @@
 report), and the test checks the summary's verdicts — every stage passes when the tools do; a
 skipped GPU test fails the test stage; compute-sanitizer refusing the device is UNAVAILABLE,
 not pass; memcheck runs with the allocator's exact-size mode; ONLY runs the check stages it
-names and no other; a stage that hangs times out within the budget and the stages after it are
+names and no other; a stage that hangs times out within the time limit and the stages after it are
 skipped, not passed; the SASS stage reads each GEMM version's main loop (bench/gemm_sass.py on a
 fake bench_gemm --kernels and cuobjdump) and fails on a spill — and that $OUT holds only the logs
 and sass.json the header names. Standard library only; ctest runs it as bench.gpu_check.
@@ -29,7 +29,7 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 
 def fake_minamp_tests(args):
     """Writes the --gtest_output JSON: one GPU test, skipped when FAKE_SKIPPED_GPU_TEST is set,
-    and a GpuAbsent test (which skips on a GPU machine); hangs when FAKE_TESTS_HANG is set."""
+    and a GpuAbsent test (which skips where there is a GPU); hangs when FAKE_TESTS_HANG is set."""
     if os.environ.get("FAKE_TESTS_HANG"):
         time.sleep(600)
     output = next((a for a in args if a.startswith("--gtest_output=json:")), None)
@@ -85,7 +85,7 @@ TOOLS = {"minamp_tests": fake_minamp_tests, "compute-sanitizer": fake_compute_sa
 
 
 class GpuCheckScript(unittest.TestCase):
-    def run_script(self, budget_s=120, **failures):
+    def run_script(self, limit_s=120, **failures):
         """Runs gpu-check.sh on the stand-ins (with `failures` added to its environment); returns
         (exit status, {stage: verdict}, $OUT's files)."""
         tmp = tempfile.TemporaryDirectory()
@@ -103,7 +103,7 @@ class GpuCheckScript(unittest.TestCase):
         for name in ("gemm_v1_fake.cu.o", "gemm_fp32.cu.o"):
             open(os.path.join(objects, name), "w").close()
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
-                   OUT=out, TIME_LIMIT_S=str(budget_s), **failures)
+                   OUT=out, TIME_LIMIT_S=str(limit_s), **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh")],
                                  env=env, capture_output=True, text=True, timeout=110)
         summary = process.stdout[process.stdout.find("== summary"):] if "== summary" in \
@@ -141,14 +141,14 @@ class GpuCheckScript(unittest.TestCase):
         self.assertEqual(verdicts["tests"], "FAIL (exit 1)")
         self.assertEqual(verdicts["memcheck (Gpu*)"], "pass")
 
-    def test_a_stage_that_hangs_times_out_within_the_budget_and_skips_the_rest(self):
+    def test_a_stage_that_hangs_times_out_within_the_limit_and_skips_the_rest(self):
         start = time.monotonic()
-        status, verdicts, _ = self.run_script(budget_s=25, FAKE_TESTS_HANG="1")
-        self.assertLess(time.monotonic() - start, 25, "the budget was overrun")
+        status, verdicts, _ = self.run_script(limit_s=25, FAKE_TESTS_HANG="1")
+        self.assertLess(time.monotonic() - start, 25, "the time limit was overrun")
         self.assertNotEqual(status, 0)
         self.assertRegex(verdicts["tests"], r"^TIMEOUT after 1[0-5] s$")
-        self.assertEqual(verdicts["memcheck (Gpu*)"], "SKIPPED (time budget spent)")
-        self.assertEqual(verdicts["racecheck (GEMM, reductions)"], "SKIPPED (time budget spent)")
+        self.assertEqual(verdicts["memcheck (Gpu*)"], "SKIPPED (time limit reached)")
+        self.assertEqual(verdicts["racecheck (GEMM, reductions)"], "SKIPPED (time limit reached)")
         self.assertEqual(verdicts["build"], "pass")
 
     def test_a_sanitizer_that_refuses_the_device_is_unavailable_not_passed(self):
