@@ -8,7 +8,8 @@
 // channel. The variance is two-pass: the mean first, then the mean of squared deviations from
 // it, which avoids the cancellation of E[x^2] - E[x]^2 at the price of reading x once more. When
 // the GEMM that wrote x already produced these moments in its epilogue (bn.batch_moments), that
-// pass is skipped.
+// pass is skipped; likewise the backward's gradient sums, when the GEMM that wrote dy produced
+// them (bn.grad_sums).
 //
 // The elementwise passes (normalise, dx) take four channels of a row at a time (8- or 16-byte
 // accesses) when C is a multiple of 4 and the tensors are aligned for it: on an H100 the
@@ -19,7 +20,6 @@
 #include "common.cuh"
 #include "device.cuh"
 #include "kernels/kernels.h"
-#include "reduce.cuh"
 
 namespace minamp::gpu {
 
@@ -140,39 +140,18 @@ template <int kPack>
 __device__ __forceinline__ void normalised_and_grad(float x, float dy,
                                                     const ChannelValues<kPack>& ch, int j,
                                                     bool relu, float& xhat, float& dy_hat) {
-  xhat = (x - ch.mean[j]) * ch.invstd[j];
-  const bool masked = relu && fmaf(ch.gamma[j], xhat, ch.beta[j]) <= 0.0f;
-  dy_hat = masked ? 0.0f : dy;
+  batchnorm_grad_terms(x, dy, ch.gamma[j], ch.beta[j], ch.mean[j], ch.invstd[j], relu, xhat,
+                       dy_hat);
 }
 
-template <class TX, class TDy> struct GradTerms { // {dy_hat, dy_hat * xhat}
-  const TX* x;
-  const TDy* dy;
-  ChannelParams p;
-  int channels;
-  bool relu;
-  __device__ void operator()(int64_t row, int c, float (&v)[2]) const {
-    const int64_t i = row * channels + c;
-    float xhat, dy_hat;
-    normalised_and_grad(load_f(x, i), load_f(dy, i), ChannelValues<1>(p, c), 0, relu, xhat, dy_hat);
-    v[0] = dy_hat;
-    v[1] = dy_hat * xhat;
+// dbeta += sums[0], dgamma += sums[1] (sums [2, C]: sum dy_hat, sum dy_hat xhat).
+__global__ void accumulate_affine_grads_kernel(const float* sums, int channels, float* dgamma,
+                                               float* dbeta) {
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < channels; c += gridDim.x * blockDim.x) {
+    dbeta[c] += sums[c];
+    dgamma[c] += sums[channels + c];
   }
-};
-// dbeta += sum(dy_hat), dgamma += sum(dy_hat xhat); both sums are also kept in
-// sums[2, C] for the dx kernel.
-struct StoreGradSums {
-  float* dgamma;
-  float* dbeta;
-  float* sums;
-  int channels;
-  __device__ void operator()(int c, float (&total)[2]) const {
-    dbeta[c] += total[0];
-    dgamma[c] += total[1];
-    sums[c] = total[0];
-    sums[channels + c] = total[1];
-  }
-};
+}
 
 // Training: dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat));
 // eval: the statistics are constants and dx = gamma invstd dy_hat. kPack elements at a time,
@@ -253,23 +232,29 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
                         const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
                         Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn) {
   const char* op = "batchnorm_backward";
-  const ChannelDims d =
-      channel_dims(require_batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta));
+  const ChannelDims d = channel_dims(
+      require_batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta, bn));
   if (d.channels == 0) return;
 
   const ChannelParams p{ptr<const float>(gamma), ptr<const float>(beta), ptr<const float>(mean),
                         ptr<const float>(invstd)};
-  Tensor sums =
-      Tensor::empty({2, d.channels}, DType::f32, Device::cuda); // [sum dy_hat; sum dy_hat xhat]
+  // [sum dy_hat; sum dy_hat xhat]: one reduction over x and dy, unless the GEMM that wrote dy
+  // produced them.
+  Tensor computed;
+  if (!bn.grad_sums) {
+    computed = Tensor::empty({2, d.channels}, DType::f32, Device::cuda);
+    batchnorm_grad_sums(x.raw(), x.dtype(), dy.raw(), dy.dtype(), d.rows, d.channels,
+                        {p.gamma, p.beta, p.mean, p.invstd, bn.relu}, ptr<float>(computed), op);
+  }
+  const Tensor& sums = bn.grad_sums ? *bn.grad_sums : computed;
+  accumulate_affine_grads_kernel<<<grid_for(d.channels, kThreads), kThreads, 0, stream()>>>(
+      ptr<const float>(sums), d.channels, ptr<float>(dgamma), ptr<float>(dbeta));
+  CUDA_CHECK_LAUNCH(op);
+  if (x.numel() == 0) return;
   visit_floating(x, op, [&](auto x_type) {
     visit_floating(dy, op, [&](auto dy_type) {
       using TX = typename decltype(x_type)::type;
       using TDy = typename decltype(dy_type)::type;
-      reduce_columns<2>(
-          d.rows, d.channels,
-          GradTerms<TX, TDy>{ptr<const TX>(x), ptr<const TDy>(dy), p, d.channels, bn.relu},
-          StoreGradSums{ptr<float>(dgamma), ptr<float>(dbeta), ptr<float>(sums), d.channels}, op);
-      if (x.numel() == 0) return;
       visit_floating(dx, op, [&](auto dx_type) {
         using TDx = typename decltype(dx_type)::type;
         const auto launch = [&](auto kernel, int pack) {

@@ -1,6 +1,8 @@
-// Per-column mean and biased variance on the device (column_moments.cuh): the two-pass column
-// reduction that batch norm's unfused statistics pass runs, and the merge of the per-tile partials
-// that the GEMM epilogue's statistics hook writes (gemm.cuh, store_column_partials).
+// Batch norm's per-column statistics on the device (column_moments.cuh): the mean and variance
+// by the two-pass column reduction that batch norm's unfused statistics pass runs, or by merging
+// the per-tile partials of the GEMM epilogue's statistics hook (gemm.cuh, store_column_partials);
+// and the backward's gradient sums, by a column reduction over x and dy or from the per-tile
+// partials of the GEMM epilogue's gradient hook (gemm.cuh, store_grad_partials).
 #include "column_moments.cuh"
 
 #include "device.cuh"
@@ -49,6 +51,37 @@ __device__ __forceinline__ Moments merge(const Moments& a, const Moments& b) {
   return {count, a.mean + delta * b_share, a.m2 + b.m2 + delta * delta * float(a.count) * b_share};
 }
 
+template <class TX, class TDy> struct GradTerms { // {dy_hat, dy_hat * xhat}
+  const TX* x;
+  const TDy* dy;
+  BatchNormChannels bn;
+  int channels;
+  __device__ void operator()(int64_t row, int c, float (&v)[2]) const {
+    const int64_t i = row * channels + c;
+    float xhat, dy_hat;
+    batchnorm_grad_terms(load_f(x, i), load_f(dy, i), bn.gamma[c], bn.beta[c], bn.mean[c],
+                         bn.invstd[c], bn.relu, xhat, dy_hat);
+    v[0] = dy_hat;
+    v[1] = dy_hat * xhat;
+  }
+};
+struct TileGradPartials { // partials[tile, 0, c] and [tile, 1, c]
+  const float* partials;
+  int cols;
+  __device__ void operator()(int64_t tile, int c, float (&v)[2]) const {
+    v[0] = partials[tile * 2 * cols + c];
+    v[1] = partials[(tile * 2 + 1) * cols + c];
+  }
+};
+struct StoreSums { // sums[0, c] and sums[1, c]
+  float* sums;
+  int cols;
+  __device__ void operator()(int c, float (&total)[2]) const {
+    sums[c] = total[0];
+    sums[cols + c] = total[1];
+  }
+};
+
 constexpr int kMergeThreads = 256;
 constexpr int kColumnsPerBlock = kMergeThreads / 32;
 
@@ -93,12 +126,7 @@ void column_moments(const void* x, DType dtype, int64_t rows, int cols, float* m
     reduce_columns<1>(rows, cols, SquaredDeviation<T>{values, moments, cols},
                       StoreMean{moments + cols, float(rows)}, op);
   };
-  switch (dtype) {
-  case DType::f32: return run(TypeTag<float>{});
-  case DType::f16: return run(TypeTag<__half>{});
-  case DType::bf16: return run(TypeTag<__nv_bfloat16>{});
-  default: throw Error(cat(op, ": column statistics of an f32, f16 or bf16 matrix, got ", dtype));
-  }
+  visit_floating(dtype, op, run);
 }
 
 void merge_column_partials(const float* partials, int64_t rows, int tile_rows, int cols,
@@ -109,6 +137,25 @@ void merge_column_partials(const float* partials, int64_t rows, int tile_rows, i
   merge_column_partials_kernel<<<blocks, kMergeThreads, 0, stream()>>>(partials, rows, tile_rows,
                                                                        row_tiles, cols, moments);
   CUDA_CHECK_LAUNCH("gemm: merging the column statistics");
+}
+
+void batchnorm_grad_sums(const void* x, DType x_dtype, const void* dy, DType dy_dtype, int64_t rows,
+                         int channels, const BatchNormChannels& bn, float* sums, const char* op) {
+  visit_floating(x_dtype, op, [&](auto x_type) {
+    visit_floating(dy_dtype, op, [&](auto dy_type) {
+      using TX = typename decltype(x_type)::type;
+      using TDy = typename decltype(dy_type)::type;
+      reduce_columns<2>(
+          rows, channels,
+          GradTerms<TX, TDy>{static_cast<const TX*>(x), static_cast<const TDy*>(dy), bn, channels},
+          StoreSums{sums, channels}, op);
+    });
+  });
+}
+
+void merge_grad_partials(const float* partials, int64_t row_tiles, int cols, float* sums) {
+  reduce_columns<2>(row_tiles, cols, TileGradPartials{partials, cols}, StoreSums{sums, cols},
+                    "gemm: adding up the batch norm gradient sums");
 }
 
 } // namespace minamp::gpu

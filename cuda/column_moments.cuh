@@ -1,8 +1,11 @@
-// Per-column mean and biased variance of a [rows, cols] matrix on the device, as batch norm's
-// training statistics need them (moments f32 [2, cols]: row 0 the means, row 1 the variances):
-// either computed from the matrix in two passes (column_moments), or merged from the per-tile
-// partials a GEMM epilogue wrote while producing the matrix (merge_column_partials; gemm.cuh).
-// Both are deterministic: fixed orders, no atomics.
+// The per-column statistics of a [rows, C] activation on the device that batch norm needs:
+// - forward, the mean and biased variance (moments f32 [2, C]: row 0 the means, row 1 the
+//   variances), either computed from the matrix in two passes (column_moments), or merged from
+//   the per-tile partials a GEMM epilogue wrote while producing it (merge_column_partials);
+// - backward, the gradient sums (sums f32 [2, C]: sum dy_hat, sum dy_hat * xhat), either computed
+//   from x and dy (batchnorm_grad_sums), or added up from the per-tile partials a GEMM epilogue
+//   wrote while producing dy (merge_grad_partials; gemm.cuh, BatchNormGradient).
+// All are deterministic: fixed orders, no atomics.
 #pragma once
 
 #include <cstdint>
@@ -23,5 +26,24 @@ void column_moments(const void* x, DType dtype, int64_t rows, int cols, float* m
 // from run to run.
 void merge_column_partials(const float* partials, int64_t rows, int tile_rows, int cols,
                            float* moments);
+
+// A batch norm's per-channel f32 [C] vectors on the device (gamma, beta, and the mean and invstd
+// it normalises with), and whether a ReLU follows it.
+struct BatchNormChannels {
+  const float* gamma = nullptr;
+  const float* beta = nullptr;
+  const float* mean = nullptr;
+  const float* invstd = nullptr;
+  bool relu = false;
+};
+
+// sums [2, C] = sum over rows of dy_hat (row 0) and of dy_hat * xhat (row 1), xhat and dy_hat
+// per element as batchnorm_grad_terms (common.cuh) gives them from the batch norm's input x and
+// its output gradient dy (both [rows, C], f32, f16 or bf16): one column reduction reading both.
+void batchnorm_grad_sums(const void* x, DType x_dtype, const void* dy, DType dy_dtype, int64_t rows,
+                         int channels, const BatchNormChannels& bn, float* sums, const char* op);
+
+// sums [2, cols] from partials [row_tiles, 2, cols] f32, added in tile order.
+void merge_grad_partials(const float* partials, int64_t row_tiles, int cols, float* sums);
 
 } // namespace minamp::gpu

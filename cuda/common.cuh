@@ -114,11 +114,22 @@ __device__ __forceinline__ void store_pack(T* p, int64_t i, const float (&v)[kPa
 // Batch norm's normalisation of one value of a channel, then ReLU when asked: gamma (v - mean)
 // invstd + beta with one rounding (fma), as the CPU reference; a NaN passes the ReLU. The batch
 // norm kernel writes it, and a GEMM that normalises an operand as it loads it (gemm.cuh,
-// OperandNormalization) computes the same value bit for bit.
+// GemmOperand::normalization) computes the same value bit for bit.
 __device__ __forceinline__ float batchnorm_normalized(float v, float gamma, float beta, float mean,
                                                       float invstd, bool relu) {
   const float normalised = fmaf(gamma, (v - mean) * invstd, beta);
   return relu && normalised < 0.0f ? 0.0f : normalised;
+}
+
+// The batch norm backward's view of one element, from its input x and the gradient dy of its
+// output: xhat = (x - mean) invstd, and dy_hat = dy with the ReLU's mask recomputed from x (zero
+// where the output was <= 0; a NaN passes). The batch norm kernel and a GEMM that sums these
+// terms in its epilogue (gemm.cuh, BatchNormGradient) compute the same values.
+__device__ __forceinline__ void batchnorm_grad_terms(float x, float dy, float gamma, float beta,
+                                                     float mean, float invstd, bool relu,
+                                                     float& xhat, float& dy_hat) {
+  xhat = (x - mean) * invstd;
+  dy_hat = relu && fmaf(gamma, xhat, beta) <= 0.0f ? 0.0f : dy;
 }
 
 } // namespace minamp::gpu

@@ -66,14 +66,17 @@ Tensor as_dtype(const Tensor& t, DType dtype) {
   return converted;
 }
 
+// The device vectors of a batch norm that a conv applies to its input.
+BatchNormChannels batchnorm_channels(const InputNormalization& norm) {
+  return {ptr<const float>(*norm.gamma), ptr<const float>(*norm.beta), ptr<const float>(*norm.mean),
+          ptr<const float>(*norm.invstd), norm.relu};
+}
+
 // The conv input as the GEMM operand [N*Ho*Wo, kh*kw*Cin]: x itself for a pointwise conv, read
 // batch-normalised when `norm` is given (pointwise convs only, conv2d_normalizes_on_load).
 GemmOperand input_operand(const Tensor& x, const ConvGeometry& g,
                           const InputNormalization* norm = nullptr) {
-  if (norm)
-    return normalized_operand(x, {ptr<const float>(*norm->gamma), ptr<const float>(*norm->beta),
-                                  ptr<const float>(*norm->mean), ptr<const float>(*norm->invstd),
-                                  norm->relu});
+  if (norm) return normalized_operand(x, batchnorm_channels(*norm));
   return g.is_pointwise() ? matrix_operand(x, false) : im2col_operand(x, g);
 }
 
@@ -171,8 +174,11 @@ void scatter_phase(const Tensor& phase_dx, const ConvGeometry& g, const Col2imPh
 
 // dx[N, H, W, Cin] from dy [N, Ho, Wo, Cout] and w [Cout, kh, kw, Cin], one stride phase at a
 // time: stride s gives s^2 phases, each a GEMM over its own input pixels and taps, written to a
-// buffer and placed into dx; stride 1 is one phase written in place.
-void input_gradient(const Tensor& w, const Tensor& dy, const ConvGeometry& g, Tensor& dx) {
+// buffer and placed into dx; stride 1 is one phase written in place. With `norm` (a pointwise
+// conv that normalised x as it loaded it) and its grad_sums, the GEMM also sums the batch norm's
+// gradient terms of dx and x into them.
+void input_gradient(const Tensor& x, const Tensor& w, const Tensor& dy, const ConvGeometry& g,
+                    Tensor& dx, const InputNormalization* norm) {
   GemmArgs args;
   args.ab_dtype = dy.dtype();
   args.c_dtype = dx.dtype();
@@ -182,6 +188,10 @@ void input_gradient(const Tensor& w, const Tensor& dy, const ConvGeometry& g, Te
     args.b = weight_operand(w, false);
     args.c = dx.raw();
     args.m = dx.shape().rows(), args.k = g.out_channels;
+    if (norm && norm->grad_sums) {
+      args.batchnorm_grad = {x.raw(), batchnorm_channels(*norm), ptr<float>(*norm->grad_sums)};
+      if (args.m == 0) fill(*norm->grad_sums, 0.0f); // sums over no rows
+    }
     run_gemm(args);
     return;
   }
@@ -269,7 +279,7 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   const ConvGeometry g = conv_geometry("conv2d_backward", d, x, w);
   const DType dtype = common_dtype({&x, &w, &dy}, dx.defined() ? &dx : nullptr);
   const Tensor dy_in = as_dtype(dy, dtype);
-  if (dx.defined()) input_gradient(as_dtype(w, dtype), dy_in, g, dx);
+  if (dx.defined()) input_gradient(x, as_dtype(w, dtype), dy_in, g, dx, input_norm);
   if (dw.defined()) weight_gradient(as_dtype(x, dtype), dy_in, g, dw, input_norm);
 }
 

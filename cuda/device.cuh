@@ -46,6 +46,14 @@ template <class F> void visit_half_precision(DType dtype, const char* op, F&& f)
 
 // Calls f(TypeTag<float>), f(TypeTag<__half>) or f(TypeTag<__nv_bfloat16>) for a floating dtype;
 // throws Error naming `op` for any other dtype.
+template <class F> void visit_floating(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+  case DType::f32: f(TypeTag<float>{}); return;
+  case DType::f16: f(TypeTag<__half>{}); return;
+  case DType::bf16: f(TypeTag<__nv_bfloat16>{}); return;
+  default: throw Error(cat(op, ": expected f32, f16 or bf16, got ", dtype));
+  }
+}
 template <class F> void visit_floating(const Tensor& t, const char* op, F&& f) {
   switch (t.dtype()) {
   case DType::f32: f(TypeTag<float>{}); return;

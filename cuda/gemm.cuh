@@ -91,20 +91,7 @@ enum class OperandKind {
               // gathered on the fly: dx = col2im(dy) @ w_phase [phase taps * Cout, Cin] (conv
               // input gradient, one stride phase at a time)
   normalized, // row-major [rows, cols] used as is, each column batch-normalised as its tiles
-              // land in shared memory (OperandNormalization)
-};
-
-// A batch norm (and ReLU) that a GEMM applies to an operand as it loads it, so that it reads a
-// normalised activation nobody has written: the stored value v in column c (a channel of an NHWC
-// activation viewed as [pixels, C]) becomes batchnorm_normalized(v, gamma[c], beta[c], mean[c],
-// invstd[c], relu) rounded to the operand's dtype — the batch norm kernel's output, bit for bit.
-// All f32 [cols] on the device, 16-byte aligned.
-struct OperandNormalization {
-  const float* gamma = nullptr;
-  const float* beta = nullptr;
-  const float* mean = nullptr;
-  const float* invstd = nullptr;
-  bool relu = false;
+              // land in shared memory (GemmOperand::normalization)
 };
 
 // The largest M, N, K (and im2col extent) a GEMM takes: the kernels index in int, and their tile
@@ -116,9 +103,15 @@ struct GemmOperand {
   OperandKind kind = OperandKind::matrix;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
-  ConvGeometry conv;                  // only for OperandKind::im2col and col2im
-  Col2imPhase phase;                  // only for OperandKind::col2im
-  OperandNormalization normalization; // only for OperandKind::normalized
+  ConvGeometry conv; // only for OperandKind::im2col and col2im
+  Col2imPhase phase; // only for OperandKind::col2im
+  // Only for OperandKind::normalized: the batch norm (and ReLU) the GEMM applies to the operand
+  // as it loads it, so that it reads a normalised activation nobody has written. The stored value
+  // v in column c (a channel of an NHWC activation viewed as [pixels, C]) becomes
+  // batchnorm_normalized(v, gamma[c], beta[c], mean[c], invstd[c], relu) rounded to the operand's
+  // dtype — the batch norm kernel's output, bit for bit. The vectors are f32 [cols], 16-byte
+  // aligned.
+  BatchNormChannels normalization;
 };
 
 // A tensor viewed as the row-major matrix [rows, last].
@@ -128,7 +121,7 @@ inline GemmOperand matrix_operand(const Tensor& t, bool transposed) {
 }
 
 // The activation x viewed as the row-major matrix [rows, channels], batch-normalised as it loads.
-inline GemmOperand normalized_operand(const Tensor& x, const OperandNormalization& normalization) {
+inline GemmOperand normalized_operand(const Tensor& x, const BatchNormChannels& normalization) {
   for (const float* p :
        {normalization.gamma, normalization.beta, normalization.mean, normalization.invstd})
     require(p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0, "gemm",
@@ -153,16 +146,30 @@ inline GemmOperand col2im_operand(const Tensor& dy, const ConvGeometry& conv,
           phase};
 }
 
+// A GEMM whose C is the gradient dy of a batch norm's output (a pointwise conv's input
+// gradient, that conv having applied the batch norm as it loaded its input) also sums, per
+// column, the terms of the batch norm's backward from dy as stored and the batch norm's input x:
+// dy_hat and dy_hat * xhat (batchnorm_grad_terms in common.cuh).
+struct BatchNormGradient {
+  const void* x = nullptr; // [M, N] in C's dtype: the batch norm's input
+  BatchNormChannels channels;
+  // f32 on the device, or nullptr (no sums): in GemmArgs [2, N], sum dy_hat (row 0) and
+  // sum dy_hat * xhat (row 1); in EpilogueArgs the same per block, [row tiles, 2, N].
+  float* sums = nullptr;
+};
+
 // The fused epilogue, applied per element in fp32: v = alpha * acc (+ beta * C_old when beta
 // != 0; C_old is never read otherwise) (+ bias[col]), then ReLU; stored rounded to C's dtype.
-// With column_partials set, the packed epilogue (store_tile_packed) also writes, per block, the
-// (mean, M2) of each of its columns over the block's rows, of the values as stored in C.
+// The packed epilogue (store_tile_packed) also writes per block, over the block's rows of the
+// values as stored in C: with column_partials set, the (mean, M2) of each column; with
+// batchnorm_grad.sums set, the batch norm gradient sums of each column. Not both.
 struct EpilogueArgs {
   float alpha = 1.0f;
   float beta = 0.0f;
   const float* bias = nullptr; // f32 [N] on the device, or nullptr
   bool relu = false;
   float* column_partials = nullptr; // f32 [row tiles, 2, N] on the device, or nullptr
+  BatchNormGradient batchnorm_grad;
 };
 
 struct GemmArgs {
@@ -176,6 +183,10 @@ struct GemmArgs {
   // and biased variance (row 1) of C as stored, the statistics a following batch norm needs.
   // The launcher fills epilogue.column_partials itself; it must be left unset here.
   float* column_moments = nullptr;
+  // With sums set, also written with the gradient sums of the batch norm whose output gradient C
+  // is (BatchNormGradient, sums [2, N]); needs C in A's dtype and no column_moments. The launcher
+  // fills epilogue.batchnorm_grad itself; it must be left unset here.
+  BatchNormGradient batchnorm_grad;
 };
 
 // Launch one GEMM on stream(): A and B f16 or bf16 (tensor cores) / f32 (SIMT). Supported operand
@@ -236,6 +247,9 @@ void thin_gemm(const GemmArgs& args);
 // Picks the kernel: a thin GEMM on CUDA cores (unless a tensor-core version is forced), else by
 // the operands' dtype.
 inline void run_gemm(const GemmArgs& args) {
+  require(!args.batchnorm_grad.sums || (args.batchnorm_grad.x && !args.column_moments), "gemm",
+          "batch norm gradient sums need the batch norm's input x, and no column moments beside "
+          "them (internal error)");
   if (gemm_version() == GemmVersion::automatic && thin_gemm_applies(args))
     thin_gemm(args);
   else if (is_half_precision(args.ab_dtype))
@@ -279,7 +293,7 @@ template <class T> struct Col2imView {
 };
 
 // A row-major matrix whose columns are batch-normalised as its tiles land in shared memory.
-template <class T> struct NormalizedView : MatrixView<T> { OperandNormalization normalization; };
+template <class T> struct NormalizedView : MatrixView<T> { BatchNormChannels normalization; };
 
 // Elements of T in one 16-byte cp.async chunk.
 template <class T> constexpr int kChunkElems = 16 / int(sizeof(T));
@@ -620,7 +634,7 @@ __device__ __forceinline__ void normalize_tile(T* tile, int tile_ld, const Norma
                                                int row0, int col0) {
   constexpr int V = kChunkElems<T>;
   constexpr int kChunksPerRow = COLS / V;
-  const OperandNormalization& nz = src.normalization;
+  const BatchNormChannels& nz = src.normalization;
   for (int chunk = threadIdx.x; chunk < ROWS * kChunksPerRow; chunk += THREADS) {
     const int r = chunk / kChunksPerRow, c = (chunk % kChunksPerRow) * V;
     const int row = row0 + r, col = col0 + c;
@@ -879,19 +893,52 @@ __device__ __forceinline__ void store_column_partials(const float* staging, int 
   }
 }
 
+// The batch norm gradient hook of the packed epilogue: partials[blockIdx.x, 0, col] and
+// [.., 1, col] = the sums of dy_hat and of dy_hat * xhat (batchnorm_grad_terms) of column col
+// over the block's rows, from C as stored, which store_tile_packed put back into `staging`, and
+// the batch norm's input x, read beside it. One thread per column, as store_column_partials:
+// it keeps no state through the store loop, so the hook costs that loop no registers.
+template <int BM, int BN, int kThreads, class CT>
+__device__ __forceinline__ void store_grad_partials(const float* staging, int staging_ld, int m,
+                                                    int n, int m0, int n0,
+                                                    const BatchNormGradient& grad) {
+  const int rows = min(BM, m - m0);
+  const CT* x = static_cast<const CT*>(grad.x) + int64_t(m0) * n; // the block's first row
+  const BatchNormChannels& ch = grad.channels;
+  float* dy_hat_sums = grad.sums + int64_t(blockIdx.x) * 2 * n; // [2, N] of this row tile
+  float* dy_hat_xhat_sums = dy_hat_sums + n;
+  for (int col = threadIdx.x; col < BN && n0 + col < n; col += kThreads) {
+    const int c = n0 + col;
+    const float gamma = ch.gamma[c], beta = ch.beta[c], mean = ch.mean[c], invstd = ch.invstd[c];
+    float sum = 0.0f, sum_xhat = 0.0f;
+#pragma unroll 4
+    for (int r = 0; r < rows; ++r) {
+      float xhat, dy_hat;
+      batchnorm_grad_terms(load_f(x, int64_t(r) * n + c), staging[r * staging_ld + col], gamma,
+                           beta, mean, invstd, ch.relu, xhat, dy_hat);
+      sum += dy_hat;
+      sum_xhat += dy_hat * xhat;
+    }
+    dy_hat_sums[c] = sum;
+    dy_hat_xhat_sums[c] = sum_xhat;
+  }
+}
+
 // The epilogue of v3 and later: writes the block's BM x BN tile of C at (m0, n0) from the fp32
 // accumulators staged in shared memory (staging [BM][staging_ld], staging_ld a multiple of 4),
 // 16 bytes of C per thread and step: alpha/beta/bias/ReLU in fp32 on the pack, C read (beta != 0)
 // and written as one 16-byte access each. Where C's rows are not 16-byte aligned (N not a
 // multiple of the pack) or the bias is not, and in a pack that crosses N, element by element.
-// With ep.column_partials, each stored value also goes back into its staging slot, and the tile's
-// column statistics follow (store_column_partials). Every thread of the block must call it.
+// With ep.column_partials or ep.batchnorm_grad.sums, each stored value also goes back into its
+// staging slot, and the tile's column statistics (store_column_partials) or batch norm gradient
+// sums (store_grad_partials) follow. Every thread of the block must call it.
 template <int BM, int BN, int kThreads, class CT>
 __device__ __forceinline__ void store_tile_packed(float* staging, int staging_ld, CT* c, int m,
                                                   int n, int m0, int n0, const EpilogueArgs& ep) {
   constexpr int P = kPackElems<CT>;
   constexpr int kPacksPerRow = BN / P;
   static_assert(BN % P == 0, "whole packs per tile row");
+  const bool keep_stored = ep.column_partials || ep.batchnorm_grad.sums; // the same for the block
   const bool packable =
       n % P == 0 && is_aligned16(c) && (ep.bias == nullptr || is_aligned16(ep.bias));
   for (int idx = threadIdx.x; idx < BM * kPacksPerRow; idx += kThreads) {
@@ -902,7 +949,7 @@ __device__ __forceinline__ void store_tile_packed(float* staging, int staging_ld
     if (!packable) {
       for (int e = 0; e < P && column + e < n; ++e) {
         const float stored = store_output(c, n, row, column + e, acc[e], ep);
-        if (ep.column_partials) acc[e] = stored;
+        if (keep_stored) acc[e] = stored;
       }
       continue;
     }
@@ -932,13 +979,16 @@ __device__ __forceinline__ void store_tile_packed(float* staging, int staging_ld
 #pragma unroll
       for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
     store_pack16(out, v);
-    if (ep.column_partials)
+    if (keep_stored)
 #pragma unroll
       for (int e = 0; e < P; ++e) acc[e] = as_stored<CT>(v[e]);
   }
-  if (!ep.column_partials) return; // the same for the whole block
-  __syncthreads();                 // every stored value is back in staging
-  store_column_partials<BM, BN, kThreads>(staging, staging_ld, m, n, m0, n0, ep.column_partials);
+  if (!keep_stored) return;
+  __syncthreads(); // every stored value is back in staging
+  if (ep.column_partials)
+    store_column_partials<BM, BN, kThreads>(staging, staging_ld, m, n, m0, n0, ep.column_partials);
+  else
+    store_grad_partials<BM, BN, kThreads, CT>(staging, staging_ld, m, n, m0, n0, ep.batchnorm_grad);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -988,11 +1038,16 @@ template <class Family, class = void> struct HasMediumTiles : std::false_type {}
 template <class Family>
 struct HasMediumTiles<Family, std::void_t<typename Family::Medium>> : std::true_type {};
 
-// args.column_moments from C after the GEMM: the unfused statistics pass over C, for the launches
-// without the epilogue hook (v1, v2, the SIMT and thin kernels, and split K, whose reduction
-// kernel runs the epilogue element by element and has no tile to reduce).
-inline void column_moments_of_output(const GemmArgs& args) {
-  column_moments(args.c, args.c_dtype, args.m, int(args.n), args.column_moments, "gemm");
+// args.column_moments and args.batchnorm_grad.sums from C after the GEMM: the unfused passes over
+// C, for the launches without the epilogue hooks (v1, v2, the SIMT and thin kernels, and split K,
+// whose reduction kernel runs the epilogue element by element and has no tile to reduce).
+inline void column_statistics_of_output(const GemmArgs& args) {
+  if (args.column_moments)
+    column_moments(args.c, args.c_dtype, args.m, int(args.n), args.column_moments, "gemm");
+  const BatchNormGradient& grad = args.batchnorm_grad;
+  if (grad.sums)
+    batchnorm_grad_sums(grad.x, args.c_dtype, args.c, args.c_dtype, args.m, int(args.n),
+                        grad.channels, grad.sums, "gemm");
 }
 
 // The launch of one GEMM kernel family (WMMA or SIMT) for the operand pair OpA, OpB:
@@ -1004,7 +1059,7 @@ inline void column_moments_of_output(const GemmArgs& args) {
 //   using Medium;                                           (optional) one between them
 //   static constexpr const char* kName;                     for launch errors
 //   static constexpr bool kColumnStatistics;                whether its epilogue has the column
-//                                                           statistics hook (store_tile_packed)
+//                                                           statistics hooks (store_tile_packed)
 //   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes();
 //   template <class Cfg, class OpA, class OpB, class CT> static auto kernel();
 // where every kernel takes (A view, B view, CT* c, m, n, k, k_per_split, epilogue): block z of
@@ -1026,26 +1081,29 @@ template <class Family> struct GemmLaunch {
       CUDA_CHECK_LAUNCH(Family::kName);
     }
     // One pass: each block sums all of K for its tile and applies the epilogue. Column moments
-    // come from the epilogue hook where the family has it: per-tile partials
-    // [row tiles, 2, N] (from the caching allocator), then their merge.
+    // and batch norm gradient sums come from the epilogue hooks where the family has them:
+    // per-tile partials [row tiles, 2, N] (from the caching allocator), then their merge.
     template <class Cfg> static void whole_k(const GemmArgs& args) {
-      constexpr bool kHook = Family::kColumnStatistics;
+      const bool hook =
+          Family::kColumnStatistics && (args.column_moments || args.batchnorm_grad.sums);
+      const int64_t row_tiles = (args.m + Cfg::BM - 1) / Cfg::BM;
       Tensor partials;
       EpilogueArgs epilogue = args.epilogue;
-      if (kHook && args.column_moments) {
-        const int64_t row_tiles = (args.m + Cfg::BM - 1) / Cfg::BM;
+      if (hook) {
         partials = Tensor::empty({row_tiles, 2, args.n}, DType::f32, Device::cuda);
-        epilogue.column_partials = ptr<float>(partials);
+        if (args.column_moments) epilogue.column_partials = ptr<float>(partials);
+        epilogue.batchnorm_grad = args.batchnorm_grad;
+        epilogue.batchnorm_grad.sums = args.batchnorm_grad.sums ? ptr<float>(partials) : nullptr;
       }
       visit_output<typename OpA::Elem>(args, [&](auto type) {
         launch<Cfg, typename decltype(type)::type>(args, args.c, epilogue, KSplit{1, args.k});
       });
-      if (!args.column_moments) return;
-      if (kHook)
+      if (!hook) return column_statistics_of_output(args);
+      if (args.column_moments)
         merge_column_partials(ptr<float>(partials), args.m, Cfg::BM, int(args.n),
                               args.column_moments);
       else
-        column_moments_of_output(args);
+        merge_grad_partials(ptr<float>(partials), row_tiles, int(args.n), args.batchnorm_grad.sums);
     }
     // Two passes: fp32 partial sums [splits, M, N] (no epilogue), then their sum in slice
     // order with the epilogue. The partials come from the caching allocator.
@@ -1054,7 +1112,7 @@ template <class Family> struct GemmLaunch {
           Tensor::empty({split.splits, args.m, args.n}, DType::f32, Device::cuda);
       launch<Cfg, float>(args, partial.raw(), EpilogueArgs{}, split);
       reduce_split_k<typename OpA::Elem>(ptr<float>(partial), split.splits, args);
-      if (args.column_moments) column_moments_of_output(args);
+      column_statistics_of_output(args);
     }
     template <class Cfg> static BlockTile tile() { return {Cfg::BM, Cfg::BN, Cfg::BK}; }
     template <class Cfg> static bool fits() {

@@ -13,8 +13,8 @@
 //     B, each lane 4 consecutive k at a time (one 8- or 16-byte load where the row allows), the
 //     lanes' partial sums added by shuffles; a transposed A ([K, M], m contiguous) is read one
 //     row per thread instead, consecutive threads on consecutive rows. An untransposed A may be
-//     a normalised operand (gemm.cuh's OperandNormalization: a 1x1 conv applying the batch norm
-//     before it): each value is normalised as it loads and rounded to A's dtype, the value the
+//     a normalised operand (gemm.cuh's GemmOperand::normalization: a 1x1 conv applying the batch
+//     norm before it): each value is normalised as it loads and rounded to A's dtype, the value the
 //     batch norm kernel would have stored.
 // Plain and transposed matrices otherwise: the conv views with such shapes are 1x1 convs, which
 // the conv ops pass as plain matrices.
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // Element kk of a row of a normalised A, from its stored value v: batch norm's output as stored.
 template <class T>
-__device__ __forceinline__ float normalized_at(const OperandNormalization& nz, int kk, float v) {
+__device__ __forceinline__ float normalized_at(const BatchNormChannels& nz, int kk, float v) {
   return as_stored<T>(
       batchnorm_normalized(v, nz.gamma[kk], nz.beta[kk], nz.mean[kk], nz.invstd[kk], nz.relu));
 }
@@ -96,7 +96,7 @@ __device__ __forceinline__ float normalized_at(const OperandNormalization& nz, i
 // for 4-element loads.
 template <bool kTransB, bool kNormalized, class T, class CT>
 __global__ void __launch_bounds__(kThreads)
-    gemm_thin_n_rows_kernel(const T* a, OperandNormalization nz, const T* b, CT* c, int m, int n,
+    gemm_thin_n_rows_kernel(const T* a, BatchNormChannels nz, const T* b, CT* c, int m, int n,
                             int k, EpilogueArgs ep, bool packed) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
@@ -204,7 +204,7 @@ void thin_gemm(const GemmArgs& args) {
     launch_for(TypeTag<float>{});
   else
     visit_half_precision(args.ab_dtype, "gemm", launch_for);
-  if (args.column_moments) column_moments_of_output(args);
+  column_statistics_of_output(args);
 }
 
 } // namespace minamp::gpu

@@ -133,7 +133,7 @@ void gemm_v1_naive(const GemmArgs& args) {
     launch_for_output<false, true>(args);
   else
     launch_for_output<false, false>(args);
-  if (args.column_moments) column_moments_of_output(args); // no epilogue hook in v1
+  column_statistics_of_output(args); // no epilogue hooks in v1
 }
 
 } // namespace minamp::gpu

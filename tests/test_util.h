@@ -179,6 +179,45 @@ inline void expect_close(const Tensor& out, const Tensor& ref, double tolerance,
                   what + " (worst row or column)");
 }
 
+// The sums a batch norm's backward needs, in double: sum dy_hat (sums[c]) and sum dy_hat * xhat
+// (sums[C + c]) over the rows of x and dy [.., C], with xhat = (x - mean) invstd and dy_hat = dy
+// zeroed where gamma xhat + beta <= 0 when `relu` (the ReLU's mask, in f32 as the kernels compute
+// it). `scale` holds each sum's sum of absolute terms: the size of its rounding error.
+struct BatchNormGradSums {
+  std::vector<double> sums, scale;
+};
+inline BatchNormGradSums batchnorm_grad_sums_on_host(const Tensor& x, const Tensor& dy,
+                                                     const Tensor& gamma, const Tensor& beta,
+                                                     const Tensor& mean, const Tensor& invstd,
+                                                     bool relu) {
+  const size_t channels = size_t(x.shape().last());
+  const std::vector<float> xs = x.to_vector(), dys = dy.to_vector(), g = gamma.to_vector(),
+                           b = beta.to_vector(), m = mean.to_vector(), s = invstd.to_vector();
+  BatchNormGradSums out{std::vector<double>(2 * channels), std::vector<double>(2 * channels)};
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const size_t c = i % channels;
+    const float xhat = (xs[i] - m[c]) * s[c];
+    const double dy_hat = relu && std::fma(g[c], xhat, b[c]) <= 0.0f ? 0.0 : dys[i];
+    out.sums[c] += dy_hat;
+    out.sums[channels + c] += dy_hat * xhat;
+    out.scale[c] += std::fabs(dy_hat);
+    out.scale[channels + c] += std::fabs(dy_hat * xhat);
+  }
+  return out;
+}
+
+// Expects `sums` (f32 [2, C]) within `tolerance` times each sum's scale of `ref` (a NaN never
+// passes).
+inline void expect_grad_sums(const Tensor& sums, const BatchNormGradSums& ref, double tolerance,
+                             const std::string& what) {
+  const std::vector<float> got = sums.to_vector();
+  ASSERT_EQ(got.size(), ref.sums.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LE(std::fabs(got[i] - ref.sums[i]), tolerance * ref.scale[i] + 1e-30)
+        << what << ": grad sum " << i << " (" << (i < got.size() / 2 ? "dy_hat" : "dy_hat * xhat")
+        << ") " << got[i] << " vs " << ref.sums[i];
+}
+
 // Expects `call` to throw minamp::Error whose message contains every one of `parts`.
 template <class Call, class... Parts> void expect_error(Call&& call, const Parts&... parts) {
   const std::vector<std::string> wanted = {std::string(parts)...};

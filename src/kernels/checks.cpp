@@ -21,6 +21,12 @@ void require_moments(const char* op, const char* name, const Tensor& tensor, int
           describe(tensor));
 }
 
+void require_grad_sums(const char* op, const char* name, const Tensor& tensor, int64_t channels) {
+  require(tensor.defined() && tensor.dtype() == DType::f32 && tensor.shape() == Shape{2, channels},
+          op, name, " must be f32 [2, ", channels,
+          "] (sum dy_hat and sum dy_hat * xhat per channel), got ", describe(tensor));
+}
+
 void require_column_moments(const char* op, const GemmEpilogue& epilogue, int64_t m, int64_t n) {
   if (!epilogue.column_moments) return;
   require_moments(op, "column_moments", *epilogue.column_moments, n);
@@ -161,6 +167,18 @@ void require_input_normalization(const char* op, const InputNormalization* norm,
           "conv2d_normalizes_on_load)");
 }
 
+// Throws Error unless input_norm's grad_sums (when given) is f32 [2, Cin] for a conv2d_backward
+// that writes dx in x's dtype.
+void require_input_norm_grad_sums(const InputNormalization* norm, const Tensor& x, const Tensor& dx,
+                                  const ConvDims& d) {
+  const char* op = "conv2d_backward";
+  if (!norm || !norm->grad_sums) return;
+  require_grad_sums(op, "input_norm's grad_sums", *norm->grad_sums, d.cin);
+  require(dx.defined() && dx.dtype() == x.dtype(), op,
+          "input_norm's grad_sums are sums over dx: it needs dx in x's dtype ", x.dtype(), ", got ",
+          describe(dx));
+}
+
 } // namespace
 
 ConvDims require_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y,
@@ -171,6 +189,8 @@ ConvDims require_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   if (epilogue.bias) require_f32("conv2d_forward", "bias", *epilogue.bias, d.cout);
   require_column_moments("conv2d_forward", epilogue, d.n * d.out_pixels(), d.cout);
   require_input_normalization("conv2d_forward", input_norm, x, w, d, normalizes_on_load);
+  require(!input_norm || !input_norm->grad_sums, "conv2d_forward",
+          "input_norm's grad_sums are written by conv2d_backward only");
   return d;
 }
 
@@ -187,6 +207,7 @@ ConvDims require_conv2d_backward(const Tensor& x, const Tensor& w, const Tensor&
   if (dw.defined())
     require(dw.dtype() == DType::f32 && dw.shape() == w.shape(), op,
             "expects dw f32 shaped like w ", describe(w), ", got ", describe(dw));
+  require_input_norm_grad_sums(input_norm, x, dx, d);
   return d;
 }
 
@@ -241,7 +262,7 @@ BatchNormDims require_batchnorm_forward(const Tensor& x, const Tensor& gamma, co
 BatchNormDims require_batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                          const Tensor& mean, const Tensor& invstd, const Tensor& dy,
                                          const Tensor& dx, const Tensor& dgamma,
-                                         const Tensor& dbeta) {
+                                         const Tensor& dbeta, const BatchNormParams& bn) {
   const char* op = "batchnorm_backward";
   const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
   require_floating(op, "dy", dy);
@@ -253,6 +274,7 @@ BatchNormDims require_batchnorm_backward(const Tensor& x, const Tensor& gamma, c
           "dx must be a tensor of its own, not x or dy (in place is not supported)");
   for (const Tensor* t : {&mean, &invstd, &dgamma, &dbeta})
     require_f32(op, "mean, invstd, dgamma and dbeta", *t, d.channels);
+  if (bn.grad_sums) require_grad_sums(op, "grad_sums", *bn.grad_sums, d.channels);
   return d;
 }
 

@@ -48,7 +48,7 @@ struct ConvDims {
   bool is_pointwise() const { return kh == 1 && kw == 1 && stride == 1 && pad == 0; }
 };
 // With input_norm, also its vectors, and that the backend takes it here (normalizes_on_load,
-// conv2d_normalizes_on_load's answer).
+// conv2d_normalizes_on_load's answer); its grad_sums, for conv2d_backward only, with dx.
 ConvDims require_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& y,
                                 const ConvParams& conv, const GemmEpilogue& epilogue,
                                 const InputNormalization* input_norm = nullptr,
@@ -68,7 +68,7 @@ BatchNormDims require_batchnorm_forward(const Tensor& x, const Tensor& gamma, co
 BatchNormDims require_batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                          const Tensor& mean, const Tensor& invstd, const Tensor& dy,
                                          const Tensor& dx, const Tensor& dgamma,
-                                         const Tensor& dbeta);
+                                         const Tensor& dbeta, const BatchNormParams& bn);
 
 struct PoolDims {
   int64_t n, pixels, channels; // [N, H, W, C] with pixels = H * W

@@ -122,7 +122,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
   MINAMP_DISPATCH(
       "conv2d_forward",
       common_device("conv2d_forward", {&x, &w, &y, epilogue.bias, epilogue.column_moments, n.gamma,
-                                       n.beta, n.mean, n.invstd}),
+                                       n.beta, n.mean, n.invstd, n.grad_sums}),
       conv2d_forward(x, w, y, conv, epilogue, input_norm));
 }
 
@@ -130,10 +130,10 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
                      const ConvParams& conv, const InputNormalization* input_norm) {
   const InputNormalization none;
   const InputNormalization& n = input_norm ? *input_norm : none;
-  MINAMP_DISPATCH(
-      "conv2d_backward",
-      common_device("conv2d_backward", {&x, &w, &dy, &dx, &dw, n.gamma, n.beta, n.mean, n.invstd}),
-      conv2d_backward(x, w, dy, dx, dw, conv, input_norm));
+  MINAMP_DISPATCH("conv2d_backward",
+                  common_device("conv2d_backward", {&x, &w, &dy, &dx, &dw, n.gamma, n.beta, n.mean,
+                                                    n.invstd, n.grad_sums}),
+                  conv2d_backward(x, w, dy, dx, dw, conv, input_norm));
 }
 
 bool conv2d_normalizes_on_load(const Tensor& x, const Tensor& w, const ConvParams& conv) {
@@ -159,8 +159,8 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
                         const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
                         Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn) {
   MINAMP_DISPATCH("batchnorm_backward",
-                  common_device("batchnorm_backward",
-                                {&x, &gamma, &beta, &mean, &invstd, &dy, &dx, &dgamma, &dbeta}),
+                  common_device("batchnorm_backward", {&x, &gamma, &beta, &mean, &invstd, &dy, &dx,
+                                                       &dgamma, &dbeta, bn.grad_sums}),
                   batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta, bn));
 }
 

@@ -44,7 +44,8 @@ void conv2d_forward(const Tensor& x, const Tensor& w, Tensor& y, const ConvParam
                     const GemmEpilogue& epilogue, const InputNormalization* input_norm = nullptr);
 // dx[N, H, W, Cin] = input gradient (when dx is defined); dw[Cout, kh, kw, Cin] += weight
 // gradient in f32 (when dw is defined). With input_norm (as in the forward), dw is computed from
-// the normalised input, and dx is the gradient with respect to it (the batch norm's output).
+// the normalised input, and dx is the gradient with respect to it (the batch norm's output);
+// input_norm's grad_sums, when given, also gets the sums the batch norm's backward needs from dx.
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
                      const ConvParams& conv, const InputNormalization* input_norm = nullptr);
 // Whether conv2d_forward and conv2d_backward take an input_norm for these tensors: a 1x1,

@@ -27,6 +27,11 @@ struct InputNormalization {
   const Tensor* mean = nullptr;
   const Tensor* invstd = nullptr;
   bool relu = false;
+  // conv2d_backward only, f32 [2, Cin] or nullptr: also written, from dx (the gradient of the
+  // normalised input, as stored) and x, with the sums the batch norm's backward needs:
+  // sum(dx_hat) and sum(dx_hat * xhat) per channel, dx_hat being dx under the ReLU's mask
+  // (BatchNormParams::grad_sums). Needs dx.
+  Tensor* grad_sums = nullptr;
 };
 
 struct ConvParams {
@@ -51,6 +56,10 @@ struct BatchNormParams {
   // computed by the GEMM that wrote x (GemmEpilogue::column_moments); the kernel then skips its
   // own statistics pass over x.
   const Tensor* batch_moments = nullptr;
+  // Backward only, f32 [2, C] or nullptr: sum(dy_hat) and sum(dy_hat * xhat) per channel (dy_hat
+  // = dy under the ReLU's mask), already computed by the GEMM that wrote dy
+  // (InputNormalization::grad_sums); the kernel then skips its own reduction over x and dy.
+  const Tensor* grad_sums = nullptr;
 };
 
 // amp_update_scale's factors (amp::GradScalerOptions holds PyTorch's defaults).

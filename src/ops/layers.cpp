@@ -189,19 +189,27 @@ Var batch_norm_conv2d(const Var& x, const BatchNormArgs& norm, Parameter& weight
       [=, &weight, &gamma, &beta](Node& self) {
         const Tensor dy = unfused_relu_grad(saved_y, self.grad, relu);
         if (bias_grad) kernels::bias_backward(dy, bias->grad());
-        const InputNormalization input_norm{&gamma.master(), &beta.master(), &mean, &invstd,
-                                            backward_bn.relu};
         Node& input = *self.inputs[0];
         const bool norm_grad = input.requires_grad || affine_grad;
-        Tensor d_normalized, no_dw; // the gradient of the batch norm's output
-        if (norm_grad) d_normalized = Tensor::empty(saved_x.shape(), dtype, saved_x.device());
+        // The gradient of the batch norm's output, and the batch norm backward's sums over it,
+        // which the input gradient's GEMM adds up as it writes it.
+        Tensor d_normalized, grad_sums, no_dw;
+        if (norm_grad) {
+          d_normalized = Tensor::empty(saved_x.shape(), dtype, saved_x.device());
+          grad_sums = Tensor::empty({2, channels}, DType::f32, saved_x.device());
+        }
+        const InputNormalization input_norm{
+            &gamma.master(), &beta.master(),   &mean,
+            &invstd,         backward_bn.relu, norm_grad ? &grad_sums : nullptr};
         kernels::conv2d_backward(saved_x, w, dy, d_normalized, weight_grad ? weight.grad() : no_dw,
                                  conv, &input_norm);
         if (!norm_grad) return;
         Tensor dx = Tensor::empty(saved_x.shape(), saved_x.dtype(), saved_x.device());
         Tensor dgamma = grad_or_scratch(gamma), dbeta = grad_or_scratch(beta);
+        BatchNormParams sums_bn = backward_bn;
+        sums_bn.grad_sums = &grad_sums;
         kernels::batchnorm_backward(saved_x, gamma.master(), beta.master(), mean, invstd,
-                                    d_normalized, dx, dgamma, dbeta, backward_bn);
+                                    d_normalized, dx, dgamma, dbeta, sums_bn);
         if (input.requires_grad) accumulate_grad(input, dx);
       });
 }

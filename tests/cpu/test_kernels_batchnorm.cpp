@@ -422,6 +422,72 @@ TEST(CpuBatchNorm, WithoutAnOutputOnlyTheStatistics) {
   }
 }
 
+// Given gradient sums (from the GEMM that wrote dy) replace the kernel's own reduction: the
+// batch's own sums give its dx, dgamma and dbeta; other sums are used as they are.
+TEST(CpuBatchNorm, GivenGradientSumsReplaceTheReduction) {
+  Rng rng(39);
+  for (bool training : {true, false})
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(cat(training ? "training" : "eval", relu ? " relu" : ""));
+      BatchNormLayer layer(rng, {2, 3, 5, 7});
+      const Tensor dy = random_tensor(rng, {2, 3, 5, 7});
+      Tensor y = poisoned({2, 3, 5, 7}), mean = poisoned({7}), invstd = poisoned({7});
+      cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                             layer.running_var, params(training, relu));
+      const auto backward = [&](const Tensor* grad_sums, Tensor& dx, Tensor& dgamma,
+                                Tensor& dbeta) {
+        BatchNormParams bn = params(training, relu);
+        bn.grad_sums = grad_sums;
+        cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma,
+                                dbeta, bn);
+      };
+      Tensor dx = poisoned({2, 3, 5, 7}), dgamma = Tensor::zeros({7}), dbeta = Tensor::zeros({7});
+      backward(nullptr, dx, dgamma, dbeta);
+
+      const BatchNormGradSums host =
+          batchnorm_grad_sums_on_host(layer.x, dy, layer.gamma, layer.beta, mean, invstd, relu);
+      const Tensor own =
+          Tensor::from_vector(std::vector<float>(host.sums.begin(), host.sums.end()), {2, 7});
+      Tensor given_dx = poisoned({2, 3, 5, 7}), given_dgamma = Tensor::zeros({7}),
+             given_dbeta = Tensor::zeros({7});
+      backward(&own, given_dx, given_dgamma, given_dbeta);
+      EXPECT_LT(relative_error(given_dx, dx), kF32Tolerance);
+      EXPECT_LT(relative_error(given_dgamma, dgamma), kF32Tolerance);
+      EXPECT_LT(relative_error(given_dbeta, dbeta), kF32Tolerance);
+
+      const std::vector<float> other_values = {1, 2, 3, 4, 5, 6, 7, -1, -2, -3, -4, -5, -6, -7};
+      const Tensor other = Tensor::from_vector(other_values, {2, 7});
+      Tensor other_dx = poisoned({2, 3, 5, 7}), other_dgamma = Tensor::zeros({7}),
+             other_dbeta = Tensor::zeros({7});
+      backward(&other, other_dx, other_dgamma, other_dbeta);
+      EXPECT_EQ(other_dbeta.to_vector(),
+                std::vector<float>(other_values.begin(), other_values.begin() + 7));
+      EXPECT_EQ(other_dgamma.to_vector(),
+                std::vector<float>(other_values.begin() + 7, other_values.end()));
+      if (training)
+        EXPECT_GT(relative_error(other_dx, dx), 1e-3) << "dx uses the given sums";
+      else
+        EXPECT_EQ(other_dx.to_vector(), dx.to_vector()) << "eval: dx does not use them";
+    }
+}
+
+TEST(CpuBatchNorm, GradientSumsAreShapedTwoByChannels) {
+  Rng rng(40);
+  BatchNormLayer layer(rng, {2, 3, 3, 4});
+  const Tensor dy = random_tensor(rng, {2, 3, 3, 4});
+  const Tensor mean = Tensor::zeros({4}), invstd = Tensor::full({4}, 1.0f);
+  Tensor dx = poisoned({2, 3, 3, 4}), dgamma = Tensor::zeros({4}), dbeta = Tensor::zeros({4});
+  const Tensor wrong = Tensor::zeros({2, 3});
+  BatchNormParams bn = params(true, false);
+  bn.grad_sums = &wrong;
+  expect_error(
+      [&] {
+        cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma,
+                                dbeta, bn);
+      },
+      "batchnorm_backward", "grad_sums must be f32 [2, 4]", "got f32[2, 3]");
+}
+
 TEST(CpuBatchNorm, BatchMomentsAreForTrainingOnlyAndShapedTwoByChannels) {
   Rng rng(38);
   BatchNormLayer layer(rng, {2, 3, 3, 4});

@@ -1,8 +1,10 @@
 // A batch norm applied by the 1x1 conv after it as the conv loads its input (InputNormalization,
 // gemm.cuh's OperandKind::normalized): the conv's forward and weight gradient against the same
 // conv run on the normalised input written out — bit for bit, on each GEMM version that takes
-// it — and against the CPU composition (normalise, then conv); edge tiles, a ragged K, channels
-// that do not fill 16-byte chunks, split K; and where a conv cannot take it.
+// it — and against the CPU composition (normalise, then conv); the batch norm's gradient sums
+// that the input gradient's GEMM adds up as it writes (InputNormalization::grad_sums) against
+// double sums over what it wrote; edge tiles, a ragged K, channels that do not fill 16-byte
+// chunks, split K; and where a conv cannot take it.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -95,13 +97,16 @@ void check_normalized_conv(const NormalizedConvCase& c, DType dtype, uint64_t se
   struct Outputs {
     Tensor y, dx, dw;
   };
+  Tensor grad_sums = test::poisoned({2, c.cin}, DType::f32, Device::cuda);
   const auto run = [&](const Tensor& input, GemmEpilogue ep, const InputNormalization* n) {
     const Tensor device_bias = gbias;
     ep.bias = &device_bias;
     Outputs out{test::poisoned(ys, dtype, Device::cuda), test::poisoned(xs, dtype, Device::cuda),
                 Tensor::zeros(ws, DType::f32, Device::cuda)};
     kernels::conv2d_forward(input, gw, out.y, conv, ep, n);
-    kernels::conv2d_backward(input, gw, gdy, out.dx, out.dw, conv, n);
+    InputNormalization with_sums; // the backward also sums the batch norm's gradient terms
+    if (n) with_sums = *n, with_sums.grad_sums = &grad_sums;
+    kernels::conv2d_backward(input, gw, gdy, out.dx, out.dw, conv, n ? &with_sums : nullptr);
     return Outputs{out.y.to(Device::cpu), out.dx.to(Device::cpu), out.dw.to(Device::cpu)};
   };
   const Outputs fused = run(gx, epilogue, &input_norm);
@@ -109,6 +114,11 @@ void check_normalized_conv(const NormalizedConvCase& c, DType dtype, uint64_t se
   expect_identical(fused.y, unfused.y, what + ": forward");
   expect_identical(fused.dw, unfused.dw, what + ": weight gradient");
   expect_identical(fused.dx, unfused.dx, what + ": gradient of the normalised input");
+  // fp32 sums over at most a few thousand rows, in another order than the double ones.
+  test::expect_grad_sums(grad_sums,
+                         test::batchnorm_grad_sums_on_host(x, fused.dx, norm.gamma, norm.beta,
+                                                           norm.mean, norm.invstd, c.relu),
+                         1e-5, what + ": batch norm gradient sums");
 
   // The CPU composition.
   Tensor y_ref = Tensor::empty(ys, dtype), dx_ref = Tensor::empty(xs, dtype);
@@ -190,6 +200,35 @@ TEST(GpuNormalizedConv, OnlyWhereTheGemmCanNormalise) {
   test::expect_error(
       [&] { kernels::conv2d_forward(x, w3, y, ConvParams{}, GemmEpilogue{}, &input_norm); },
       "conv2d_forward", "cannot batch-normalise x as it loads it", "[24, 3, 3, 16]");
+}
+
+// The batch norm gradient sums: f32 [2, Cin], written by conv2d_backward with a dx in x's dtype.
+TEST(GpuNormalizedConv, GradientSumsNeedTheirShapeAndDx) {
+  MINAMP_REQUIRE_GPU();
+  Rng rng(750);
+  const Tensor x = test::random_tensor(rng, {2, 6, 6, 16}, DType::f16, Device::cuda);
+  const Tensor w = test::random_tensor(rng, {24, 1, 1, 16}, DType::f16, Device::cuda);
+  const Tensor dy = test::random_tensor(rng, {2, 6, 6, 24}, DType::f16, Device::cuda);
+  const NormVectors norm = random_norm(rng, 16).to(Device::cuda);
+  InputNormalization input_norm = norm.input_norm(true);
+  Tensor wrong = Tensor::zeros({16}, DType::f32, Device::cuda);
+  Tensor right = Tensor::zeros({2, 16}, DType::f32, Device::cuda);
+  Tensor dx = Tensor::empty(x.shape(), DType::f16, Device::cuda), no_dx, no_dw;
+  Tensor dx_f32 = Tensor::empty(x.shape(), DType::f32, Device::cuda);
+  Tensor y = Tensor::empty({2, 6, 6, 24}, DType::f16, Device::cuda);
+  const auto backward = [&](Tensor& grad) {
+    kernels::conv2d_backward(x, w, dy, grad, no_dw, ConvParams{}, &input_norm);
+  };
+  input_norm.grad_sums = &wrong;
+  test::expect_error([&] { backward(dx); }, "conv2d_backward", "grad_sums must be f32 [2, 16]",
+                     "got f32[16]");
+  input_norm.grad_sums = &right;
+  test::expect_error([&] { backward(no_dx); }, "conv2d_backward", "grad_sums are sums over dx");
+  test::expect_error([&] { backward(dx_f32); }, "conv2d_backward", "grad_sums are sums over dx",
+                     "f32");
+  test::expect_error(
+      [&] { kernels::conv2d_forward(x, w, y, ConvParams{}, GemmEpilogue{}, &input_norm); },
+      "conv2d_forward", "grad_sums are written by conv2d_backward only");
 }
 
 } // namespace

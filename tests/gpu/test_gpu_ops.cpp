@@ -721,6 +721,23 @@ void check_batchnorm(const BatchNormCase& c, Rng& rng) {
   expect_close(dx, dx_ref, tolerance({c.dtype, c.grad_dtype}, c.grad_dtype), "dx");
   expect_close(dgamma, dgamma_ref, f32_tol, "dgamma");
   expect_close(dbeta, dbeta_ref, f32_tol, "dbeta");
+
+  // The same backward with the sums given (as a GEMM that wrote dy would give them): its own
+  // reduction is skipped, and the results agree with the reference's.
+  const test::BatchNormGradSums host =
+      test::batchnorm_grad_sums_on_host(x, dy, gamma, beta, mean_used, invstd_used, c.relu);
+  const Tensor sums = Tensor::from_vector(std::vector<float>(host.sums.begin(), host.sums.end()),
+                                          {2, c.channels}, DType::f32, Device::cuda);
+  BatchNormParams given_bn = bn;
+  given_bn.grad_sums = &sums;
+  Tensor given_dx = poisoned(x_shape, c.grad_dtype, Device::cuda);
+  Tensor given_dgamma = gpu(dgamma0), given_dbeta = gpu(dbeta0);
+  kernels::batchnorm_backward(gpu(x), gpu(gamma), gpu(beta), mean, invstd, gpu(dy), given_dx,
+                              given_dgamma, given_dbeta, given_bn);
+  expect_close(given_dx, dx_ref, tolerance({c.dtype, c.grad_dtype}, c.grad_dtype),
+               "dx from given sums");
+  expect_close(given_dgamma, dgamma_ref, f32_tol, "dgamma from given sums");
+  expect_close(given_dbeta, dbeta_ref, f32_tol, "dbeta from given sums");
 }
 
 TEST(GpuBatchNorm, SmallShapesEveryMode) {

@@ -150,21 +150,14 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   out.store();
 }
 
-void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                        const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
-                        Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn) {
-  const BatchNormDims d =
-      require_batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta);
+namespace {
 
-  const FloatInput x_values(x), dy_values(dy);
-  const float* g = gamma.data<float>();
-  const float* b = beta.data<float>();
-  const float* mu = mean.data<float>();
-  const float* inv = invstd.data<float>();
+// sum_dy[c] = sum(dy_hat), sum_dy_xhat[c] = sum(dy_hat * xhat) over the rows of x and dy
+// [rows, C] (in double, then rounded), dy_hat being dy under the ReLU's mask.
+void grad_sums(const float* xs, const float* dys, const BatchNormDims& d, const float* g,
+               const float* b, const float* mu, const float* inv, bool relu,
+               std::vector<float>& sum_dy, std::vector<float>& sum_dy_xhat) {
   const int64_t channels = d.channels;
-  const float* xs = x_values.data();
-  const float* dys = dy_values.data();
-  const bool relu = bn.relu;
   // sums[0, C): sum(dy_hat); sums[C, 2C): sum(dy_hat * xhat).
   const std::vector<double> sums =
       channel_sums(d.rows, 2 * channels, [&](int64_t begin, int64_t end, double* block) {
@@ -181,10 +174,37 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
           }
         }
       });
-  std::vector<float> sum_dy(channels), sum_dy_xhat(channels);
   for (int64_t c = 0; c < channels; ++c) {
     sum_dy[c] = static_cast<float>(sums[c]);
     sum_dy_xhat[c] = static_cast<float>(sums[channels + c]);
+  }
+}
+
+} // namespace
+
+void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                        const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
+                        Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn) {
+  const BatchNormDims d =
+      require_batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta, bn);
+
+  const FloatInput x_values(x), dy_values(dy);
+  const float* g = gamma.data<float>();
+  const float* b = beta.data<float>();
+  const float* mu = mean.data<float>();
+  const float* inv = invstd.data<float>();
+  const int64_t channels = d.channels;
+  const float* xs = x_values.data();
+  const float* dys = dy_values.data();
+  const bool relu = bn.relu;
+  // sum(dy_hat) and sum(dy_hat * xhat) per channel: given (bn.grad_sums [2, C]) or summed here.
+  std::vector<float> sum_dy(channels), sum_dy_xhat(channels);
+  if (bn.grad_sums) {
+    const float* given = bn.grad_sums->data<float>();
+    std::copy(given, given + channels, sum_dy.begin());
+    std::copy(given + channels, given + 2 * channels, sum_dy_xhat.begin());
+  } else {
+    grad_sums(xs, dys, d, g, b, mu, inv, relu, sum_dy, sum_dy_xhat);
   }
 
   // Training: dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat));
