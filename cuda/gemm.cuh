@@ -1039,8 +1039,9 @@ template <class Family>
 struct HasMediumTiles<Family, std::void_t<typename Family::Medium>> : std::true_type {};
 
 // args.column_moments and args.batchnorm_grad.sums from C after the GEMM: the unfused passes over
-// C, for the launches without the epilogue hooks (v1, v2, the SIMT and thin kernels, and split K,
-// whose reduction kernel runs the epilogue element by element and has no tile to reduce).
+// C, for the launches without the epilogue hooks (v1, v2, the SIMT kernel, split K, whose
+// reduction kernel runs the epilogue element by element and has no tile to reduce, and the thin
+// kernels but for the thin-K kernel's gradient sums, gemm_thin.cu).
 inline void column_statistics_of_output(const GemmArgs& args) {
   if (args.column_moments)
     column_moments(args.c, args.c_dtype, args.m, int(args.n), args.column_moments, "gemm");

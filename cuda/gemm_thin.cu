@@ -8,7 +8,11 @@
 // gemm_version() is automatic (thin_gemm_applies, gemm.cuh).
 //
 //   thin K (K <= kThinK): a thread computes 4 consecutive columns of one row of C from the row's
-//     K values of A, writing them as one pack where C's rows allow;
+//     K values of A, writing them as one pack where C's rows allow. When C is the gradient of a
+//     batch norm's output (GemmArgs::batchnorm_grad: sine's last conv, K = 1, applied the batch
+//     norm before it as it loaded its input) and the block's threads cover whole rows of C, each
+//     thread keeps the same columns in every step and adds up their gradient terms as it
+//     stores them; the block adds its threads' sums per column in order;
 //   thin N (N <= kThinN, M >= kThinNMinRows): a warp sums one row of A against the N columns of
 //     B, each lane 4 consecutive k at a time (one 8- or 16-byte load where the row allows), the
 //     lanes' partial sums added by shuffles; a transposed A ([K, M], m contiguous) is read one
@@ -39,12 +43,14 @@ __device__ __forceinline__ float b_at(const T* b, int k, int n, int kk, int j) {
 }
 
 // v = relu(alpha * acc + beta * C_old + bias), for the 4 columns from col of one row of C, stored
-// as one pack when `pack` (N a multiple of 4, C aligned), else element by element up to N.
+// as one pack when `pack` (N a multiple of 4, C aligned), else element by element up to N; acc
+// becomes the values as stored.
 template <class CT>
-__device__ __forceinline__ void store_four(CT* c, int n, int row, int col, const float (&acc)[4],
+__device__ __forceinline__ void store_four(CT* c, int n, int row, int col, float (&acc)[4],
                                            const EpilogueArgs& ep, bool pack) {
   if (!pack) {
-    for (int e = 0; e < 4 && col + e < n; ++e) store_output(c, n, row, col + e, acc[e], ep);
+    for (int e = 0; e < 4 && col + e < n; ++e)
+      acc[e] = store_output(c, n, row, col + e, acc[e], ep);
     return;
   }
   const int64_t at = int64_t(row) * n + col;
@@ -56,15 +62,67 @@ __device__ __forceinline__ void store_four(CT* c, int n, int row, int col, const
     if (ep.beta != 0.0f) v.v[e] += ep.beta * old.v[e];
     if (ep.bias) v.v[e] += ep.bias[col + e];
     if (ep.relu) v.v[e] = v.v[e] < 0.0f ? 0.0f : v.v[e]; // NaN propagates
+    acc[e] = as_stored<CT>(v.v[e]);
   }
   store4(c, at, v);
 }
 
-// C[M, N] = epilogue(op(A) @ op(B)) for K <= kThinK: one thread per 4 columns of a row.
+// Adds the batch norm gradient terms (batchnorm_grad_terms) of C[row, col + e] as stored (dy[e])
+// and of the batch norm's input x there to a thread's sums of its 4 columns.
+template <class CT>
+__device__ __forceinline__ void add_grad_terms(const BatchNormGradient& grad, int n, int row,
+                                               int col, const float (&dy)[4], float (&sum)[4],
+                                               float (&sum_xhat)[4]) {
+  const CT* x = static_cast<const CT*>(grad.x) + int64_t(row) * n;
+  const BatchNormChannels& ch = grad.channels;
+  for (int e = 0; e < 4 && col + e < n; ++e) {
+    const int c = col + e;
+    float xhat, dy_hat;
+    batchnorm_grad_terms(load_f(x, c), dy[e], ch.gamma[c], ch.beta[c], ch.mean[c], ch.invstd[c],
+                         ch.relu, xhat, dy_hat);
+    sum[e] += dy_hat;
+    sum_xhat[e] += dy_hat * xhat;
+  }
+}
+
+// Bytes of shared memory the thin-K kernel's gradient sums need: [lanes][2][groups * 4] floats.
+constexpr int kThinGradSumsBytes = 2 * kThreads * 4 * int(sizeof(float));
+
+// partials[blockIdx.x, 0, col] and [.., 1, col] = the block's sums of column col: each thread's
+// (its 4 columns from threadIdx.x % groups * 4, the same in every step) go to shared memory as
+// [lanes][2][groups * 4], and one thread per column adds the lanes in order.
+__device__ __forceinline__ void store_thin_grad_partials(const float (&sum)[4],
+                                                         const float (&sum_xhat)[4], int n,
+                                                         float* partials) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  float* lanes = reinterpret_cast<float*>(smem_bytes);
+  const int groups = (n + 3) / 4, width = groups * 4, lane_count = kThreads / groups;
+  const int lane = threadIdx.x / groups, first = threadIdx.x % groups * 4;
+  for (int e = 0; e < 4; ++e) {
+    lanes[2 * lane * width + first + e] = sum[e];
+    lanes[(2 * lane + 1) * width + first + e] = sum_xhat[e];
+  }
+  __syncthreads();
+  float* dy_hat_sums = partials + int64_t(blockIdx.x) * 2 * n; // [2, N] of this block
+  for (int c = threadIdx.x; c < n; c += kThreads) {
+    float total = 0.0f, total_xhat = 0.0f;
+    for (int l = 0; l < lane_count; ++l) {
+      total += lanes[2 * l * width + c];
+      total_xhat += lanes[(2 * l + 1) * width + c];
+    }
+    dy_hat_sums[c] = total;
+    dy_hat_sums[n + c] = total_xhat;
+  }
+}
+
+// C[M, N] = epilogue(op(A) @ op(B)) for K <= kThinK: one thread per 4 columns of a row; with
+// ep.batchnorm_grad.sums, also the block's gradient sums (thin_k_sums_in_epilogue).
 template <bool kTransA, bool kTransB, class T, class CT>
 __global__ void __launch_bounds__(kThreads)
     gemm_thin_k_kernel(const T* a, const T* b, CT* c, int m, int n, int k, EpilogueArgs ep,
                        bool pack) {
+  const BatchNormGradient& grad = ep.batchnorm_grad;
+  float sum[4] = {}, sum_xhat[4] = {};
   const int groups = (n + 3) / 4;
   const int64_t total = int64_t(m) * groups;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -81,7 +139,15 @@ __global__ void __launch_bounds__(kThreads)
         for (int kk = 0; kk < kThinK; ++kk)
           if (kk < k) acc[e] += a_row[kk] * b_at<kTransB>(b, k, n, kk, col + e);
     store_four(c, n, row, col, acc, ep, pack);
+    if (grad.sums) add_grad_terms<CT>(grad, n, row, col, acc, sum, sum_xhat);
   }
+  if (grad.sums) store_thin_grad_partials(sum, sum_xhat, n, grad.sums); // the same for the block
+}
+
+// Whether the thin-K kernel adds up args.batchnorm_grad's sums itself: a thread keeps the same 4
+// columns in every step when the block's threads are a whole number of rows of C.
+bool thin_k_sums_in_epilogue(const GemmArgs& args) {
+  return args.batchnorm_grad.sums && args.k <= kThinK && kThreads % ((args.n + 3) / 4) == 0;
 }
 
 // Element kk of a row of a normalised A, from its stored value v: batch norm's output as stored.
@@ -157,9 +223,21 @@ template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmA
   const int m = int(args.m), n = int(args.n), k = int(args.k);
   if (args.k <= kThinK) {
     const bool pack = n % 4 == 0 && aligned_for_pack(c);
+    const int blocks = grid_for(args.m * ((n + 3) / 4), kThreads);
+    EpilogueArgs epilogue = args.epilogue;
+    Tensor partials; // [blocks, 2, N]
+    if (thin_k_sums_in_epilogue(args)) {
+      partials = Tensor::empty({blocks, 2, args.n}, DType::f32, Device::cuda);
+      epilogue.batchnorm_grad = args.batchnorm_grad;
+      epilogue.batchnorm_grad.sums = ptr<float>(partials);
+    }
     gemm_thin_k_kernel<kTransA, kTransB, T, CT>
-        <<<grid_for(args.m * ((n + 3) / 4), kThreads), kThreads, 0, stream()>>>(
-            a, b, c, m, n, k, args.epilogue, pack);
+        <<<blocks, kThreads, partials.defined() ? kThinGradSumsBytes : 0, stream()>>>(
+            a, b, c, m, n, k, epilogue, pack);
+    CUDA_CHECK_LAUNCH("gemm (thin, CUDA cores)");
+    if (partials.defined())
+      merge_grad_partials(ptr<float>(partials), blocks, n, args.batchnorm_grad.sums);
+    return;
   } else if constexpr (kTransA) {
     gemm_thin_n_columns_kernel<kTransB, T, CT>
         <<<grid_for(args.m, kThreads), kThreads, 0, stream()>>>(a, b, c, m, n, k, args.epilogue);
@@ -204,7 +282,9 @@ void thin_gemm(const GemmArgs& args) {
     launch_for(TypeTag<float>{});
   else
     visit_half_precision(args.ab_dtype, "gemm", launch_for);
-  column_statistics_of_output(args);
+  GemmArgs unfused = args; // the statistics the kernels did not produce
+  if (thin_k_sums_in_epilogue(args)) unfused.batchnorm_grad.sums = nullptr;
+  column_statistics_of_output(unfused);
 }
 
 } // namespace minamp::gpu
