@@ -85,7 +85,7 @@ TOOLS = {"minamp_tests": fake_minamp_tests, "compute-sanitizer": fake_compute_sa
 
 
 class GpuCheckScript(unittest.TestCase):
-    def run_script(self, limit_s=120, **failures):
+    def run_script(self, time_limit_s=120, **failures):
         """Runs gpu-check.sh on the stand-ins (with `failures` added to its environment); returns
         (exit status, {stage: verdict}, $OUT's files)."""
         tmp = tempfile.TemporaryDirectory()
@@ -103,7 +103,7 @@ class GpuCheckScript(unittest.TestCase):
         for name in ("gemm_v1_fake.cu.o", "gemm_fp32.cu.o"):
             open(os.path.join(objects, name), "w").close()
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
-                   OUT=out, TIME_LIMIT_S=str(limit_s), **failures)
+                   OUT=out, TIME_LIMIT_S=str(time_limit_s), **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh")],
                                  env=env, capture_output=True, text=True, timeout=110)
         summary = process.stdout[process.stdout.find("== summary"):] if "== summary" in \
@@ -143,7 +143,7 @@ class GpuCheckScript(unittest.TestCase):
 
     def test_a_stage_that_hangs_times_out_within_the_limit_and_skips_the_rest(self):
         start = time.monotonic()
-        status, verdicts, _ = self.run_script(limit_s=25, FAKE_TESTS_HANG="1")
+        status, verdicts, _ = self.run_script(time_limit_s=25, FAKE_TESTS_HANG="1")
         self.assertLess(time.monotonic() - start, 25, "the time limit was overrun")
         self.assertNotEqual(status, 0)
         self.assertRegex(verdicts["tests"], r"^TIMEOUT after 1[0-5] s$")
