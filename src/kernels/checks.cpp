@@ -15,16 +15,20 @@ void require_f32(const char* op, const char* name, const Tensor& tensor, int64_t
           " must be f32 with ", numel, " elements, got ", describe(tensor));
 }
 
-void require_moments(const char* op, const char* name, const Tensor& tensor, int64_t channels) {
+// Throws Error unless `tensor` is f32 [2, channels]; `rows` says what its two rows hold.
+void require_two_per_channel(const char* op, const char* name, const Tensor& tensor,
+                             int64_t channels, const char* rows) {
   require(tensor.defined() && tensor.dtype() == DType::f32 && tensor.shape() == Shape{2, channels},
-          op, name, " must be f32 [2, ", channels, "] (mean and variance per channel), got ",
+          op, name, " must be f32 [2, ", channels, "] (", rows, " per channel), got ",
           describe(tensor));
 }
 
+void require_moments(const char* op, const char* name, const Tensor& tensor, int64_t channels) {
+  require_two_per_channel(op, name, tensor, channels, "mean and variance");
+}
+
 void require_grad_sums(const char* op, const char* name, const Tensor& tensor, int64_t channels) {
-  require(tensor.defined() && tensor.dtype() == DType::f32 && tensor.shape() == Shape{2, channels},
-          op, name, " must be f32 [2, ", channels,
-          "] (sum dy_hat and sum dy_hat * xhat per channel), got ", describe(tensor));
+  require_two_per_channel(op, name, tensor, channels, "sum dy_hat and sum dy_hat * xhat");
 }
 
 void require_column_moments(const char* op, const GemmEpilogue& epilogue, int64_t m, int64_t n) {
