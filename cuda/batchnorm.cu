@@ -144,7 +144,8 @@ __device__ __forceinline__ void normalised_and_grad(float x, float dy,
                        dy_hat);
 }
 
-// dbeta += sums[0], dgamma += sums[1] (sums [2, C]: sum dy_hat, sum dy_hat xhat).
+// dbeta += sums[0], dgamma += sums[1] (sums [2, C]: sum dy_hat, sum dy_hat xhat), for sums given
+// by the GEMM that wrote dy (the reduction below adds its own as it finishes).
 __global__ void accumulate_affine_grads_kernel(const float* sums, int channels, float* dgamma,
                                                float* dbeta) {
   for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < channels; c += gridDim.x * blockDim.x) {
@@ -241,15 +242,17 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   // [sum dy_hat; sum dy_hat xhat]: one reduction over x and dy, unless the GEMM that wrote dy
   // produced them.
   Tensor computed;
-  if (!bn.grad_sums) {
+  if (bn.grad_sums) {
+    accumulate_affine_grads_kernel<<<grid_for(d.channels, kThreads), kThreads, 0, stream()>>>(
+        ptr<const float>(*bn.grad_sums), d.channels, ptr<float>(dgamma), ptr<float>(dbeta));
+    CUDA_CHECK_LAUNCH(op);
+  } else {
     computed = Tensor::empty({2, d.channels}, DType::f32, Device::cuda);
     batchnorm_grad_sums(x.raw(), x.dtype(), dy.raw(), dy.dtype(), d.rows, d.channels,
-                        {p.gamma, p.beta, p.mean, p.invstd, bn.relu}, ptr<float>(computed), op);
+                        {p.gamma, p.beta, p.mean, p.invstd, bn.relu}, ptr<float>(computed), op,
+                        ptr<float>(dbeta), ptr<float>(dgamma));
   }
   const Tensor& sums = bn.grad_sums ? *bn.grad_sums : computed;
-  accumulate_affine_grads_kernel<<<grid_for(d.channels, kThreads), kThreads, 0, stream()>>>(
-      ptr<const float>(sums), d.channels, ptr<float>(dgamma), ptr<float>(dbeta));
-  CUDA_CHECK_LAUNCH(op);
   if (x.numel() == 0) return;
   visit_floating(x, op, [&](auto x_type) {
     visit_floating(dy, op, [&](auto dy_type) {

@@ -73,12 +73,18 @@ struct TileGradPartials { // partials[tile, 0, c] and [tile, 1, c]
     v[1] = partials[(tile * 2 + 1) * cols + c];
   }
 };
-struct StoreSums { // sums[0, c] and sums[1, c]
+struct StoreSums { // sums[0, c] and sums[1, c]; dbeta[c] += the first, dgamma[c] += the second
   float* sums;
   int cols;
+  float* dbeta = nullptr; // or nullptr: no adding
+  float* dgamma = nullptr;
   __device__ void operator()(int c, float (&total)[2]) const {
     sums[c] = total[0];
     sums[cols + c] = total[1];
+    if (dbeta) {
+      dbeta[c] += total[0];
+      dgamma[c] += total[1];
+    }
   }
 };
 
@@ -140,7 +146,8 @@ void merge_column_partials(const float* partials, int64_t rows, int tile_rows, i
 }
 
 void batchnorm_grad_sums(const void* x, DType x_dtype, const void* dy, DType dy_dtype, int64_t rows,
-                         int channels, const BatchNormChannels& bn, float* sums, const char* op) {
+                         int channels, const BatchNormChannels& bn, float* sums, const char* op,
+                         float* dbeta, float* dgamma) {
   visit_floating(x_dtype, op, [&](auto x_type) {
     visit_floating(dy_dtype, op, [&](auto dy_type) {
       using TX = typename decltype(x_type)::type;
@@ -148,7 +155,7 @@ void batchnorm_grad_sums(const void* x, DType x_dtype, const void* dy, DType dy_
       reduce_columns<2>(
           rows, channels,
           GradTerms<TX, TDy>{static_cast<const TX*>(x), static_cast<const TDy*>(dy), bn, channels},
-          StoreSums{sums, channels}, op);
+          StoreSums{sums, channels, dbeta, dgamma}, op);
     });
   });
 }

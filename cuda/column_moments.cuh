@@ -40,8 +40,10 @@ struct BatchNormChannels {
 // sums [2, C] = sum over rows of dy_hat (row 0) and of dy_hat * xhat (row 1), xhat and dy_hat
 // per element as batchnorm_grad_terms (common.cuh) gives them from the batch norm's input x and
 // its output gradient dy (both [rows, C], f32, f16 or bf16): one column reduction reading both.
+// With dbeta and dgamma (f32 [C]), its last step also adds the sums to them.
 void batchnorm_grad_sums(const void* x, DType x_dtype, const void* dy, DType dy_dtype, int64_t rows,
-                         int channels, const BatchNormChannels& bn, float* sums, const char* op);
+                         int channels, const BatchNormChannels& bn, float* sums, const char* op,
+                         float* dbeta = nullptr, float* dgamma = nullptr);
 
 // sums [2, cols] from partials [row_tiles, 2, cols] f32, added in tile order.
 void merge_grad_partials(const float* partials, int64_t row_tiles, int cols, float* sums);
