@@ -9,12 +9,14 @@
 // it, which avoids the cancellation of E[x^2] - E[x]^2 at the price of reading x once more. When
 // the GEMM that wrote x already produced these moments in its epilogue (bn.batch_moments), that
 // pass is skipped; likewise the backward's gradient sums, when the GEMM that wrote dy produced
-// them (bn.grad_sums).
+// them (bn.grad_sums). The backward also sums dx per channel when asked (bn.dx_sums, the bias
+// gradient of the layer before), as it writes dx where each thread can keep its channels.
 //
 // The elementwise passes (normalise, dx) take four channels of a row at a time (8- or 16-byte
 // accesses) when C is a multiple of 4 and the tensors are aligned for it: on an H100 the
 // one-element versions moved 1.5-1.7 TB/s of the ~3 TB/s HBM gives.
 #include <initializer_list>
+#include <type_traits>
 
 #include "column_moments.cuh"
 #include "common.cuh"
@@ -154,19 +156,42 @@ __global__ void accumulate_affine_grads_kernel(const float* sums, int channels, 
   }
 }
 
+// The block's share of the sums of dx per channel: thread t holds the sums of its kPack
+// channels (the same ones in every step of its loop, see batchnorm_dx_kernel); the threads of each
+// pack column are added in thread order into partials[blockIdx.x, C].
+template <int kPack>
+__device__ __forceinline__ void store_dx_partials(const float (&sum)[kPack], int channels,
+                                                  float* partials) {
+  __shared__ float staged[kPack][kThreads];
+  for (int j = 0; j < kPack; ++j) staged[j][threadIdx.x] = sum[j];
+  __syncthreads();
+  const int packs = channels / kPack; // divides kThreads
+  if (int(threadIdx.x) >= packs) return;
+  for (int j = 0; j < kPack; ++j) {
+    float total = 0.0f;
+    for (int t = threadIdx.x; t < kThreads; t += packs) total += staged[j][t];
+    partials[int64_t(blockIdx.x) * channels + threadIdx.x * kPack + j] = total;
+  }
+}
+
 // Training: dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat));
 // eval: the statistics are constants and dx = gamma invstd dy_hat. kPack elements at a time,
 // unrolled by 2 with no aliasing for single elements (two loads each already; by 4, ptxas
-// spills).
-template <int kPack, class TX, class TDy, class TDx>
+// spills). With kDxSums (x, dy and dx of one dtype: mixed ones spill on sm_80, and autograd
+// gives one), also sums dx as stored per channel into partials [gridDim.x, C]: the
+// launch makes the grid stride a multiple of the packs in a row (C / kPack divides kThreads), so
+// each thread stays on the same channels.
+template <int kPack, bool kDxSums, class TX, class TDy, class TDx>
 __global__ void __launch_bounds__(kThreads)
     batchnorm_dx_kernel(const TX* __restrict__ x, const TDy* __restrict__ dy, TDx* __restrict__ dx,
                         const float* __restrict__ sums, int64_t rows, int channels, ChannelParams p,
-                        bool relu, bool training) {
+                        bool relu, bool training, float* __restrict__ dx_partials) {
   const int64_t size = rows * channels;
   const float n = float(rows);
+  float dx_sum[kPack] = {};
+  PackCursor<kPack> at(channels);
 #pragma unroll(kPack == 1 ? 2 : 1)
-  for (PackCursor<kPack> at(channels); at.before(size); at.next()) {
+  for (; at.before(size); at.next()) {
     float xs[kPack], dys[kPack], grads[kPack], sum_dy[kPack], sum_dy_xhat[kPack];
     load_pack(x, at.first(), xs);
     load_pack(dy, at.first(), dys);
@@ -181,8 +206,14 @@ __global__ void __launch_bounds__(kThreads)
           training ? scale / n * (n * dy_hat - sum_dy[j] - xhat * sum_dy_xhat[j]) : scale * dy_hat;
     }
     store_pack(dx, at.first(), grads);
+    if constexpr (kDxSums)
+      for (int j = 0; j < kPack; ++j) dx_sum[j] += as_stored<TDx>(grads[j]);
   }
+  if constexpr (kDxSums) store_dx_partials<kPack>(dx_sum, channels, dx_partials);
 }
+
+// Whether the dx kernel can sum dx per channel as it goes: each thread keeps one pack column.
+bool dx_sums_in_kernel(int channels, int pack) { return kThreads % (channels / pack) == 0; }
 
 } // namespace
 
@@ -253,24 +284,43 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
                         ptr<float>(dbeta), ptr<float>(dgamma));
   }
   const Tensor& sums = bn.grad_sums ? *bn.grad_sums : computed;
-  if (x.numel() == 0) return;
+  if (x.numel() == 0) {
+    if (bn.dx_sums) fill(*bn.dx_sums, 0.0f);
+    return;
+  }
   visit_floating(x, op, [&](auto x_type) {
     visit_floating(dy, op, [&](auto dy_type) {
       using TX = typename decltype(x_type)::type;
       using TDy = typename decltype(dy_type)::type;
       visit_floating(dx, op, [&](auto dx_type) {
         using TDx = typename decltype(dx_type)::type;
-        const auto launch = [&](auto kernel, int pack) {
-          kernel<<<grid_for(x.numel() / pack, kThreads), kThreads, 0, stream()>>>(
+        const int pack = pack_for(d.channels, p, ptr<const TX>(x), ptr<const TDy>(dy),
+                                  ptr<const TDx>(dx), ptr<const float>(sums));
+        const int blocks = grid_for(x.numel() / pack, kThreads);
+        // dx_sums: from per-block partials the kernel writes (for x, dy and dx of one dtype, as
+        // autograd gives them), or by a reduction over dx after it.
+        constexpr bool kOneDtype = std::is_same_v<TX, TDy> && std::is_same_v<TDy, TDx>;
+        const bool partial_sums = kOneDtype && bn.dx_sums && dx_sums_in_kernel(d.channels, pack);
+        Tensor partials;
+        if (partial_sums) partials = Tensor::empty({blocks, d.channels}, DType::f32, Device::cuda);
+        const auto launch = [&](auto pack_constant) {
+          constexpr int kPack = decltype(pack_constant)::value;
+          auto kernel = batchnorm_dx_kernel<kPack, false, TX, TDy, TDx>;
+          if constexpr (kOneDtype)
+            if (partial_sums) kernel = batchnorm_dx_kernel<kPack, true, TX, TDy, TDx>;
+          kernel<<<blocks, kThreads, 0, stream()>>>(
               ptr<const TX>(x), ptr<const TDy>(dy), ptr<TDx>(dx), ptr<const float>(sums), d.rows,
-              d.channels, p, bn.relu, bn.training);
+              d.channels, p, bn.relu, bn.training, partial_sums ? ptr<float>(partials) : nullptr);
           CUDA_CHECK_LAUNCH(op);
         };
-        if (pack_for(d.channels, p, ptr<const TX>(x), ptr<const TDy>(dy), ptr<const TDx>(dx),
-                     ptr<const float>(sums)) == 4)
-          launch(batchnorm_dx_kernel<4, TX, TDy, TDx>, 4);
+        if (pack == 4)
+          launch(std::integral_constant<int, 4>{});
         else
-          launch(batchnorm_dx_kernel<1, TX, TDy, TDx>, 1);
+          launch(std::integral_constant<int, 1>{});
+        if (partial_sums)
+          column_sums(partials.raw(), DType::f32, blocks, d.channels, ptr<float>(*bn.dx_sums), op);
+        else if (bn.dx_sums)
+          column_sums(dx.raw(), dx.dtype(), d.rows, d.channels, ptr<float>(*bn.dx_sums), op);
       });
     });
   });

@@ -2,7 +2,8 @@
 // by the two-pass column reduction that batch norm's unfused statistics pass runs, or by merging
 // the per-tile partials of the GEMM epilogue's statistics hook (gemm.cuh, store_column_partials);
 // and the backward's gradient sums, by a column reduction over x and dy or from the per-tile
-// partials of the GEMM epilogue's gradient hook (gemm.cuh, store_grad_partials).
+// partials of the GEMM epilogue's gradient hook (gemm.cuh, store_grad_partials); and plain column
+// sums (a batch norm's dx, per channel).
 #include "column_moments.cuh"
 
 #include "device.cuh"
@@ -18,6 +19,10 @@ template <class T> struct ColumnValue { // x[row, c]
   __device__ void operator()(int64_t row, int c, float (&v)[1]) const {
     v[0] = load_f(x, row * cols + c);
   }
+};
+struct StoreSum { // sums[c] = sum
+  float* sums;
+  __device__ void operator()(int c, float (&sum)[1]) const { sums[c] = sum[0]; }
 };
 struct StoreMean { // mean[c] = sum / rows
   float* mean;
@@ -163,6 +168,14 @@ void batchnorm_grad_sums(const void* x, DType x_dtype, const void* dy, DType dy_
 void merge_grad_partials(const float* partials, int64_t row_tiles, int cols, float* sums) {
   reduce_columns<2>(row_tiles, cols, TileGradPartials{partials, cols}, StoreSums{sums, cols},
                     "gemm: adding up the batch norm gradient sums");
+}
+
+void column_sums(const void* x, DType dtype, int64_t rows, int cols, float* sums, const char* op) {
+  visit_floating(dtype, op, [&](auto type) {
+    using T = typename decltype(type)::type;
+    reduce_columns<1>(rows, cols, ColumnValue<T>{static_cast<const T*>(x), cols}, StoreSum{sums},
+                      op);
+  });
 }
 
 } // namespace minamp::gpu

@@ -4,7 +4,8 @@
 //   the per-tile partials a GEMM epilogue wrote while producing it (merge_column_partials);
 // - backward, the gradient sums (sums f32 [2, C]: sum dy_hat, sum dy_hat * xhat), either computed
 //   from x and dy (batchnorm_grad_sums), or added up from the per-tile partials a GEMM epilogue
-//   wrote while producing dy (merge_grad_partials; gemm.cuh, BatchNormGradient).
+//   wrote while producing dy (merge_grad_partials; gemm.cuh, BatchNormGradient); and the sums
+//   of its dx per channel (column_sums), the bias gradient of the layer before it.
 // All are deterministic: fixed orders, no atomics.
 #pragma once
 
@@ -47,5 +48,10 @@ void batchnorm_grad_sums(const void* x, DType x_dtype, const void* dy, DType dy_
 
 // sums [2, cols] from partials [row_tiles, 2, cols] f32, added in tile order.
 void merge_grad_partials(const float* partials, int64_t row_tiles, int cols, float* sums);
+
+// sums [cols] = the sum over the rows of x [rows, cols] (f32, f16 or bf16) per column: the sums
+// of a batch norm's dx (BatchNormParams::dx_sums) from dx itself, or from the per-block partials
+// of them that the dx kernel wrote (one column reduction, fixed order).
+void column_sums(const void* x, DType dtype, int64_t rows, int cols, float* sums, const char* op);
 
 } // namespace minamp::gpu

@@ -218,6 +218,23 @@ inline void expect_grad_sums(const Tensor& sums, const BatchNormGradSums& ref, d
         << ") " << got[i] << " vs " << ref.sums[i];
 }
 
+// Expects `sums` (f32 [C]) to be the sums over the rows of `values` [rows, C] as stored, each
+// within `tolerance` times its column's sum of |values| (a NaN never passes).
+inline void expect_column_sums(const Tensor& sums, const Tensor& values, double tolerance,
+                               const std::string& what) {
+  const size_t channels = size_t(values.shape().last());
+  const std::vector<float> got = sums.to_vector(), v = values.to_vector();
+  ASSERT_EQ(got.size(), channels) << what;
+  std::vector<double> exact(channels), scale(channels);
+  for (size_t i = 0; i < v.size(); ++i) {
+    exact[i % channels] += v[i];
+    scale[i % channels] += std::fabs(v[i]);
+  }
+  for (size_t c = 0; c < channels; ++c)
+    EXPECT_LE(std::fabs(got[c] - exact[c]), tolerance * scale[c] + 1e-30)
+        << what << ": column " << c << " sum " << got[c] << " vs " << exact[c];
+}
+
 // Expects `call` to throw minamp::Error whose message contains every one of `parts`.
 template <class Call, class... Parts> void expect_error(Call&& call, const Parts&... parts) {
   const std::vector<std::string> wanted = {std::string(parts)...};

@@ -47,6 +47,7 @@ std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>
 void release(Node& node) {
   node.backward = nullptr;
   node.grad = Tensor();
+  node.grad_column_sums = Tensor();
   node.inputs.clear();
   node.released = true;
 }
@@ -138,13 +139,20 @@ void Var::backward(const Tensor& seed) const {
   }
 }
 
-void accumulate_grad(Node& node, const Tensor& grad) {
+void accumulate_grad(Node& node, const Tensor& grad, const Tensor& column_sums) {
   require(grad.shape() == node.shape, "accumulate_grad", "gradient ", describe(grad),
           " does not match the value ", node.dtype, node.shape, " of op ", node.op);
+  require(!column_sums.defined() || (column_sums.dtype() == DType::f32 &&
+                                     column_sums.shape() == Shape{grad.shape().last()}),
+          "accumulate_grad", "column sums ", describe(column_sums), " do not match the gradient ",
+          describe(grad));
   if (!node.grad.defined()) {
-    node.grad = grad.dtype() == node.dtype ? grad : grad.to(node.dtype);
+    const bool as_is = grad.dtype() == node.dtype;
+    node.grad = as_is ? grad : grad.to(node.dtype);
+    if (as_is) node.grad_column_sums = column_sums;
     return;
   }
+  node.grad_column_sums = Tensor(); // they describe the first gradient only
   if (node.grad.storage_shared()) node.grad = node.grad.clone(); // copy on write
   kernels::add_inplace(node.grad, grad, 1.0f);
 }

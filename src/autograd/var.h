@@ -25,6 +25,12 @@ struct Node {
   DType dtype = DType::f32;
   Device device = Device::cpu;
   Tensor grad; // of shape and dtype; undefined until a gradient arrives
+  // Set by an op whose backward sums its output's gradient per channel (a bias gradient): the op
+  // that gives that gradient may compute the sums as it writes it (grad_column_sums).
+  bool wants_grad_column_sums = false;
+  // f32 [channels]: the sum of grad over all but its last dimension, as stored, when the op that
+  // gave grad computed it; undefined otherwise (and once a second gradient is added in).
+  Tensor grad_column_sums;
   bool requires_grad = false;
   std::vector<std::shared_ptr<Node>> inputs;
   // Reads this node's grad and accumulates into its inputs' grads (and parameters' grads).
@@ -83,8 +89,9 @@ private:
 // Adds `grad` into node.grad, converting it to the node's dtype when they differ. When node.grad
 // is still undefined it takes `grad` over without a copy (so one gradient can go to several
 // nodes, as an add's to both its inputs); a node.grad that shares its storage is never added
-// into in place, but copied first.
-void accumulate_grad(Node& node, const Tensor& grad);
+// into in place, but copied first. `column_sums` (f32 [channels], or undefined) are grad's sums
+// per channel: kept as node.grad_column_sums when grad is the node's first and is taken as it is.
+void accumulate_grad(Node& node, const Tensor& grad, const Tensor& column_sums = Tensor());
 
 // A function shown every op node whose gradient is complete, just before its backward runs
 // (used by the fp16 range diagnostics). Empty by default; set per thread.

@@ -260,6 +260,8 @@ BatchNormDims require_batchnorm_forward(const Tensor& x, const Tensor& gamma, co
     require(bn.training, op, "batch_moments are batch statistics, for training mode only");
     require_moments(op, "batch_moments", *bn.batch_moments, d.channels);
   }
+  require(!bn.grad_sums && !bn.dx_sums, op,
+          "grad_sums and dx_sums are for batchnorm_backward only");
   return d;
 }
 
@@ -279,6 +281,7 @@ BatchNormDims require_batchnorm_backward(const Tensor& x, const Tensor& gamma, c
   for (const Tensor* t : {&mean, &invstd, &dgamma, &dbeta})
     require_f32(op, "mean, invstd, dgamma and dbeta", *t, d.channels);
   if (bn.grad_sums) require_grad_sums(op, "grad_sums", *bn.grad_sums, d.channels);
+  if (bn.dx_sums) require_f32(op, "dx_sums (the sum of dx per channel)", *bn.dx_sums, d.channels);
   return d;
 }
 

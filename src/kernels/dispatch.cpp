@@ -160,7 +160,7 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
                         Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn) {
   MINAMP_DISPATCH("batchnorm_backward",
                   common_device("batchnorm_backward", {&x, &gamma, &beta, &mean, &invstd, &dy, &dx,
-                                                       &dgamma, &dbeta, bn.grad_sums}),
+                                                       &dgamma, &dbeta, bn.grad_sums, bn.dx_sums}),
                   batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta, bn));
 }
 

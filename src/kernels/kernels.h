@@ -60,6 +60,10 @@ struct BatchNormParams {
   // = dy under the ReLU's mask), already computed by the GEMM that wrote dy
   // (InputNormalization::grad_sums); the kernel then skips its own reduction over x and dy.
   const Tensor* grad_sums = nullptr;
+  // Backward only, f32 [C] or nullptr: also written with the sum over rows of dx as stored, per
+  // channel. That is the bias gradient of the layer that wrote x, which so need not read dx
+  // again (Node::grad_column_sums).
+  Tensor* dx_sums = nullptr;
 };
 
 // amp_update_scale's factors (amp::GradScalerOptions holds PyTorch's defaults).

@@ -1,5 +1,6 @@
 // Linear, Conv2d and BatchNorm as differentiable ops on fp32 masters / f16 working copies, and a
-// batch norm folded into the 1x1 conv after it (batch_norm_conv2d). A
+// batch norm folded into the 1x1 conv after it (batch_norm_conv2d), whose backward also sums
+// the batch norm's dx per channel for the bias gradient of the layer before it. A
 // frozen parameter gets no gradient; an op whose parameters are all frozen and whose input needs
 // no gradient records nothing (a frozen prefix of a network keeps no activations).
 #include "amp/autocast.h"
@@ -17,6 +18,22 @@ Tensor unfused_relu_grad(const Tensor& y, const Tensor& dy, bool relu) {
   Tensor masked = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
   kernels::relu_backward(y, dy, masked);
   return masked;
+}
+
+// db += the sum of dy per channel: the sums that came with the node's gradient
+// (Node::grad_column_sums) when dy is that gradient as it came, else a reduction over dy.
+void bias_backward(const Node& self, const Tensor& dy, Parameter& bias) {
+  if (self.grad_column_sums.defined() && dy.raw() == self.grad.raw())
+    kernels::add_inplace(bias.grad(), self.grad_column_sums, 1.0f);
+  else
+    kernels::bias_backward(dy, bias.grad());
+}
+
+// Asks for the per-channel sums of y's gradient with the gradient when y's backward reduces that
+// gradient as it comes: a trainable bias and no fused ReLU between.
+Var asking_for_grad_sums(Var y, bool bias_grad, bool relu) {
+  if (bias_grad && !relu && y.requires_grad()) y.node().wants_grad_column_sums = true;
+  return y;
 }
 
 // The parameter's gradient, or a zero f32 tensor of its shape when it is frozen (for kernels that
@@ -112,15 +129,16 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
 
   const Tensor saved_x = xc.value(), saved_y = relu ? y : Tensor(); // saved_y: the ReLU's mask
   const bool weight_grad = weight.requires_grad(), bias_grad = bias && bias->requires_grad();
-  return Var::from_op("conv2d", y, {xc}, weight_grad || bias_grad, [=, &weight](Node& self) {
+  Var out = Var::from_op("conv2d", y, {xc}, weight_grad || bias_grad, [=, &weight](Node& self) {
     const Tensor dy = unfused_relu_grad(saved_y, self.grad, relu);
-    if (bias_grad) kernels::bias_backward(dy, bias->grad());
+    if (bias_grad) bias_backward(self, dy, *bias);
     Node& input = *self.inputs[0];
     Tensor dx, no_dw;
     if (input.requires_grad) dx = Tensor::empty(saved_x.shape(), dtype, saved_x.device());
     kernels::conv2d_backward(saved_x, w, dy, dx, weight_grad ? weight.grad() : no_dw, conv);
     if (dx.defined()) accumulate_grad(input, dx);
   });
+  return asking_for_grad_sums(out, bias_grad, relu);
 }
 
 Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_mean,
@@ -184,11 +202,11 @@ Var batch_norm_conv2d(const Var& x, const BatchNormArgs& norm, Parameter& weight
   const Tensor saved_x = xc.value(), saved_y = relu ? y : Tensor(); // saved_y: the ReLU's mask
   const bool weight_grad = weight.requires_grad(), bias_grad = bias && bias->requires_grad();
   const bool affine_grad = gamma.requires_grad() || beta.requires_grad();
-  return Var::from_op(
+  Var out = Var::from_op(
       "batch_norm_conv2d", y, {xc}, weight_grad || bias_grad || affine_grad,
       [=, &weight, &gamma, &beta](Node& self) {
         const Tensor dy = unfused_relu_grad(saved_y, self.grad, relu);
-        if (bias_grad) kernels::bias_backward(dy, bias->grad());
+        if (bias_grad) bias_backward(self, dy, *bias);
         Node& input = *self.inputs[0];
         const bool norm_grad = input.requires_grad || affine_grad;
         // The gradient of the batch norm's output, and the batch norm backward's sums over it,
@@ -208,10 +226,17 @@ Var batch_norm_conv2d(const Var& x, const BatchNormArgs& norm, Parameter& weight
         Tensor dgamma = grad_or_scratch(gamma), dbeta = grad_or_scratch(beta);
         BatchNormParams sums_bn = backward_bn;
         sums_bn.grad_sums = &grad_sums;
+        // The bias gradient of the layer before, summed as dx is written, when it asks for it.
+        Tensor dx_sums;
+        if (input.requires_grad && input.wants_grad_column_sums) {
+          dx_sums = Tensor::empty({channels}, DType::f32, saved_x.device());
+          sums_bn.dx_sums = &dx_sums;
+        }
         kernels::batchnorm_backward(saved_x, gamma.master(), beta.master(), mean, invstd,
                                     d_normalized, dx, dgamma, dbeta, sums_bn);
-        if (input.requires_grad) accumulate_grad(input, dx);
+        if (input.requires_grad) accumulate_grad(input, dx, dx_sums);
       });
+  return asking_for_grad_sums(out, bias_grad, relu);
 }
 
 } // namespace minamp::ops

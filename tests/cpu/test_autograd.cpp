@@ -510,6 +510,67 @@ TEST(Autograd, ABackwardThatThrowsFreesItsGraph) {
   EXPECT_FALSE(x.grad().defined()) << "a refused backward() reached the leaf";
 }
 
+// Column sums that come with a gradient describe it only while it is the node's first and is
+// kept as it came: a second gradient or a dtype conversion drops them; a wrong shape is an error.
+TEST(Autograd, GradientColumnSumsDescribeTheFirstGradientOnly) {
+  const Tensor grad = Tensor::full({2, 3}, 1.0f), sums = Tensor::full({3}, 2.0f);
+  Node node;
+  node.shape = {2, 3};
+  accumulate_grad(node, grad, sums);
+  EXPECT_EQ(node.grad_column_sums.raw(), sums.raw());
+  accumulate_grad(node, grad);
+  EXPECT_FALSE(node.grad_column_sums.defined()) << "two gradients added";
+  EXPECT_EQ(node.grad.to_vector(), std::vector<float>(6, 2.0f));
+
+  Node half;
+  half.shape = {2, 3};
+  half.dtype = DType::f16;
+  accumulate_grad(half, grad, sums);
+  EXPECT_FALSE(half.grad_column_sums.defined()) << "the gradient was converted to f16";
+
+  Node other;
+  other.shape = {2, 3};
+  expect_error([&] { accumulate_grad(other, grad, Tensor::full({2}, 0.0f)); }, "accumulate_grad",
+               "column sums f32[2] on cpu do not match the gradient f32[2, 3]");
+}
+
+// A conv with a trainable bias and no fused ReLU asks for its output gradient's column sums, and
+// its bias gradient is the sums that came (here not the gradient's own, so that their use shows),
+// unless a second gradient was added in.
+TEST(Autograd, ConvBiasGradientTakesTheSumsItsGradientCameWith) {
+  Rng rng(19);
+  const Shape out_shape{2, 3, 3, 4};
+  const Var x(test::random_tensor(rng, {2, 3, 3, 3}));
+  const Tensor grad = test::random_tensor(rng, out_shape);
+  const Tensor sums = Tensor::from_vector({1, 2, 3, 4}, {4});
+  const auto consume = [&](const Var& y, int gradients) {
+    return Var::from_op("consumer", Tensor::zeros({1}), {y}, false, [&, gradients](Node& self) {
+      accumulate_grad(*self.inputs[0], grad, sums);
+      if (gradients == 2) accumulate_grad(*self.inputs[0], grad, sums);
+    });
+  };
+  nn::Conv2d conv(3, 4, 1, rng);
+  const Var y = conv(x);
+  EXPECT_TRUE(y.node().wants_grad_column_sums);
+  consume(y, 1).backward();
+  EXPECT_EQ(conv.bias.grad().to_vector(), sums.to_vector());
+
+  nn::Conv2d twice(3, 4, 1, rng);
+  consume(twice(x), 2).backward();
+  const std::vector<float> g = grad.to_vector(), db = twice.bias.grad().to_vector();
+  for (size_t c = 0; c < 4; ++c) {
+    double total = 0.0;
+    for (size_t i = c; i < g.size(); i += 4) total += 2.0 * g[i];
+    EXPECT_NEAR(db[c], total, 1e-5) << "channel " << c << ": reduced over the summed gradient";
+  }
+
+  nn::Conv2d with_relu(3, 4, 1, rng), frozen_bias(3, 4, 1, rng);
+  with_relu.absorb_relu();
+  frozen_bias.bias.requires_grad_(false);
+  EXPECT_FALSE(with_relu(x).node().wants_grad_column_sums) << "the ReLU's mask lies between";
+  EXPECT_FALSE(frozen_bias(x).node().wants_grad_column_sums) << "no bias gradient to sum";
+}
+
 TEST(Autograd, LeafVarsKeepGatheringGradientsAcrossGraphs) {
   Var x(Tensor::full({2}, 1.0f), true);
   const Tensor three = Tensor::full({1}, 3.0f);

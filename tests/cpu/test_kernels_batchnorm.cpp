@@ -2,7 +2,8 @@
 // forward against a double reference in training and eval mode, with and without the fused
 // ReLU; PyTorch's running-statistics update (unbiased variance); dx, dgamma, dbeta by finite
 // differences; a batch of many row blocks (the threaded path) against double references and
-// across thread counts; the f16 emulation; and the error messages.
+// across thread counts; the f16 emulation; the sums a GEMM or the dx pass may take over
+// (given gradient sums, dx_sums); and the error messages.
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -471,21 +472,66 @@ TEST(CpuBatchNorm, GivenGradientSumsReplaceTheReduction) {
     }
 }
 
-TEST(CpuBatchNorm, GradientSumsAreShapedTwoByChannels) {
+// The gradient sums are f32 [2, C] and dx_sums f32 [C], both for the backward only.
+TEST(CpuBatchNorm, GradientSumsAndDxSumsAreShapedByChannels) {
   Rng rng(40);
   BatchNormLayer layer(rng, {2, 3, 3, 4});
   const Tensor dy = random_tensor(rng, {2, 3, 3, 4});
-  const Tensor mean = Tensor::zeros({4}), invstd = Tensor::full({4}, 1.0f);
+  Tensor y = poisoned({2, 3, 3, 4}), mean = Tensor::zeros({4}), invstd = Tensor::full({4}, 1.0f);
   Tensor dx = poisoned({2, 3, 3, 4}), dgamma = Tensor::zeros({4}), dbeta = Tensor::zeros({4});
-  const Tensor wrong = Tensor::zeros({2, 3});
   BatchNormParams bn = params(true, false);
+  const auto backward = [&] {
+    cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma, dbeta,
+                            bn);
+  };
+  const Tensor wrong = Tensor::zeros({2, 3});
   bn.grad_sums = &wrong;
+  expect_error(backward, "batchnorm_backward", "grad_sums must be f32 [2, 4]", "got f32[2, 3]");
+  bn.grad_sums = nullptr;
+  Tensor wrong_dx_sums = Tensor::zeros({2, 4}), dx_sums = Tensor::zeros({4});
+  bn.dx_sums = &wrong_dx_sums;
+  expect_error(backward, "batchnorm_backward", "dx_sums", "must be f32 with 4 elements",
+               "got f32[2, 4]");
+  bn.dx_sums = &dx_sums;
   expect_error(
       [&] {
-        cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma,
-                                dbeta, bn);
+        cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd,
+                               layer.running_mean, layer.running_var, bn);
       },
-      "batchnorm_backward", "grad_sums must be f32 [2, 4]", "got f32[2, 3]");
+      "batchnorm_forward", "for batchnorm_backward only");
+}
+
+// dx_sums are the sums of dx as stored per channel, in both modes, with and without the ReLU, for
+// f32 and f16 gradients (the f16 dx rounded before it is summed), over many row blocks too; dx is
+// the same with or without them.
+TEST(CpuBatchNorm, DxSumsAreTheSumsOfDxPerChannel) {
+  Rng rng(41);
+  for (const Shape& shape : {Shape{2, 3, 5, 7}, Shape{1000, 12}})
+    for (DType grad_dtype : {DType::f32, DType::f16})
+      for (bool training : {true, false})
+        for (bool relu : {false, true}) {
+          SCOPED_TRACE(
+              cat(shape, " ", grad_dtype, training ? " training" : " eval", relu ? " relu" : ""));
+          const int64_t channels = shape.last();
+          BatchNormLayer layer(rng, shape);
+          const Tensor dy = random_tensor(rng, shape, grad_dtype);
+          Tensor y = poisoned(shape), mean = poisoned({channels}), invstd = poisoned({channels});
+          cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd,
+                                 layer.running_mean, layer.running_var, params(training, relu));
+          const auto backward = [&](Tensor* dx_sums) {
+            Tensor dx = poisoned(shape, grad_dtype), dgamma = Tensor::zeros({channels}),
+                   dbeta = Tensor::zeros({channels});
+            BatchNormParams bn = params(training, relu);
+            bn.dx_sums = dx_sums;
+            cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma,
+                                    dbeta, bn);
+            return dx;
+          };
+          Tensor sums = poisoned({channels});
+          const Tensor dx = backward(&sums);
+          expect_column_sums(sums, dx, 1e-6, "dx_sums");
+          EXPECT_EQ(dx.to_vector(), backward(nullptr).to_vector());
+        }
 }
 
 TEST(CpuBatchNorm, BatchMomentsAreForTrainingOnlyAndShapedTwoByChannels) {

@@ -65,7 +65,9 @@ TEST(CpuGemm, OutputTilesCoverTheProductInWholeRegisterBlocks) {
       EXPECT_GE(t.row_tiles() * t.tile_rows, rows) << what;
       EXPECT_LT((t.col_tiles() - 1) * t.tile_cols, cols) << what;
       EXPECT_GE(t.col_tiles() * t.tile_cols, cols) << what;
-      if (t.col_tiles() > 1) EXPECT_EQ(t.tile_cols % 24, 0) << what;
+      if (t.col_tiles() > 1) {
+        EXPECT_EQ(t.tile_cols % 24, 0) << what;
+      }
     }
   EXPECT_EQ(cpu::output_tiles(12544, 64).count(), 16);  // ResNet's stem at batch 1: rows split
   EXPECT_GT(cpu::output_tiles(49, 512).col_tiles(), 1); // its last convolutions: columns split

@@ -5,7 +5,8 @@
 // NaN, determinism and values far from zero; then Sequential Conv2d/Linear -> BatchNorm -> ReLU
 // fused against nn::set_fusion(false), forward and backward, in training and eval mode, and a
 // chain of 1x1 convs, each applying the batch norm before it as it loads its input, against that
-// and against the CPU.
+// and against the CPU, with the biases before those batch norms taking their gradients from the
+// batch norm's backward.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "amp/autocast.h"
 #include "kernels/gemm_version.h"
 #include "kernels/kernels.h"
+#include "kernels/profile.h"
 #include "nn/module.h"
 #include "ops/ops.h"
 #include "test_util.h"
@@ -327,6 +329,19 @@ std::unique_ptr<nn::Sequential> make_pointwise_net() {
   return net;
 }
 
+// make_pointwise_net with a bias on every conv: the first two, before a batch norm, have a real
+// gradient in eval mode only (in training mode it is zero but for rounding).
+std::unique_ptr<nn::Sequential> make_biased_pointwise_net() {
+  Rng rng(1160);
+  auto net = std::make_unique<nn::Sequential>();
+  net->emplace<nn::Conv2d>(2, 32, 1, rng);
+  net->emplace<nn::BatchNorm>(32).emplace<nn::ReLU>();
+  net->emplace<nn::Conv2d>(32, 40, 1, rng);
+  net->emplace<nn::BatchNorm>(40).emplace<nn::ReLU>();
+  net->emplace<nn::Conv2d>(40, 1, 1, rng);
+  return net;
+}
+
 // What one training step and one eval forward leave: outputs, gradients, running statistics, and
 // the op that made the training output.
 struct StepResult {
@@ -422,6 +437,65 @@ TEST(GpuFusion, PointwiseConvsApplyTheBatchNormBeforeThem) {
                          cat(what, ": gradient of parameter ", i));
     for (size_t i = 0; i < fused.buffers.size(); ++i)
       test::expect_close(fused.buffers[i], cpu.buffers[i], tolerance, cat(what, ": buffer ", i));
+  }
+}
+
+// The gradients of one eval-mode forward and backward of `net` on `device`, and how many times
+// bias_backward ran in that backward.
+struct EvalBackward {
+  std::vector<Tensor> grads;
+  int64_t bias_backward_calls = 0;
+};
+EvalBackward eval_backward(nn::Sequential& net, DType amp_dtype, Device device) {
+  net.to(device);
+  net.eval();
+  Rng rng(1210);
+  const Tensor x = test::random_tensor(rng, {2, 9, 11, 2}, DType::f32, device, -2.0f, 2.0f);
+  EvalBackward out;
+  {
+    const bool amp = amp_dtype != DType::f32;
+    amp::Autocast autocast(amp, amp ? amp_dtype : DType::f16);
+    const Var y = net(Var(x));
+    const Var loss = ops::mse_loss(y, test::random_tensor(rng, y.shape(), DType::f32, device));
+    profile::collect(); // start from nothing
+    profile::set_enabled(true);
+    loss.backward();
+    profile::set_enabled(false);
+  }
+  for (const profile::OpTime& t : profile::collect())
+    if (t.op == "bias_backward") out.bias_backward_calls += t.calls;
+  for (Parameter* p : net.parameters()) out.grads.push_back(p->grad().to(Device::cpu));
+  return out;
+}
+
+// With fusion on, the batch norm's backward inside batch_norm_conv2d sums its dx per channel as it
+// writes it (C = 32 in its dx kernel, C = 40 by a reduction after it), and the conv before takes
+// those sums as its bias gradient: only the last conv's bias runs bias_backward. Every gradient
+// agrees with MINAMP_FUSION=0's and with the CPU's.
+TEST(GpuFusion, BiasGradientsBeforeABatchNormComeFromItsBackward) {
+  MINAMP_REQUIRE_GPU();
+  for (DType amp_dtype : {DType::f32, DType::f16}) {
+    SCOPED_TRACE(cat("autocast ", amp_dtype));
+    EvalBackward fused, unfused;
+    {
+      test::ScopedFusion on(true);
+      fused = eval_backward(*make_biased_pointwise_net(), amp_dtype, Device::cuda);
+    }
+    {
+      test::ScopedFusion off(false);
+      unfused = eval_backward(*make_biased_pointwise_net(), amp_dtype, Device::cuda);
+    }
+    const EvalBackward cpu = eval_backward(*make_biased_pointwise_net(), amp_dtype, Device::cpu);
+    EXPECT_EQ(fused.bias_backward_calls, 1);
+    EXPECT_EQ(unfused.bias_backward_calls, 3);
+    const double tolerance = test::tolerance_for(amp_dtype);
+    ASSERT_EQ(fused.grads.size(), cpu.grads.size());
+    for (size_t i = 0; i < fused.grads.size(); ++i) {
+      test::expect_close(fused.grads[i], unfused.grads[i], tolerance,
+                         cat("fused vs MINAMP_FUSION=0: gradient of parameter ", i));
+      test::expect_close(fused.grads[i], cpu.grads[i], tolerance,
+                         cat("fused vs CPU: gradient of parameter ", i));
+    }
   }
 }
 

@@ -707,8 +707,12 @@ void check_batchnorm(const BatchNormCase& c, Rng& rng) {
                dbeta0 = random_tensor(rng, channel_shape);
   Tensor dx = poisoned(x_shape, c.grad_dtype, Device::cuda);
   Tensor dgamma = gpu(dgamma0), dbeta = gpu(dbeta0);
+  Tensor dx_sums = poisoned(channel_shape, DType::f32, Device::cuda);
+  BatchNormParams sums_bn = bn;
+  sums_bn.dx_sums = &dx_sums;
   kernels::batchnorm_backward(gpu(x), gpu(gamma), gpu(beta), mean, invstd, gpu(dy), dx, dgamma,
-                              dbeta, bn);
+                              dbeta, sums_bn);
+  test::expect_column_sums(dx_sums, dx, 1e-5, "dx_sums against the sums of dx as stored");
   // The reference backward reads the GPU's saved statistics (compared above): the ReLU mask is
   // recomputed from them, and fp32 vs double statistics (~1e-7 apart) would flip it for the few
   // elements that close to zero (f16 x repeats each value ~60 times per channel at 262144 rows),
@@ -740,11 +744,13 @@ void check_batchnorm(const BatchNormCase& c, Rng& rng) {
   expect_close(given_dbeta, dbeta_ref, f32_tol, "dbeta from given sums");
 }
 
+// The backward's dx_sums come from the dx kernel where each of its threads keeps its channels
+// (C = 1, 2, 8 and 32; 2000 x 8 over several blocks) and from a reduction over dx elsewhere.
 TEST(GpuBatchNorm, SmallShapesEveryMode) {
   MINAMP_REQUIRE_GPU();
   Rng rng(51);
-  for (const auto& [rows, channels] :
-       std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {2, 1}, {17, 33}, {1000, 7}, {9, 12}})
+  for (const auto& [rows, channels] : std::vector<std::pair<int64_t, int64_t>>{
+           {3, 5}, {2, 1}, {17, 33}, {1000, 7}, {9, 12}, {64, 32}, {40, 2}, {2000, 8}})
     for (DType dtype : kFloating)
       for (bool training : {true, false})
         for (bool relu : {false, true})

@@ -180,6 +180,20 @@ void grad_sums(const float* xs, const float* dys, const BatchNormDims& d, const 
   }
 }
 
+// sums[c] = the sum over the rows of dx [rows, C] (in double, then rounded).
+void column_sums(const float* dx, const BatchNormDims& d, float* sums) {
+  const int64_t channels = d.channels;
+  const std::vector<double> total =
+      channel_sums(d.rows, channels, [&](int64_t begin, int64_t end, double* block) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* row = dx + r * channels;
+#pragma omp simd
+          for (int64_t c = 0; c < channels; ++c) block[c] += row[c];
+        }
+      });
+  for (int64_t c = 0; c < channels; ++c) sums[c] = static_cast<float>(total[c]);
+}
+
 } // namespace
 
 void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -228,6 +242,7 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
     }
   }
   grad_in.store();
+  if (bn.dx_sums) column_sums(FloatInput(dx).data(), d, bn.dx_sums->data<float>());
 
   float* dg = dgamma.data<float>();
   float* db = dbeta.data<float>();
