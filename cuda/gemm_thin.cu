@@ -8,11 +8,13 @@
 // gemm_version() is automatic (thin_gemm_applies, gemm.cuh).
 //
 //   thin K (K <= kThinK): a thread computes 4 consecutive columns of one row of C from the row's
-//     K values of A, writing them as one pack where C's rows allow. When C is the gradient of a
+//     K values of A, writing them as one pack where C's rows allow. When the block's threads
+//     cover whole rows of C (N / 4 divides the 256 threads, as N = 256 does), each thread keeps
+//     the same columns in every step: it reads their B values and bias once and walks the rows
+//     with no index division (the kernel is one pass over C). When C is also the gradient of a
 //     batch norm's output (GemmArgs::batchnorm_grad: sine's last conv, K = 1, applied the batch
-//     norm before it as it loaded its input) and the block's threads cover whole rows of C, each
-//     thread keeps the same columns in every step and adds up their gradient terms as it
-//     stores them; the block adds its threads' sums per column in order;
+//     norm before it as it loaded its input), each thread adds up its columns' gradient terms as
+//     it stores them; the block adds its threads' sums per column in order;
 //   thin N (N <= kThinN, M >= kThinNMinRows): a warp sums one row of A against the N columns of
 //     B, each lane 4 consecutive k at a time (one 8- or 16-byte load where the row allows), the
 //     lanes' partial sums added by shuffles; a transposed A ([K, M], m contiguous) is read one
@@ -42,47 +44,114 @@ __device__ __forceinline__ float b_at(const T* b, int k, int n, int kk, int j) {
   return load_f(b, kTransB ? int64_t(j) * k + kk : int64_t(kk) * n + j);
 }
 
+// bias[e] = the bias of column col + e (0 past N, or without a bias).
+__device__ __forceinline__ void load_bias(const EpilogueArgs& ep, int n, int col,
+                                          float (&bias)[4]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) bias[e] = col + e < n && ep.bias ? ep.bias[col + e] : 0.0f;
+}
+
+// The values a thread keeps for its 4 columns from col when they are the same in every step: op(B)
+// at (kk, col + e) and the bias (0 past N or K; only those before N and K are used).
+template <bool kTransB, class T> struct ThinColumns {
+  float b[4][kThinK];
+  float bias[4];
+  __device__ ThinColumns(const T* b_data, int k, int n, int col, const EpilogueArgs& ep) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+#pragma unroll
+      for (int kk = 0; kk < kThinK; ++kk)
+        b[e][kk] = col + e < n && kk < k ? b_at<kTransB>(b_data, k, n, kk, col + e) : 0.0f;
+    load_bias(ep, n, col, bias);
+  }
+};
+
+// acc[e] = sum over kk < k of op(A)[row, kk] * b_value(e, kk), in k order, for the columns
+// before N (b_value(e, kk): op(B) at (kk, col + e)).
+template <bool kTransA, class T, class BValue>
+__device__ __forceinline__ void thin_row_products(const T* a, int m, int k, int n, int64_t row,
+                                                  int col, const BValue& b_value, float (&acc)[4]) {
+  float a_row[kThinK];
+#pragma unroll
+  for (int kk = 0; kk < kThinK; ++kk)
+    a_row[kk] = kk < k ? a_at<kTransA>(a, m, k, int(row), kk) : 0.0f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    acc[e] = 0.0f;
+    if (col + e < n)
+#pragma unroll
+      for (int kk = 0; kk < kThinK; ++kk)
+        if (kk < k) acc[e] += a_row[kk] * b_value(e, kk);
+  }
+}
+
 // v = relu(alpha * acc + beta * C_old + bias), for the 4 columns from col of one row of C, stored
 // as one pack when `pack` (N a multiple of 4, C aligned), else element by element up to N; acc
 // becomes the values as stored.
 template <class CT>
-__device__ __forceinline__ void store_four(CT* c, int n, int row, int col, float (&acc)[4],
-                                           const EpilogueArgs& ep, bool pack) {
+__device__ __forceinline__ void store_four(CT* c, int n, int64_t row, int col, float (&acc)[4],
+                                           const float (&bias)[4], const EpilogueArgs& ep,
+                                           bool pack) {
   if (!pack) {
     for (int e = 0; e < 4 && col + e < n; ++e)
-      acc[e] = store_output(c, n, row, col + e, acc[e], ep);
+      acc[e] = store_output(c, n, int(row), col + e, acc[e], ep);
     return;
   }
-  const int64_t at = int64_t(row) * n + col;
+  const int64_t at = row * n + col;
   Float4 v;
   const Float4 old = ep.beta != 0.0f ? load4(c, at) : Float4{};
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     v.v[e] = ep.alpha * acc[e];
     if (ep.beta != 0.0f) v.v[e] += ep.beta * old.v[e];
-    if (ep.bias) v.v[e] += ep.bias[col + e];
+    if (ep.bias) v.v[e] += bias[e];
     if (ep.relu) v.v[e] = v.v[e] < 0.0f ? 0.0f : v.v[e]; // NaN propagates
     acc[e] = as_stored<CT>(v.v[e]);
   }
   store4(c, at, v);
 }
 
-// Adds the batch norm gradient terms (batchnorm_grad_terms) of C[row, col + e] as stored (dy[e])
-// and of the batch norm's input x there to a thread's sums of its 4 columns.
-template <class CT>
-__device__ __forceinline__ void add_grad_terms(const BatchNormGradient& grad, int n, int row,
-                                               int col, const float (&dy)[4], float (&sum)[4],
-                                               float (&sum_xhat)[4]) {
-  const CT* x = static_cast<const CT*>(grad.x) + int64_t(row) * n;
-  const BatchNormChannels& ch = grad.channels;
-  for (int e = 0; e < 4 && col + e < n; ++e) {
-    const int c = col + e;
-    float xhat, dy_hat;
-    batchnorm_grad_terms(load_f(x, c), dy[e], ch.gamma[c], ch.beta[c], ch.mean[c], ch.invstd[c],
-                         ch.relu, xhat, dy_hat);
-    sum[e] += dy_hat;
-    sum_xhat[e] += dy_hat * xhat;
+// The batch norm vectors of a thread's 4 columns from col (ThinColumns' companion, when C is a
+// batch norm's output gradient).
+struct ThinGradColumns {
+  float gamma[4] = {}, beta[4] = {}, mean[4] = {}, invstd[4] = {};
+  __device__ ThinGradColumns(const BatchNormChannels& ch, int n, int col) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (col + e < n) {
+        gamma[e] = ch.gamma[col + e];
+        beta[e] = ch.beta[col + e];
+        mean[e] = ch.mean[col + e];
+        invstd[e] = ch.invstd[col + e];
+      }
   }
+};
+
+// Adds the batch norm gradient terms (batchnorm_grad_terms) of C[row, col + e] as stored (dy[e])
+// and of the batch norm's input x there to a thread's sums of its 4 columns; x is read as one
+// pack when `pack`.
+template <class CT>
+__device__ __forceinline__ void
+add_grad_terms(const BatchNormGradient& grad, const ThinGradColumns& ch, int n, int64_t row,
+               int col, bool pack, const float (&dy)[4], float (&sum)[4], float (&sum_xhat)[4]) {
+  const CT* x = static_cast<const CT*>(grad.x) + row * n;
+  float xs[4] = {};
+  if (pack) {
+    const Float4 v = load4(x, col);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xs[e] = v.v[e];
+  } else {
+    for (int e = 0; e < 4 && col + e < n; ++e) xs[e] = load_f(x, col + e);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (col + e < n) {
+      float xhat, dy_hat;
+      batchnorm_grad_terms(xs[e], dy[e], ch.gamma[e], ch.beta[e], ch.mean[e], ch.invstd[e],
+                           grad.channels.relu, xhat, dy_hat);
+      sum[e] += dy_hat;
+      sum_xhat[e] += dy_hat * xhat;
+    }
 }
 
 // Bytes of shared memory the thin-K kernel's gradient sums need: [lanes][2][groups * 4] floats.
@@ -115,31 +184,69 @@ __device__ __forceinline__ void store_thin_grad_partials(const float (&sum)[4],
   }
 }
 
-// C[M, N] = epilogue(op(A) @ op(B)) for K <= kThinK: one thread per 4 columns of a row; with
-// ep.batchnorm_grad.sums, also the block's gradient sums (thin_k_sums_in_epilogue).
+// Whether the block's threads cover whole rows of C [M, N] in the thin-K kernels (4 columns a
+// thread): then each thread has the same columns in every step.
+bool thin_k_fixed_columns(int64_t n) { return kThreads % ((n + 3) / 4) == 0; }
+
+// C[M, N] = epilogue(op(A) @ op(B)) for K <= kThinK: one thread per 4 columns of a row, the
+// thread's columns changing from step to step (thin_k_fixed_columns false).
 template <bool kTransA, bool kTransB, class T, class CT>
 __global__ void __launch_bounds__(kThreads)
     gemm_thin_k_kernel(const T* a, const T* b, CT* c, int m, int n, int k, EpilogueArgs ep,
                        bool pack) {
-  const BatchNormGradient& grad = ep.batchnorm_grad;
-  float sum[4] = {}, sum_xhat[4] = {};
   const int groups = (n + 3) / 4;
-  const int64_t total = int64_t(m) * groups;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int row = int(idx / groups), col = int(idx % groups) * 4;
-    float a_row[kThinK];
-#pragma unroll
-    for (int kk = 0; kk < kThinK; ++kk) a_row[kk] = kk < k ? a_at<kTransA>(a, m, k, row, kk) : 0.0f;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (col + e < n)
-#pragma unroll
-        for (int kk = 0; kk < kThinK; ++kk)
-          if (kk < k) acc[e] += a_row[kk] * b_at<kTransB>(b, k, n, kk, col + e);
-    store_four(c, n, row, col, acc, ep, pack);
-    if (grad.sums) add_grad_terms<CT>(grad, n, row, col, acc, sum, sum_xhat);
+  // The thread's (row, group of 4 columns) in a grid-stride walk over [M, groups], moved on by
+  // the stride's rows and groups at each step (no division in the loop).
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t row_step = stride / groups;
+  const int group_step = int(stride % groups);
+  int64_t row = first / groups;
+  for (int group = int(first % groups); row < m;) {
+    const int col = group * 4;
+    float acc[4], bias[4];
+    thin_row_products<kTransA>(
+        a, m, k, n, row, col, [&](int e, int kk) { return b_at<kTransB>(b, k, n, kk, col + e); },
+        acc);
+    load_bias(ep, n, col, bias);
+    store_four(c, n, row, col, acc, bias, ep, pack);
+    row += row_step;
+    group += group_step;
+    if (group >= groups) {
+      group -= groups;
+      ++row;
+    }
+  }
+}
+
+// Blocks per SM the fixed-columns kernel keeps for a K known at compile time: 4 (64 registers, 32
+// warps), as many as the walking kernel, so that as many rows' loads and stores are in flight.
+constexpr int kThinKBlocksPerSm = 4;
+
+// The same when each thread keeps its 4 columns (thin_k_fixed_columns): it reads their B values,
+// bias and batch norm vectors once and steps over rows, with no index division in the loop; with
+// ep.batchnorm_grad.sums, it also adds up the columns' gradient terms as it stores them, and the
+// block its threads' sums in order (x_pack: x's rows allow 4-element loads). kK > 0 is K known at
+// compile time (K = 1 and 2, sine's two thin-K GEMMs: the loop then tests no k), 0 reads k.
+template <bool kTransA, bool kTransB, int kK, class T, class CT>
+__global__ void __launch_bounds__(kThreads, kK > 0 ? kThinKBlocksPerSm : 1)
+    gemm_thin_k_fixed_columns_kernel(const T* a, const T* b, CT* c, int m, int n, int k_given,
+                                     EpilogueArgs ep, bool pack, bool x_pack) {
+  const int k = kK > 0 ? kK : k_given;
+  const BatchNormGradient& grad = ep.batchnorm_grad;
+  const int groups = (n + 3) / 4;
+  const int col = int(threadIdx.x) % groups * 4;
+  const int64_t rows_per_step = int64_t(gridDim.x) * (kThreads / groups);
+  const ThinColumns<kTransB, T> columns(b, k, n, col, ep);
+  const ThinGradColumns channels(grad.channels, grad.sums ? n : 0, col); // none: no loads
+  float sum[4] = {}, sum_xhat[4] = {};
+  for (int64_t row = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / groups; row < m;
+       row += rows_per_step) {
+    float acc[4];
+    thin_row_products<kTransA>(
+        a, m, k, n, row, col, [&](int e, int kk) { return columns.b[e][kk]; }, acc);
+    store_four(c, n, row, col, acc, columns.bias, ep, pack);
+    if (grad.sums) add_grad_terms<CT>(grad, channels, n, row, col, x_pack, acc, sum, sum_xhat);
   }
   if (grad.sums) store_thin_grad_partials(sum, sum_xhat, n, grad.sums); // the same for the block
 }
@@ -147,7 +254,7 @@ __global__ void __launch_bounds__(kThreads)
 // Whether the thin-K kernel adds up args.batchnorm_grad's sums itself: a thread keeps the same 4
 // columns in every step when the block's threads are a whole number of rows of C.
 bool thin_k_sums_in_epilogue(const GemmArgs& args) {
-  return args.batchnorm_grad.sums && args.k <= kThinK && kThreads % ((args.n + 3) / 4) == 0;
+  return args.batchnorm_grad.sums && args.k <= kThinK && thin_k_fixed_columns(args.n);
 }
 
 // Element kk of a row of a normalised A, from its stored value v: batch norm's output as stored.
@@ -224,6 +331,12 @@ template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmA
   if (args.k <= kThinK) {
     const bool pack = n % 4 == 0 && aligned_for_pack(c);
     const int blocks = grid_for(args.m * ((n + 3) / 4), kThreads);
+    if (!thin_k_fixed_columns(n)) {
+      gemm_thin_k_kernel<kTransA, kTransB, T, CT>
+          <<<blocks, kThreads, 0, stream()>>>(a, b, c, m, n, k, args.epilogue, pack);
+      CUDA_CHECK_LAUNCH("gemm (thin, CUDA cores)");
+      return;
+    }
     EpilogueArgs epilogue = args.epilogue;
     Tensor partials; // [blocks, 2, N]
     if (thin_k_sums_in_epilogue(args)) {
@@ -231,10 +344,20 @@ template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmA
       epilogue.batchnorm_grad = args.batchnorm_grad;
       epilogue.batchnorm_grad.sums = ptr<float>(partials);
     }
-    gemm_thin_k_kernel<kTransA, kTransB, T, CT>
-        <<<blocks, kThreads, partials.defined() ? kThinGradSumsBytes : 0, stream()>>>(
-            a, b, c, m, n, k, epilogue, pack);
-    CUDA_CHECK_LAUNCH("gemm (thin, CUDA cores)");
+    const bool x_pack = pack && aligned_for_pack(static_cast<const CT*>(args.batchnorm_grad.x));
+    const auto fixed_columns = [&](auto kernel) {
+      kernel<<<blocks, kThreads, partials.defined() ? kThinGradSumsBytes : 0, stream()>>>(
+          a, b, c, m, n, k, epilogue, pack, x_pack);
+      CUDA_CHECK_LAUNCH("gemm (thin, CUDA cores)");
+    };
+    if constexpr (kTransA)
+      fixed_columns(gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 0, T, CT>);
+    else if (k == 1)
+      fixed_columns(gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 1, T, CT>);
+    else if (k == 2)
+      fixed_columns(gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 2, T, CT>);
+    else
+      fixed_columns(gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 0, T, CT>);
     if (partials.defined())
       merge_grad_partials(ptr<float>(partials), blocks, n, args.batchnorm_grad.sums);
     return;

@@ -258,6 +258,21 @@ TEST(GpuGemm, ThinShapesOnCudaCores) {
                            ++seed);
 }
 
+// Enough rows that the thin-K kernels' threads take several grid-stride steps (the grid stops at
+// 32 blocks of 256 threads per SM): a thread's columns move from step to step when N / 4 does not
+// divide 256 (N = 100, the walk wrapping past a row's end: its 25 groups do not divide the
+// stride of 132 SMs, as N = 130's 33 would), and stay when it does (N = 4: a block covers 256
+// rows, and its B values and bias are read once). 1.3 M rows of N = 4 take two steps on a device
+// of up to 158 SMs (132 on an H100, H200 and the emulator).
+TEST(GpuGemm, ThinKOverSeveralGridSteps) {
+  MINAMP_REQUIRE_GPU();
+  expect_matches_cpu(
+      GemmCase{50000, 100, 2, false, true, DType::f16, DType::f16, 1.0f, 0.0f, true, false}, 7600);
+  expect_matches_cpu(
+      GemmCase{1'300'000, 4, 1, false, false, DType::f16, DType::f16, 1.0f, 0.0f, true, true},
+      7601);
+}
+
 // ---- Each version of the ladder, forced (gemm_version.h), on the cases above that it takes.
 
 const GemmVersion kVersions[] = {GemmVersion::v1_naive, GemmVersion::v2_wmma,
