@@ -139,6 +139,7 @@ const std::vector<NormalizedConvCase> kCases = {
     {1, 16, 18, 128, 256, true}, // wide channels, the largest tiles
     {1, 64, 64, 32, 1, true},    // one output channel over 4096 pixels: the thin-N kernel
     {1, 64, 64, 22, 3, false},   // three, from rows of 22 values: its unpacked loads
+    {1, 64, 64, 14, 2, true},    // two: the input gradient's thin K = 2 with its sums, unpacked
 };
 
 TEST(GpuNormalizedConv, MatchesTheNormalisedInputOnEveryVersion) {
