@@ -140,13 +140,15 @@ def analyse(info, objects, arch, cuobjdump):
     paths = glob.glob(os.path.join(objects, f"gemm_{version}_*.cu.o"))
     if not paths:
         return {"version": version, "error": f"no gemm_{version}_*.cu.o under {objects}"}
-    obj = paths[0]
-    sass = functions(cuobjdump, obj, arch)
-    names = demangle(list(sass))
-    matches = [m for m, d in names.items() if info["kernel"] in d]
-    if len(matches) != 1:
-        return {"version": version, "error": f"{len(matches)} kernels match {info['kernel']}"}
-    mangled = matches[0]
+    # A version may be instantiated over several objects (v5: f16 and bf16): the kernel is in one.
+    found = []
+    for obj in sorted(paths):
+        sass = functions(cuobjdump, obj, arch)
+        names = demangle(list(sass))
+        found += [(obj, sass, m) for m, d in names.items() if info["kernel"] in d]
+    if len(found) != 1:
+        return {"version": version, "error": f"{len(found)} kernels match {info['kernel']}"}
+    obj, sass, mangled = found[0]
     code = instructions(sass[mangled])
     loop = main_loop(code)
     hmma = count(loop, "HMMA")

@@ -1,9 +1,9 @@
 // Batch norm's per-column statistics on the device (column_moments.cuh): the mean and variance
 // by the two-pass column reduction that batch norm's unfused statistics pass runs, or by merging
-// the per-tile partials of the GEMM epilogue's statistics hook (gemm.cuh, store_column_partials);
-// and the backward's gradient sums, by a column reduction over x and dy or from the per-tile
-// partials of the GEMM epilogue's gradient hook (gemm.cuh, store_grad_partials); and plain column
-// sums (a batch norm's dx, per channel).
+// the per-tile partials of the GEMM epilogue's statistics hook (gemm.cuh,
+// store_tile_with_moments); and the backward's gradient sums, by a column reduction over x and dy
+// or from the per-tile partials of the GEMM epilogue's gradient hook (gemm.cuh,
+// store_tile_with_grad_sums); and plain column sums (a batch norm's dx, per channel).
 #include "column_moments.cuh"
 
 #include "device.cuh"

@@ -207,6 +207,7 @@ void gemm_v2_wmma(const GemmArgs& args);
 void gemm_v3_interior(const GemmArgs& args);
 void gemm_v4_mma(const GemmArgs& args);
 void gemm_v5_multistage(const GemmArgs& args);
+void gemm_v5_multistage_bf16(const GemmArgs& args); // its bf16 half (gemm_v5_multistage_bf16.cu)
 
 // Another tile configuration of a version than the library's, for bench_gemm's sweep: `run`
 // launches it alone over the whole C (no split K) for A untransposed and f16 C.
@@ -628,12 +629,48 @@ __device__ __forceinline__ void load_operand_tile(T* tile, const View& view, int
 // Batch-normalises, in place, the chunks of the [ROWS, COLS] block at (row0, col0) that this thread
 // copied into `tile` (load_tile: the same chunks, the same bounds), once they have landed; the
 // zeros outside the matrix stay zeros. A whole chunk is 16 bytes of one row, so its channels (the
-// matrix's columns) are consecutive and their parameters are read as 16-byte packs.
+// matrix's columns) are consecutive and their parameters are read as 16-byte packs. Where a row's
+// chunks divide the threads, every chunk of a thread covers the same channels
+// (normalize_tile_columns): their parameters are read once, not once per chunk.
+template <int ROWS, int COLS, int THREADS, class T>
+__device__ __forceinline__ bool
+normalize_tile_columns(T* tile, int tile_ld, const NormalizedView<T>& src, int row0, int col0) {
+  constexpr int V = kChunkElems<T>;
+  constexpr int kChunksPerRow = COLS / V;
+  constexpr int kRowStep = THREADS / kChunksPerRow; // rows between a thread's chunks
+  const int c = int(threadIdx.x) % kChunksPerRow * V, col = col0 + c;
+  if (!src.vectorizable || col + V > src.cols) return false;
+  const BatchNormChannels& nz = src.normalization;
+  const int rows = min(ROWS, src.rows - row0);
+  // 4 channels at a time: their 16 parameters stay in registers over the rows (all V of them
+  // would be 32 more registers, past what the WMMA kernels have beside their accumulators); the
+  // rows' loop is unrolled only in blocks of 256 threads (unrolled, ptxas spills v2's 64x64
+  // tiles). The emulator's host compiler ignores the pragma, hence maybe_unused.
+  [[maybe_unused]] constexpr int kUnrollRows = THREADS >= 256 ? 8 : 1;
+#pragma unroll
+  for (int q = 0; q < V; q += 4) {
+    const Float4 gamma = load4(nz.gamma, col + q), beta = load4(nz.beta, col + q),
+                 mean = load4(nz.mean, col + q), invstd = load4(nz.invstd, col + q);
+#pragma unroll kUnrollRows
+    for (int r = int(threadIdx.x) / kChunksPerRow; r < rows; r += kRowStep) {
+      T* values = tile + r * tile_ld + c + q;
+      Float4 v = load4(values, 0);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        v.v[e] =
+            batchnorm_normalized(v.v[e], gamma.v[e], beta.v[e], mean.v[e], invstd.v[e], nz.relu);
+      store4(values, 0, v);
+    }
+  }
+  return true;
+}
 template <int ROWS, int COLS, int THREADS, class T>
 __device__ __forceinline__ void normalize_tile(T* tile, int tile_ld, const NormalizedView<T>& src,
                                                int row0, int col0) {
   constexpr int V = kChunkElems<T>;
   constexpr int kChunksPerRow = COLS / V;
+  if constexpr (THREADS % kChunksPerRow == 0)
+    if (normalize_tile_columns<ROWS, COLS, THREADS>(tile, tile_ld, src, row0, col0)) return;
   const BatchNormChannels& nz = src.normalization;
   for (int chunk = threadIdx.x; chunk < ROWS * kChunksPerRow; chunk += THREADS) {
     const int r = chunk / kChunksPerRow, c = (chunk % kChunksPerRow) * V;
@@ -762,23 +799,28 @@ __device__ __forceinline__ void gemm_pipeline(T* smem, const ViewA& a, const Vie
   gemm_pipeline_with<Cfg, Smem>(smem, share_k_tiles<Cfg>(share), load_a, load_b, consume);
 }
 
-// The loader of v3 and later for the tiles of one plain-matrix operand, in a block whose tiles
-// all lie wholly inside the matrix (see whole_tiles_inside): each thread owns the same chunks of
-// every tile, so their addresses are worked out once per block and a k-step moves them by BK
-// elements (k contiguous) or BK rows (outer contiguous) — one multiply-add per tile, no bounds.
-template <class Tile, int kThreads, class T> struct InteriorTileLoader {
+// The loader of v3 and later for the tiles of one plain-matrix operand (View MatrixView<T>) or
+// normalised one (NormalizedView<T>), in a block whose tiles all lie wholly inside the matrix (see
+// whole_tiles_inside): each thread owns the same chunks of every tile, so their addresses are
+// worked out once per block and a k-step moves them by BK elements (k contiguous) or BK rows
+// (outer contiguous) — one multiply-add per tile, no bounds. finish(tile, k_tile) normalises a
+// normalised operand's tile once this thread's copies have landed (finish_operand_tile).
+template <class Tile, int kThreads, class T, class View = MatrixView<T>> struct InteriorTileLoader {
   static constexpr int kChunksPerRow = Tile::kCols / kChunkElems<T>;
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow; // rows one pass of threads copies
   static constexpr int kPasses = Tile::kRows / kRowsPerPass;
   static_assert(kThreads % kChunksPerRow == 0 && Tile::kRows % kRowsPerPass == 0,
                 "every thread copies whole chunks of the same rows of each tile");
 
+  const View& view;
+  int outer0, k_begin;
   const T* first;      // this thread's first chunk in the tile at k = k_begin
   int64_t pass_stride; // elements between the chunks of consecutive passes
   int64_t tile_stride; // elements one k-step moves the chunks by
   int tile_first;      // the offset of its first chunk in the tile
 
-  __device__ __forceinline__ InteriorTileLoader(const MatrixView<T>& v, int outer0, int k_begin) {
+  __device__ __forceinline__ InteriorTileLoader(const View& v, int outer0_, int k_begin_)
+      : view(v), outer0(outer0_), k_begin(k_begin_) {
     const int r = int(threadIdx.x) / kChunksPerRow;
     const int c = int(threadIdx.x) % kChunksPerRow * kChunkElems<T>;
     const int row = Tile::kKContiguous ? outer0 + r : k_begin + r;
@@ -795,7 +837,9 @@ template <class Tile, int kThreads, class T> struct InteriorTileLoader {
     for (int p = 0; p < kPasses; ++p)
       cp_async16(tile + tile_first + p * kRowsPerPass * Tile::kLd, src + p * pass_stride);
   }
-  __device__ __forceinline__ void finish(T*, int) const {} // plain matrices are used as copied
+  __device__ __forceinline__ void finish(T* tile, int k_tile) const {
+    finish_operand_tile<Tile, kThreads>(tile, view, outer0, k_begin + k_tile * Tile::kBK);
+  }
 };
 
 // True when every tile of this operand for a block's share lies inside the matrix and copies in
@@ -812,6 +856,16 @@ __device__ __forceinline__ bool whole_tiles_inside(const MatrixView<T>& v, int o
   return v.vectorizable && outer0 + Tile::kOuter <= outer_extent &&
          (share.k_end - share.k_begin) % Tile::kBK == 0;
 }
+template <class Tile, class T>
+__device__ __forceinline__ bool whole_tiles_inside(const NormalizedView<T>& v, int outer0,
+                                                   const BlockShare& share) {
+  return whole_tiles_inside<Tile>(static_cast<const MatrixView<T>&>(v), outer0, share);
+}
+
+// Whether a view has interior loaders: the plain and the normalised matrices.
+template <class View, class T>
+constexpr bool kHasInteriorLoader =
+    std::is_same_v<View, MatrixView<T>> || std::is_same_v<View, NormalizedView<T>>;
 
 // The loaders of v3 and later for this block: run(load_a, load_b) gets the interior loaders when
 // every tile of both operands lies inside the matrices, so that its main loop has no bounds
@@ -824,11 +878,11 @@ __device__ __forceinline__ void with_tile_loaders(const ViewA& a, const ViewB& b
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
   using T = typename Smem::T;
-  if constexpr (std::is_same_v<ViewA, MatrixView<T>> && std::is_same_v<ViewB, MatrixView<T>>) {
+  if constexpr (kHasInteriorLoader<ViewA, T> && kHasInteriorLoader<ViewB, T>) {
     if (whole_tiles_inside<TileA>(a, share.m0, share) &&
         whole_tiles_inside<TileB>(b, share.n0, share)) {
-      const InteriorTileLoader<TileA, Cfg::kThreads, T> load_a(a, share.m0, share.k_begin);
-      const InteriorTileLoader<TileB, Cfg::kThreads, T> load_b(b, share.n0, share.k_begin);
+      const InteriorTileLoader<TileA, Cfg::kThreads, T, ViewA> load_a(a, share.m0, share.k_begin);
+      const InteriorTileLoader<TileB, Cfg::kThreads, T, ViewB> load_b(b, share.n0, share.k_begin);
       run(load_a, load_b);
       return;
     }
@@ -860,135 +914,270 @@ __device__ __forceinline__ float store_output(CT* c, int n, int row, int col, fl
   return as_stored<CT>(v);
 }
 
+// Which columns and rows of a BM x BN tile each thread of the packed epilogue (store_tile_packed)
+// stores: packs of P elements, thread t taking pack idx = t, t + kThreads, ... of the tile's
+// BM * kPacksPerRow. As kPacksPerRow divides kThreads, a thread keeps the same P columns
+// (first_column) in every row it stores, the rows g, g + kGroups, g + 2 kGroups, ... of its group
+// g; so it can add up figures of its columns in registers as it stores, and a column's kGroups
+// threads then combine theirs in group order (deterministic; store_tile_packed).
+template <int BM, int BN, int kThreads, class CT> struct EpilogueColumns {
+  static constexpr int P = kPackElems<CT>;
+  static constexpr int kPacksPerRow = BN / P;
+  static constexpr int kGroups = kThreads / kPacksPerRow;
+  static_assert(BN % P == 0, "whole packs per tile row");
+  static_assert(kThreads % kPacksPerRow == 0, "each thread stores the same columns of its rows");
+  static_assert(2 * kGroups <= BM, "two figures per group and column fit in the staging tile");
+
+  __device__ __forceinline__ static int group() { return int(threadIdx.x) / kPacksPerRow; }
+  __device__ __forceinline__ static int first_column() {
+    return int(threadIdx.x) % kPacksPerRow * P;
+  }
+  // How many of the tile's first `rows` rows group g stores.
+  __device__ __forceinline__ static int group_rows(int g, int rows) {
+    return rows > g ? (rows - g + kGroups - 1) / kGroups : 0;
+  }
+};
+
+// What the packed epilogue adds up per column as it stores C: nothing, the column statistics
+// (EpilogueArgs::column_partials) or the batch norm gradient sums (EpilogueArgs::batchnorm_grad).
+enum class EpilogueSums { none, moments, batchnorm_grad };
+
+// The packed store loop: writes the block's BM x BN tile of C at (m0, n0) from the fp32
+// accumulators staged in shared memory (staging [BM][staging_ld], staging_ld a multiple of 4),
+// 16 bytes of C per thread and step: alpha/beta/bias/ReLU in fp32 on the pack, C read (beta != 0)
+// and written as one 16-byte access each. Where C's rows are not 16-byte aligned (N not a multiple
+// of the pack) or the bias is not, and in a pack that crosses N, element by element. Each thread
+// also adds up, for its P columns (EpilogueColumns) over the rows it stores, from the values as
+// stored (rounded to C's dtype): for kSums moments, the values into `first` (each also put back
+// into its staging slot, for store_tile_with_moments' deviations); for batchnorm_grad, dy_hat
+// into `first` and dy_hat * xhat into `second` (batchnorm_grad_terms, with x read beside each
+// pack, as one 16-byte load where x's rows allow).
+template <EpilogueSums kSums, int BM, int BN, int kThreads, class CT>
+__device__ __forceinline__ void store_tile_summing(float* staging, int staging_ld, CT* c, int m,
+                                                   int n, int m0, int n0, const EpilogueArgs& ep,
+                                                   float (&first)[kPackElems<CT>],
+                                                   float (&second)[kPackElems<CT>]) {
+  using Columns = EpilogueColumns<BM, BN, kThreads, CT>;
+  constexpr int P = Columns::P;
+  const bool packable =
+      n % P == 0 && is_aligned16(c) && (ep.bias == nullptr || is_aligned16(ep.bias));
+  const BatchNormGradient& grad = ep.batchnorm_grad;
+  const CT* x = static_cast<const CT*>(grad.x);
+  // The batch norm parameters of this thread's channels stay in registers for 16-bit C (an AMP
+  // dgrad's dy); for f32 C they are read with each pack (16 more live registers there make ptxas
+  // spill v3's small f32-output kernels on sm_75).
+  constexpr bool kParametersInRegisters = P == 8;
+  float gamma[P] = {}, beta[P] = {}, mean[P] = {}, invstd[P] = {};
+  if constexpr (kSums == EpilogueSums::batchnorm_grad && kParametersInRegisters) {
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      const int channel = n0 + Columns::first_column() + e;
+      if (channel >= n) continue;
+      gamma[e] = grad.channels.gamma[channel], beta[e] = grad.channels.beta[channel];
+      mean[e] = grad.channels.mean[channel], invstd[e] = grad.channels.invstd[channel];
+    }
+  }
+  for (int idx = threadIdx.x; idx < BM * Columns::kPacksPerRow; idx += kThreads) {
+    const int r = idx / Columns::kPacksPerRow, col = idx % Columns::kPacksPerRow * P;
+    const int row = m0 + r, column = n0 + col;
+    if (row >= m || column >= n) continue;
+    float* acc = staging + r * staging_ld + col;
+    float v[P] = {}; // the pack as stored (constant indices only: a runtime one would put v in
+    int valid = P;   // local memory)
+    if (!packable) {
+      valid = min(P, n - column);
+#pragma unroll
+      for (int e = 0; e < P; ++e)
+        if (e < valid) v[e] = store_output(c, n, row, column + e, acc[e], ep);
+    } else {
+      float part[4];
+#pragma unroll
+      for (int q = 0; q < P; q += 4) {
+        load_pack16(acc + q, part);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[q + e] = ep.alpha * part[e];
+      }
+      CT* out = c + int64_t(row) * n + column;
+      if (ep.beta != 0.0f) {
+        float old[P];
+        load_pack16(out, old);
+#pragma unroll
+        for (int e = 0; e < P; ++e) v[e] += ep.beta * old[e];
+      }
+      if (ep.bias) {
+#pragma unroll
+        for (int q = 0; q < P; q += 4) {
+          load_pack16(ep.bias + column + q, part);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[q + e] += part[e];
+        }
+      }
+      if (ep.relu)
+#pragma unroll
+        for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
+      store_pack16(out, v);
+      if constexpr (kSums != EpilogueSums::none)
+#pragma unroll
+        for (int e = 0; e < P; ++e) v[e] = as_stored<CT>(v[e]);
+    }
+    if constexpr (kSums == EpilogueSums::moments) {
+#pragma unroll
+      for (int e = 0; e < P; ++e) {
+        if (e >= valid) continue;
+        first[e] += v[e];
+        acc[e] = v[e];
+      }
+    } else if constexpr (kSums == EpilogueSums::batchnorm_grad) {
+      const int64_t at = int64_t(row) * n + column;
+      float xv[P] = {};
+      if (valid == P && n % P == 0 && is_aligned16(x)) {
+        load_pack16(x + at, xv);
+      } else {
+#pragma unroll
+        for (int e = 0; e < P; ++e)
+          if (e < valid) xv[e] = load_f(x, at + e);
+      }
+      if constexpr (!kParametersInRegisters) {
+#pragma unroll
+        for (int e = 0; e < P; ++e) {
+          if (e >= valid) continue;
+          const int channel = column + e;
+          gamma[e] = grad.channels.gamma[channel], beta[e] = grad.channels.beta[channel];
+          mean[e] = grad.channels.mean[channel], invstd[e] = grad.channels.invstd[channel];
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < P; ++e) {
+        if (e >= valid) continue;
+        float xhat, dy_hat;
+        batchnorm_grad_terms(xv[e], v[e], gamma[e], beta[e], mean[e], invstd[e], grad.channels.relu,
+                             xhat, dy_hat);
+        first[e] += dy_hat;
+        second[e] += dy_hat * xhat;
+      }
+    }
+  }
+}
+
+// Puts each thread's two figures of its P columns into the staging tile, laid out as
+// [2][kGroups][BN], once every thread is done with the tile; returns that layout's start, readable
+// by the whole block.
+template <int BM, int BN, int kThreads, class CT>
+__device__ __forceinline__ const float*
+share_column_figures(float* staging, const float (&first)[kPackElems<CT>],
+                     const float (&second)[kPackElems<CT>]) {
+  using Columns = EpilogueColumns<BM, BN, kThreads, CT>;
+  const int g = Columns::group(), col0 = Columns::first_column();
+  __syncthreads(); // every thread is done with the staging tile
+#pragma unroll
+  for (int e = 0; e < Columns::P; ++e) {
+    staging[g * BN + col0 + e] = first[e];
+    staging[(Columns::kGroups + g) * BN + col0 + e] = second[e];
+  }
+  __syncthreads();
+  return staging;
+}
+
 // The statistics hook of the packed epilogue: partials[blockIdx.x, 0, col] and [.., 1, col] =
-// the mean and M2 (sum of squared deviations from that mean) of column col over the block's
-// rows of C, from the stored values that store_tile_packed put back into `staging`. One thread
-// per column, two passes over the tile in shared memory (the mean, then the deviations).
+// the mean and M2 (sum of squared deviations from that mean) of column col over the block's rows
+// of C as stored. Each thread adds up its own values of its columns as it stores them, then, from
+// their staging slots, their squared deviations from its own mean; the kGroups (count, mean, M2)
+// of a column are merged in group order with Chan's formula.
 //
-// Why (count, mean, M2) per block and Chan's parallel merge (merge_column_partials), not
-// (sum, sum of squares): E[x^2] - E[x]^2 subtracts two numbers of size mean^2 to get var, so in
-// fp32 it loses about log2(mean^2 / var) of float's 24 bits, and all of them once |mean| is
-// ~4000 std (a conv output with a large bias, or a ReLU'd one far from zero). Centred sums never
-// form mean^2: each block centres its own values at its own mean, and the merge adds
-// delta^2 n_a n_b / n for the blocks' difference of means — every term non-negative, no
+// Why (count, mean, M2) and Chan's parallel merge (here and across blocks in
+// merge_column_partials), not (sum, sum of squares): E[x^2] - E[x]^2 subtracts two numbers of
+// size mean^2 to get var, so in fp32 it loses about log2(mean^2 / var) of float's 24 bits, and all
+// of them once |mean| is ~4000 std (a conv output with a large bias, or a ReLU'd one far from
+// zero). Centred sums never form mean^2: each thread centres its own values at its own mean, and
+// a merge adds delta^2 n_a n_b / n for the difference of two means — every term non-negative, no
 // cancellation — so the variance keeps fp32 precision whatever the mean (tested with
 // |mean| = 1e4 std). The count of a block is implied by its rows and is not stored.
-template <int BM, int BN, int kThreads>
-__device__ __forceinline__ void store_column_partials(const float* staging, int staging_ld, int m,
-                                                      int n, int m0, int n0, float* partials) {
-  const int rows = min(BM, m - m0);
-  float* means = partials + int64_t(blockIdx.x) * 2 * n; // [2, N] of this row tile
+template <int BM, int BN, int kThreads, class CT>
+__device__ __forceinline__ void store_tile_with_moments(float* staging, int staging_ld, CT* c,
+                                                        int m, int n, int m0, int n0,
+                                                        const EpilogueArgs& ep) {
+  using Columns = EpilogueColumns<BM, BN, kThreads, CT>;
+  constexpr int P = Columns::P;
+  float mean[P] = {}, m2[P] = {};
+  store_tile_summing<EpilogueSums::moments, BM, BN, kThreads>(staging, staging_ld, c, m, n, m0, n0,
+                                                              ep, mean, m2);
+  const int rows = min(BM, m - m0), g = Columns::group(), col0 = Columns::first_column();
+  const int count = Columns::group_rows(g, rows);
+#pragma unroll
+  for (int e = 0; e < P; ++e) mean[e] = count > 0 ? mean[e] / float(count) : 0.0f;
+  for (int r = g; r < rows; r += Columns::kGroups) { // this thread's own slots: no barrier
+    const float* slot = staging + r * staging_ld + col0;
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      const float centred = slot[e] - mean[e];
+      m2[e] = fmaf(centred, centred, m2[e]); // past N: slots never written, never read out
+    }
+  }
+  const float* figures = share_column_figures<BM, BN, kThreads, CT>(staging, mean, m2);
+  float* means = ep.column_partials + int64_t(blockIdx.x) * 2 * n; // [2, N] of this row tile
   float* m2s = means + n;
   for (int col = threadIdx.x; col < BN && n0 + col < n; col += kThreads) {
-    float sum = 0.0f;
-    for (int r = 0; r < rows; ++r) sum += staging[r * staging_ld + col];
-    const float mean = sum / float(rows);
-    float m2 = 0.0f;
-    for (int r = 0; r < rows; ++r) {
-      const float centred = staging[r * staging_ld + col] - mean;
-      m2 += centred * centred;
+    float merged_mean = 0.0f, merged_m2 = 0.0f;
+    int merged = 0;
+    for (int group = 0; group < Columns::kGroups; ++group) {
+      const int more = Columns::group_rows(group, rows);
+      if (more == 0) continue;
+      const float group_mean = figures[group * BN + col];
+      const float group_m2 = figures[(Columns::kGroups + group) * BN + col];
+      const int total = merged + more;
+      const float delta = group_mean - merged_mean;
+      const float share = float(more) / float(total);
+      merged_mean += delta * share;
+      merged_m2 += group_m2 + delta * delta * (float(merged) * share);
+      merged = total;
     }
-    means[n0 + col] = mean;
-    m2s[n0 + col] = m2;
+    means[n0 + col] = merged_mean;
+    m2s[n0 + col] = merged_m2;
   }
 }
 
 // The batch norm gradient hook of the packed epilogue: partials[blockIdx.x, 0, col] and
 // [.., 1, col] = the sums of dy_hat and of dy_hat * xhat (batchnorm_grad_terms) of column col
-// over the block's rows, from C as stored, which store_tile_packed put back into `staging`, and
-// the batch norm's input x, read beside it. One thread per column, as store_column_partials:
-// it keeps no state through the store loop, so the hook costs that loop no registers.
+// over the block's rows, from C as stored (dy) and the batch norm's input x. Each thread adds up
+// its own rows of its columns as it stores them; the kGroups sums of a column are added in group
+// order.
 template <int BM, int BN, int kThreads, class CT>
-__device__ __forceinline__ void store_grad_partials(const float* staging, int staging_ld, int m,
-                                                    int n, int m0, int n0,
-                                                    const BatchNormGradient& grad) {
-  const int rows = min(BM, m - m0);
-  const CT* x = static_cast<const CT*>(grad.x) + int64_t(m0) * n; // the block's first row
-  const BatchNormChannels& ch = grad.channels;
-  float* dy_hat_sums = grad.sums + int64_t(blockIdx.x) * 2 * n; // [2, N] of this row tile
+__device__ __forceinline__ void store_tile_with_grad_sums(float* staging, int staging_ld, CT* c,
+                                                          int m, int n, int m0, int n0,
+                                                          const EpilogueArgs& ep) {
+  using Columns = EpilogueColumns<BM, BN, kThreads, CT>;
+  float dy_hat[Columns::P] = {}, dy_hat_xhat[Columns::P] = {};
+  store_tile_summing<EpilogueSums::batchnorm_grad, BM, BN, kThreads>(
+      staging, staging_ld, c, m, n, m0, n0, ep, dy_hat, dy_hat_xhat);
+  const float* figures = share_column_figures<BM, BN, kThreads, CT>(staging, dy_hat, dy_hat_xhat);
+  float* dy_hat_sums = ep.batchnorm_grad.sums + int64_t(blockIdx.x) * 2 * n; // [2, N] of the tile
   float* dy_hat_xhat_sums = dy_hat_sums + n;
   for (int col = threadIdx.x; col < BN && n0 + col < n; col += kThreads) {
-    const int c = n0 + col;
-    const float gamma = ch.gamma[c], beta = ch.beta[c], mean = ch.mean[c], invstd = ch.invstd[c];
     float sum = 0.0f, sum_xhat = 0.0f;
-#pragma unroll 4
-    for (int r = 0; r < rows; ++r) {
-      float xhat, dy_hat;
-      batchnorm_grad_terms(load_f(x, int64_t(r) * n + c), staging[r * staging_ld + col], gamma,
-                           beta, mean, invstd, ch.relu, xhat, dy_hat);
-      sum += dy_hat;
-      sum_xhat += dy_hat * xhat;
+    for (int group = 0; group < Columns::kGroups; ++group) {
+      sum += figures[group * BN + col];
+      sum_xhat += figures[(Columns::kGroups + group) * BN + col];
     }
-    dy_hat_sums[c] = sum;
-    dy_hat_xhat_sums[c] = sum_xhat;
+    dy_hat_sums[n0 + col] = sum;
+    dy_hat_xhat_sums[n0 + col] = sum_xhat;
   }
 }
 
-// The epilogue of v3 and later: writes the block's BM x BN tile of C at (m0, n0) from the fp32
-// accumulators staged in shared memory (staging [BM][staging_ld], staging_ld a multiple of 4),
-// 16 bytes of C per thread and step: alpha/beta/bias/ReLU in fp32 on the pack, C read (beta != 0)
-// and written as one 16-byte access each. Where C's rows are not 16-byte aligned (N not a
-// multiple of the pack) or the bias is not, and in a pack that crosses N, element by element.
-// With ep.column_partials or ep.batchnorm_grad.sums, each stored value also goes back into its
-// staging slot, and the tile's column statistics (store_column_partials) or batch norm gradient
-// sums (store_grad_partials) follow. Every thread of the block must call it.
+// The epilogue of v3 and later: store_tile_summing, with ep.column_partials the tile's column
+// statistics (store_tile_with_moments), with ep.batchnorm_grad.sums its batch norm gradient sums
+// (store_tile_with_grad_sums). Every thread of the block must call it.
 template <int BM, int BN, int kThreads, class CT>
 __device__ __forceinline__ void store_tile_packed(float* staging, int staging_ld, CT* c, int m,
                                                   int n, int m0, int n0, const EpilogueArgs& ep) {
-  constexpr int P = kPackElems<CT>;
-  constexpr int kPacksPerRow = BN / P;
-  static_assert(BN % P == 0, "whole packs per tile row");
-  const bool keep_stored = ep.column_partials || ep.batchnorm_grad.sums; // the same for the block
-  const bool packable =
-      n % P == 0 && is_aligned16(c) && (ep.bias == nullptr || is_aligned16(ep.bias));
-  for (int idx = threadIdx.x; idx < BM * kPacksPerRow; idx += kThreads) {
-    const int r = idx / kPacksPerRow, col = idx % kPacksPerRow * P;
-    const int row = m0 + r, column = n0 + col;
-    if (row >= m || column >= n) continue;
-    float* acc = staging + r * staging_ld + col;
-    if (!packable) {
-      for (int e = 0; e < P && column + e < n; ++e) {
-        const float stored = store_output(c, n, row, column + e, acc[e], ep);
-        if (keep_stored) acc[e] = stored;
-      }
-      continue;
-    }
-    float v[P], part[4];
-#pragma unroll
-    for (int q = 0; q < P; q += 4) {
-      load_pack16(acc + q, part);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[q + e] = ep.alpha * part[e];
-    }
-    CT* out = c + int64_t(row) * n + column;
-    if (ep.beta != 0.0f) {
-      float old[P];
-      load_pack16(out, old);
-#pragma unroll
-      for (int e = 0; e < P; ++e) v[e] += ep.beta * old[e];
-    }
-    if (ep.bias) {
-#pragma unroll
-      for (int q = 0; q < P; q += 4) {
-        load_pack16(ep.bias + column + q, part);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) v[q + e] += part[e];
-      }
-    }
-    if (ep.relu)
-#pragma unroll
-      for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
-    store_pack16(out, v);
-    if (keep_stored)
-#pragma unroll
-      for (int e = 0; e < P; ++e) acc[e] = as_stored<CT>(v[e]);
+  if (ep.column_partials) {
+    store_tile_with_moments<BM, BN, kThreads>(staging, staging_ld, c, m, n, m0, n0, ep);
+  } else if (ep.batchnorm_grad.sums) {
+    store_tile_with_grad_sums<BM, BN, kThreads>(staging, staging_ld, c, m, n, m0, n0, ep);
+  } else {
+    float none[kPackElems<CT>] = {};
+    store_tile_summing<EpilogueSums::none, BM, BN, kThreads>(staging, staging_ld, c, m, n, m0, n0,
+                                                             ep, none, none);
   }
-  if (!keep_stored) return;
-  __syncthreads(); // every stored value is back in staging
-  if (ep.column_partials)
-    store_column_partials<BM, BN, kThreads>(staging, staging_ld, m, n, m0, n0, ep.column_partials);
-  else
-    store_grad_partials<BM, BN, kThreads, CT>(staging, staging_ld, m, n, m0, n0, ep.batchnorm_grad);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,133 @@
+// GEMM v5's kernel and its tile configurations (gemm_v5_multistage.cu says what v5 is), shared by
+// the two files that instantiate it: gemm_v5_multistage.cu for f16 operands and
+// gemm_v5_multistage_bf16.cu for bf16, so that the two halves of the largest kernel family compile
+// in parallel. Each file gets its own copy (an unnamed namespace) and instantiates only its own
+// operand type.
+#pragma once
+
+#include "device.cuh"
+#include "gemm_mma.cuh"
+
+namespace minamp::gpu {
+
+namespace {
+
+// 8 warps of 64x64 in 3 stages (one block per SM: up to 166 KB of shared memory for the pipeline,
+// 135 KB of it reused for the epilogue's staging tile); v4's large configuration, 4 warps of 64x64
+// in 4 stages, for grids too small for the 128x256 tiles (gemm_plan.h); and v4's small one, 4 warps
+// of 32x32 in 4 stages.
+using MultistageLarge =
+    MmaConfig<kMultistageLargeTile.bm, kMultistageLargeTile.bn, kMultistageLargeTile.bk, 2, 4, 3>;
+using MultistageMedium = MmaConfig<kMmaLargeTile.bm, kMmaLargeTile.bn, kMmaLargeTile.bk, 2, 2, 4>;
+using MultistageSmall = MmaConfig<kMmaSmallTile.bm, kMmaSmallTile.bn, kMmaSmallTile.bk, 2, 2, 4>;
+
+// The main loop over `k_tiles` tiles (see the top of gemm_v5_multistage.cu); load_a(tile, kt) and
+// load_b(tile, kt) issue the copies of K tile kt.
+template <class Cfg, class Smem, class LoadA, class LoadB>
+__device__ __forceinline__ void
+multistage_loop(typename Smem::T* smem, int k_tiles, const LoadA& load_a, const LoadB& load_b,
+                int a_lane, int b_lane, float (&acc)[Cfg::MMA_M][Cfg::MMA_N][4]) {
+  using TileA = typename Smem::TileA;
+  using TileB = typename Smem::TileB;
+  constexpr int kStages = Cfg::STAGES, kSteps = Cfg::BK / 16;
+  static_assert(kSteps % 2 == 0, "the fragment buffers alternate across tiles");
+  const auto stage_a = [&](int s) { return smem + s * Smem::kStageElems; };
+  const auto stage_b = [&](int s) { return smem + s * Smem::kStageElems + TileA::kElems; };
+  const auto load_stage = [&](int s, int k_tile) {
+    if (k_tile < k_tiles) {
+      load_a(stage_a(s), k_tile);
+      load_b(stage_b(s), k_tile);
+    }
+    cp_async_commit(); // one group per tile, empty past the end: the count stays uniform
+  };
+
+  // After this thread's copies of tile k_tile have landed (a normalised operand is normalised).
+  const auto finish_stage = [&](int s, int k_tile) {
+    if (k_tile >= k_tiles) return;
+    load_a.finish(stage_a(s), k_tile);
+    load_b.finish(stage_b(s), k_tile);
+  };
+
+  // Tiles 0 .. STAGES-1 in flight; wait for tile 0 and load its first fragments.
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) load_stage(s, s);
+  cp_async_wait<kStages - 1>();
+  finish_stage(0, 0);
+  __syncthreads();
+  Fragments<Cfg, typename Smem::T> frags[2];
+  load_fragments<Cfg, TileA, TileB>(frags[0], stage_a(0), stage_b(0), a_lane, b_lane, 0);
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int s = kt % kStages;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      Fragments<Cfg, typename Smem::T>& next = frags[(step + 1) % 2];
+      if (step + 1 < kSteps) {
+        load_fragments<Cfg, TileA, TileB>(next, stage_a(s), stage_b(s), a_lane, b_lane,
+                                          (step + 1) * 16);
+      } else {
+        const int s_next = (kt + 1) % kStages;
+        cp_async_wait<kStages - 2>(); // this thread's copies of tile kt + 1 have landed
+        finish_stage(s_next, kt + 1);
+        __syncthreads(); // everyone's have, and every warp is done with tile kt
+        load_stage(s, kt + kStages);
+        load_fragments<Cfg, TileA, TileB>(next, stage_a(s_next), stage_b(s_next), a_lane, b_lane,
+                                          0);
+      }
+      mma_step(frags[step % 2], acc);
+    }
+  }
+  cp_async_wait<0>(); // only empty groups can remain
+}
+
+// C[M, N] = epilogue(op(A) @ op(B)); one BM x BN tile of C per block.
+template <class Cfg, class OpA, class OpB, class CT>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    gemm_v5_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
+                   int k_per_split, EpilogueArgs ep) {
+  using Smem = GemmSmem<Cfg, OpA, OpB>;
+  using TileA = typename Smem::TileA;
+  using TileB = typename Smem::TileB;
+  using T = typename Smem::T;
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  T* smem = reinterpret_cast<T*>(smem_bytes);
+
+  const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
+  const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
+  const int a_lane = LdmatrixLane<TileA, true>::offset(lane, warp_row, 0);
+  const int b_lane = LdmatrixLane<TileB, false>::offset(lane, warp_col, 0);
+
+  float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
+  with_tile_loaders<Cfg, Smem>(a, b, share, [&](const auto& load_a, const auto& load_b) {
+    multistage_loop<Cfg, Smem>(smem, share_k_tiles<Cfg>(share), load_a, load_b, a_lane, b_lane,
+                               acc);
+  });
+  __syncthreads(); // every warp is done reading the pipeline buffers
+
+  float* staging = reinterpret_cast<float*>(smem_bytes);
+  store_accumulators<Cfg>(staging, warp_row, warp_col, lane, acc);
+  __syncthreads();
+  store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
+                                                     share.n0, ep);
+}
+
+// v5 for GemmLaunch.
+struct V5Family {
+  using Large = MultistageLarge;
+  using Medium = MultistageMedium;
+  using Small = MultistageSmall;
+  static constexpr const char* kName = "gemm v5 (mma.sync, multistage)";
+  static constexpr bool kColumnStatistics = true; // store_tile_packed has the hook
+  template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes() {
+    return GemmSmem<Cfg, OpA, OpB>::kBytes;
+  }
+  template <class Cfg, class OpA, class OpB, class CT> static auto kernel() {
+    return gemm_v5_kernel<Cfg, OpA, OpB, CT>;
+  }
+};
+
+} // namespace
+
+} // namespace minamp::gpu
