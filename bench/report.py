@@ -56,10 +56,10 @@ MODELS, PRECISIONS, MODES = ("mlp", "sine", "classify"), ("fp32", "amp", "amp-bf
     ("train", "infer")
 # What each platform's bench runs beyond MODELS (bench/run-cpu.sh, bench/run-gpu.sh).
 EXTRA_MODELS = {"cpu": ("resnet18",), "gpu": ()}
-# Optional modes: minamp's CUDA-graph replay, PyTorch's other configurations (bench/pytorch/
-# train.py's CONFIGS); listed in this order.
-MODE_ORDER = ("train", "train-graph", "train-nchw", "train-fused", "train-nchw-fused",
-              "train-compile", "infer")
+# Optional modes: minamp's CUDA-graph replay and its training with the batch-norm fusions off,
+# PyTorch's other configurations (bench/pytorch/train.py's CONFIGS); listed in this order.
+MODE_ORDER = ("train", "train-graph", "train-unfused", "train-nchw", "train-fused",
+              "train-nchw-fused", "train-compile", "infer")
 
 
 def load_one(path, problems):

@@ -64,9 +64,11 @@ declare -A steps=(
   [resnet50-frozen]="--warmup 5 --steps 30 --infer-steps 10"
 )
 # minamp only: after its timed steps, a few more with the op profiler on (CUDA events around each
-# op), so the log shows where a step's GPU time goes; and the same training replayed from a CUDA
-# graph of one step (mode train-graph), which removes the launch overhead.
-minamp_extra="--profile 5 --cuda-graph"
+# op), so the log shows where a step's GPU time goes; the same training replayed from a CUDA
+# graph of one step (mode train-graph), which removes the launch overhead; and the same training
+# with the batch-norm fusions off (mode train-unfused, profiled too), so each run measures what
+# the fusions save or cost.
+minamp_extra="--profile 5 --cuda-graph --unfused"
 # PyTorch only: the other training configurations a PyTorch user would pick (NCHW, fused
 # optimizers, both, torch.compile), so that each target compares with the fastest of them; mlp
 # has no convs (NCHW is its only layout) and no compile (its step is launch-bound); ResNet-50 is

@@ -55,6 +55,7 @@ struct Config {
   int64_t infer_steps = 20;
   int64_t profile_steps = 0; // training steps with the op profiler on, after the timed ones
   bool cuda_graph = false;   // also time training replayed from a CUDA graph of one step
+  bool unfused = false;      // also time training with the batch-norm fusions off
   int64_t size = 0;          // sine grid; 0: 512 on a GPU, 64 on the CPU, 16 on the emulator
   // The ResNets' images, batch and stem width; 0: 224, 64 and 64 on a GPU, smaller elsewhere
   // (64, 4, 64 on the CPU; 32, 2, 8 on the emulator).
@@ -368,12 +369,13 @@ amp::GradScaler scaler_for(const Precision& p, Device device) {
   return amp::GradScaler(options, device);
 }
 
-json train_run(Workload& w, const Precision& p, const Config& cfg, const std::string& label) {
+json train_run(Workload& w, const Precision& p, const Config& cfg, const std::string& label,
+               const char* mode = "train") {
   std::unique_ptr<optim::Optimizer> opt = w.make_optimizer(w.model->parameters());
   amp::GradScaler scaler = scaler_for(p, cfg.device);
   const auto step = training_step(w, *opt, scaler, p);
 
-  progress(label, cat("train: ", cfg.warmup, " warm-up + ", cfg.steps, " timed steps").c_str());
+  progress(label, cat(mode, ": ", cfg.warmup, " warm-up + ", cfg.steps, " timed steps").c_str());
   for (int64_t i = 0; i < cfg.warmup; ++i) step(i);
   backend::cuda_synchronize();
   Allocator& allocator = allocator_for(cfg.device);
@@ -385,7 +387,7 @@ json train_run(Workload& w, const Precision& p, const Config& cfg, const std::st
                            ? profile_run(step, cfg.warmup + cfg.steps, cfg.profile_steps)
                            : json(nullptr);
 
-  return training_result(w, p, "train", cfg, ms, peak - w.data_bytes(), losses, scaler, profile);
+  return training_result(w, p, mode, cfg, ms, peak - w.data_bytes(), losses, scaler, profile);
 }
 
 // Training with each timed step replayed from a CUDA graph: after the warm-up (eager: it creates
@@ -496,6 +498,20 @@ std::vector<std::string> parse_list(const std::string& text, const char* option,
   return items;
 }
 
+// Training as train_run, from the same init, with the batch-norm fusions off (nn::set_fusion,
+// the path MINAMP_FUSION=0 selects): mode train-unfused, so that a run compares the two.
+json unfused_train_run(const std::string& name, const Precision& p, const Config& cfg,
+                       const std::string& label) {
+  struct FusionOff {
+    bool was = nn::fusion_enabled();
+    FusionOff() { nn::set_fusion(false); }
+    ~FusionOff() { nn::set_fusion(was); }
+  } off;
+  Workload w = build(name, cfg);
+  w.model->to(cfg.device);
+  return train_run(w, p, cfg, label, "train-unfused");
+}
+
 json model_info(const Workload& w) {
   return {{"description", w.description}, {"optimizer", w.optimizer}};
 }
@@ -518,6 +534,7 @@ void run_all(const std::vector<std::string>& models, const std::vector<std::stri
       result["models"][name] = model_info(w);
       add(train_run(w, p, cfg, label));
       add(inference_run(w, p, cfg, label));
+      if (cfg.unfused) add(unfused_train_run(name, p, cfg, label));
       if (!cfg.cuda_graph) continue;
       Workload fresh = build(name, cfg); // the same init again
       fresh.model->to(cfg.device);
@@ -566,6 +583,9 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--cuda-graph", cfg.cuda_graph,
                "also time training replayed from a CUDA graph of one step (mode train-graph)");
+  app.add_flag("--unfused", cfg.unfused,
+               "also time training with the batch-norm fusions off, as MINAMP_FUSION=0 runs it "
+               "(mode train-unfused)");
   app.add_option("--size", cfg.size,
                  "sine grid size S (default 512 on a GPU, 64 on the CPU, 16 on the CUDA emulator)")
       ->transform(examples::integer_in(2, 8192));
@@ -594,6 +614,8 @@ int run(int argc, char** argv) {
           cuda_unavailable_reason());
   require(!cfg.cuda_graph || cfg.device == Device::cuda, "--cuda-graph",
           "needs --device cuda (CUDA graphs replay GPU work)");
+  require(!cfg.unfused || cfg.device == Device::cuda, "--unfused",
+          "needs --device cuda (the CPU backend never fuses)");
   if (cfg.size == 0) cfg.size = examples::default_sine_size(cfg.device);
   const bool gpu = cfg.device == Device::cuda && !cuda_emulated();
   const bool emulated = cfg.device == Device::cuda && cuda_emulated();

@@ -48,6 +48,7 @@ OPTIONS = {
                     "--precisions": list_of("fp32", "amp", "amp-bf16"), "--steps": count,
                     "--warmup": count,
                     "--infer-steps": count, "--profile": count, "--cuda-graph": None,
+                    "--unfused": None,
                     "--size": count, "--seed": count, "--json": str},
     "bench_gemm": {"--shapes": one_of("all", "square", "model", "resnet50", "tiny"),
                    "--precisions": one_of("f16", "f32", "f16,f32", "f32,f16"),
@@ -83,7 +84,7 @@ def fake_bench_train(args):
     runs = []
     for model in option(args, "--models").split(","):
         for precision in option(args, "--precisions", "fp32,amp,amp-bf16").split(","):
-            for mode in ("train", "infer", "train-graph"):
+            for mode in ("train", "infer", "train-graph", "train-unfused"):
                 runs.append(step_run(model, precision, mode, 1.0, mode != "infer"))
     write_json(option(args, "--json"), {"framework": "minamp", "threads": 16, "sine_size": 512,
                                         "seed": int(option(args, "--seed", 0)), "runs": runs,

@@ -318,7 +318,9 @@ TEST(Examples, BenchTrainRefusesBadListsAndNumbers) {
         {"--models resnet", {"--models", "unknown value 'resnet'"}},
         {"--precisions ,", {"--precisions", "expected at least one value"}},
         {"--steps 1e2", {"--steps", "expected an integer from 1 to 1000000000, got 1e2"}},
-        {"--seed -1", {"--seed", "expected an integer from 0"}}}) {
+        {"--seed -1", {"--seed", "expected an integer from 0"}},
+        {"--unfused", {"--unfused", "needs --device cuda (the CPU backend never fuses)"}},
+        {"--cuda-graph", {"--cuda-graph", "needs --device cuda"}}}) {
     const ProgramRun run = run_program("bench_train", args + " --device cpu --json " + json);
     EXPECT_NE(run.status, 0) << args;
     for (const std::string& part : parts)

@@ -148,15 +148,16 @@ TEST(GpuExamples, SineDefaultSizeFollowsTheDevice) {
 }
 
 // mlp and sine in every precision and mode bench/run-gpu.sh asks for, at a tiny size: the JSON
-// holds each run, training runs carry their op profile, and the CUDA-graph replay of a step trains
-// exactly like the eager steps (same kernels in the same order).
+// holds each run, training runs carry their op profile, the CUDA-graph replay of a step trains
+// exactly like the eager steps (same kernels in the same order), and the unfused training runs
+// from the same init (mlp, which has no batch norm, exactly as fused; sine to rounding).
 TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
   MINAMP_REQUIRE_GPU();
   const std::string json = fresh_dir("bench_train_cuda.json");
   const ProgramRun run =
       run_program(std::string("bench_train") + MINAMP_EXAMPLE_SUFFIX,
                   "--device cuda --models mlp,sine --size 16 --steps 3 --warmup 1 --infer-steps 2 "
-                  "--profile 2 --cuda-graph --json " +
+                  "--profile 2 --cuda-graph --unfused --json " +
                       json);
   ASSERT_EQ(run.status, 0) << run.output;
   const nlohmann::json report = read_output_json(json);
@@ -172,7 +173,9 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
   const nlohmann::json resnet_runs = field(read_output_json(resnet_json), "runs");
   EXPECT_EQ(resnet_runs.size(), 12u) << "two models x FP32, AMP and AMP-bf16 x train and infer";
   for (const nlohmann::json& r : resnet_runs) {
-    if (r.at("mode") == "train") EXPECT_TRUE(std::isfinite(r.at("final_loss").get<double>()));
+    if (r.at("mode") == "train") {
+      EXPECT_TRUE(std::isfinite(r.at("final_loss").get<double>()));
+    }
   }
   std::map<std::string, double> final_loss;
   for (const nlohmann::json& r : field(report, "runs")) {
@@ -180,18 +183,26 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
         r.at("model").get<std::string>() + " " + r.at("precision").get<std::string>() + " ";
     const std::string mode = r.at("mode");
     final_loss[name + mode] = mode == "infer" ? 0.0 : r.at("final_loss").get<double>();
-    if (mode == "train") {
-      EXPECT_FALSE(field(field(r, "profile"), "ops").empty()) << name;
+    if (mode == "train" || mode == "train-unfused") {
+      EXPECT_FALSE(field(field(r, "profile"), "ops").empty()) << name << mode;
     }
   }
-  EXPECT_EQ(final_loss.size(), 18u)
-      << "mlp and sine x FP32, AMP and AMP-bf16 x train, infer, train-graph";
+  EXPECT_EQ(final_loss.size(), 24u)
+      << "mlp and sine x FP32, AMP and AMP-bf16 x train, infer, train-graph, train-unfused";
   for (const char* name :
        {"mlp fp32 ", "mlp amp ", "mlp amp-bf16 ", "sine fp32 ", "sine amp ", "sine amp-bf16 "}) {
     const std::string key = name;
     ASSERT_TRUE(final_loss.count(key + "train") && final_loss.count(key + "train-graph")) << key;
     EXPECT_TRUE(std::isfinite(final_loss.at(key + "train"))) << key;
     EXPECT_EQ(final_loss.at(key + "train-graph"), final_loss.at(key + "train")) << key;
+    ASSERT_TRUE(final_loss.count(key + "train-unfused")) << key;
+    const double unfused = final_loss.at(key + "train-unfused");
+    if (key.rfind("mlp", 0) == 0) {
+      EXPECT_EQ(unfused, final_loss.at(key + "train")) << key;
+    } else {
+      EXPECT_NEAR(unfused, final_loss.at(key + "train"), 0.05 * final_loss.at(key + "train"))
+          << key;
+    }
   }
 }
 
