@@ -176,14 +176,15 @@ __device__ __forceinline__ void store_dx_partials(const float (&sum)[kPack], int
 
 // Training: dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat));
 // eval: the statistics are constants and dx = gamma invstd dy_hat. kPack elements at a time,
-// unrolled by 2 with no aliasing for single elements (two loads each already; by 4, ptxas
-// spills). With kDxSums (x, dy and dx of one dtype: mixed ones spill on sm_80, and autograd
-// gives one), also sums dx as stored per channel into partials [gridDim.x, C]: the
-// launch makes the grid stride a multiple of the packs in a row (C / kPack divides kThreads), so
-// each thread stays on the same channels.
+// unrolled by 2 for single elements (two loads each already; by 4, ptxas spills). With kDxSums (x,
+// dy and dx of one dtype: mixed ones spill on sm_80, and autograd gives one), also sums dx as
+// stored per channel into partials [gridDim.x, C]: the launch makes the grid stride a multiple of
+// the packs in a row (C / kPack divides kThreads), so each thread stays on the same channels. dx
+// may be dy (in place): each thread reads a pack of dy before it writes the same pack of dx, and no
+// thread reads another's, so the two pointers may alias (not __restrict__).
 template <int kPack, bool kDxSums, class TX, class TDy, class TDx>
 __global__ void __launch_bounds__(kThreads)
-    batchnorm_dx_kernel(const TX* __restrict__ x, const TDy* __restrict__ dy, TDx* __restrict__ dx,
+    batchnorm_dx_kernel(const TX* __restrict__ x, const TDy* dy, TDx* dx,
                         const float* __restrict__ sums, int64_t rows, int channels, ChannelParams p,
                         bool relu, bool training, float* __restrict__ dx_partials) {
   const int64_t size = rows * channels;

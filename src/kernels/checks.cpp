@@ -276,8 +276,11 @@ BatchNormDims require_batchnorm_backward(const Tensor& x, const Tensor& gamma, c
               dx.shape() == x.shape(),
           op, "expects dy and dx shaped like x ", describe(x), ", got dy ", describe(dy), ", dx ",
           describe(dx));
-  require((dx.raw() != x.raw() && dx.raw() != dy.raw()) || x.numel() == 0, op,
-          "dx must be a tensor of its own, not x or dy (in place is not supported)");
+  // dx may be dy itself (each element of dx needs only its own dy), never x or part of either.
+  const bool over_dy = dx.raw() == dy.raw() && dx.dtype() == dy.dtype();
+  require(!overlaps(dx, x) && (over_dy || !overlaps(dx, dy)), op,
+          "dx must be dy itself (in place) or a tensor of its own, not x or part of dy, got x ",
+          describe(x), ", dy ", describe(dy), ", dx ", describe(dx));
   for (const Tensor* t : {&mean, &invstd, &dgamma, &dbeta})
     require_f32(op, "mean, invstd, dgamma and dbeta", *t, d.channels);
   if (bn.grad_sums) require_grad_sums(op, "grad_sums", *bn.grad_sums, d.channels);

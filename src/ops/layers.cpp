@@ -222,7 +222,9 @@ Var batch_norm_conv2d(const Var& x, const BatchNormArgs& norm, Parameter& weight
         kernels::conv2d_backward(saved_x, w, dy, d_normalized, weight_grad ? weight.grad() : no_dw,
                                  conv, &input_norm);
         if (!norm_grad) return;
-        Tensor dx = Tensor::empty(saved_x.shape(), saved_x.dtype(), saved_x.device());
+        // dx overwrites d_normalized (same dtype: fused only without a cast), which nothing else
+        // holds: the backward keeps one activation-sized gradient less at its peak.
+        Tensor dx = d_normalized;
         Tensor dgamma = grad_or_scratch(gamma), dbeta = grad_or_scratch(beta);
         BatchNormParams sums_bn = backward_bn;
         sums_bn.grad_sums = &grad_sums;

@@ -3,7 +3,7 @@
 // ReLU; PyTorch's running-statistics update (unbiased variance); dx, dgamma, dbeta by finite
 // differences; a batch of many row blocks (the threaded path) against double references and
 // across thread counts; the f16 emulation; the sums a GEMM or the dx pass may take over
-// (given gradient sums, dx_sums); and the error messages.
+// (given gradient sums, dx_sums); dx in place over dy; and the error messages.
 #include "kernels/kernels.h"
 #include "test_kernels_reference.h"
 
@@ -552,8 +552,9 @@ TEST(CpuBatchNorm, BatchMomentsAreForTrainingOnlyAndShapedTwoByChannels) {
   expect_error(forward, "batchnorm_forward", "batch_moments", "training mode only");
 }
 
-// In place is refused by name (the CUDA kernels read x and dy through non-aliasing pointers).
-TEST(CpuBatchNorm, RejectsInPlaceOutputs) {
+// In place is refused by name where the kernels cannot take it: y over x in the forward (the CUDA
+// kernel reads x through a non-aliasing pointer) and dx over x in the backward.
+TEST(CpuBatchNorm, RejectsInPlaceOutputsOverX) {
   Rng rng(36);
   BatchNormLayer layer(rng, {2, 3, 3, 4});
   Tensor mean = poisoned({4}), invstd = poisoned({4});
@@ -569,13 +570,54 @@ TEST(CpuBatchNorm, RejectsInPlaceOutputs) {
                          layer.running_var, params(true, false));
   Tensor dy = random_tensor(rng, {2, 3, 3, 4}), dgamma = Tensor::zeros({4}),
          dbeta = Tensor::zeros({4});
-  for (Tensor* dx : {&x, &dy})
-    expect_error(
-        [&] {
-          cpu::batchnorm_backward(x, layer.gamma, layer.beta, mean, invstd, dy, *dx, dgamma, dbeta,
-                                  params(true, false));
-        },
-        "batchnorm_backward", "dx must be a tensor of its own");
+  expect_error(
+      [&] {
+        cpu::batchnorm_backward(x, layer.gamma, layer.beta, mean, invstd, dy, x, dgamma, dbeta,
+                                params(true, false));
+      },
+      "batchnorm_backward", "dx must be dy itself (in place) or a tensor of its own");
+}
+
+// dx written over dy (in place) is bit for bit the dx of a separate tensor, with the same dgamma,
+// dbeta and dx_sums: in both modes, with and without the ReLU, for f32 and f16 gradients, with
+// the sums over dy taken here or given.
+TEST(CpuBatchNorm, BackwardInPlaceOverDyEqualsASeparateDx) {
+  Rng rng(42);
+  for (const Shape& shape : {Shape{2, 3, 5, 7}, Shape{1000, 12}})
+    for (DType grad_dtype : {DType::f32, DType::f16})
+      for (bool training : {true, false})
+        for (bool relu : {false, true})
+          for (bool given_sums : {false, true}) {
+            SCOPED_TRACE(cat(shape, " ", grad_dtype, training ? " training" : " eval",
+                             relu ? " relu" : "", given_sums ? " given sums" : ""));
+            const int64_t channels = shape.last();
+            BatchNormLayer layer(rng, shape);
+            const Tensor dy = random_tensor(rng, shape, grad_dtype);
+            const Tensor sums = random_tensor(rng, {2, channels});
+            Tensor y = poisoned(shape), mean = poisoned({channels}), invstd = poisoned({channels});
+            cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd,
+                                   layer.running_mean, layer.running_var, params(training, relu));
+            struct Result {
+              Tensor dx, dgamma, dbeta, dx_sums;
+            };
+            const auto backward = [&](bool in_place) {
+              Result r{in_place ? dy.clone() : poisoned(shape, grad_dtype),
+                       Tensor::zeros({channels}), Tensor::zeros({channels}), poisoned({channels})};
+              const Tensor gradient = in_place ? r.dx : dy;
+              BatchNormParams bn = params(training, relu);
+              bn.dx_sums = &r.dx_sums;
+              if (given_sums) bn.grad_sums = &sums;
+              cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, gradient,
+                                      r.dx, r.dgamma, r.dbeta, bn);
+              return r;
+            };
+            const Result separate = backward(false), in_place = backward(true);
+            EXPECT_NE(in_place.dx.to_vector(), dy.to_vector()) << "dx was not written";
+            EXPECT_EQ(in_place.dx.to_vector(), separate.dx.to_vector());
+            EXPECT_EQ(in_place.dgamma.to_vector(), separate.dgamma.to_vector());
+            EXPECT_EQ(in_place.dbeta.to_vector(), separate.dbeta.to_vector());
+            EXPECT_EQ(in_place.dx_sums.to_vector(), separate.dx_sums.to_vector());
+          }
 }
 
 } // namespace

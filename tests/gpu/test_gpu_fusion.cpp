@@ -6,7 +6,7 @@
 // fused against nn::set_fusion(false), forward and backward, in training and eval mode, and a
 // chain of 1x1 convs, each applying the batch norm before it as it loads its input, against that
 // and against the CPU, with the biases before those batch norms taking their gradients from the
-// batch norm's backward.
+// batch norm's backward, and the batch norm's input gradient written over its output's.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -496,6 +496,63 @@ TEST(GpuFusion, BiasGradientsBeforeABatchNormComeFromItsBackward) {
       test::expect_close(fused.grads[i], cpu.grads[i], tolerance,
                          cat("fused vs CPU: gradient of parameter ", i));
     }
+  }
+}
+
+// Sine's model with 64 channels: Conv2d 1x1 (2 -> 64) -> BatchNorm -> ReLU -> Conv2d 1x1
+// (64 -> 64) -> BatchNorm -> ReLU -> Conv2d 1x1 (64 -> 1), no bias before a batch norm.
+std::unique_ptr<nn::Sequential> make_wide_pointwise_net() {
+  Rng rng(1170);
+  auto net = std::make_unique<nn::Sequential>();
+  net->emplace<nn::Conv2d>(2, 64, 1, rng, 1, 0, false);
+  net->emplace<nn::BatchNorm>(64).emplace<nn::ReLU>();
+  net->emplace<nn::Conv2d>(64, 64, 1, rng, 1, 0, false);
+  net->emplace<nn::BatchNorm>(64).emplace<nn::ReLU>();
+  net->emplace<nn::Conv2d>(64, 1, 1, rng);
+  net->to(Device::cuda);
+  return net;
+}
+
+// batch_norm_conv2d's backward writes the batch norm's input gradient over the gradient of its
+// output, so the backward holds one [rows, 64] gradient beyond what the forward kept, and partial
+// sums and a split-K workspace of half its size (1.5 of it in f32, 1.47 in f16), where a separate
+// dx would make it two at least (each conv's node holds its output's gradient while it makes the
+// batch norm's: 2.02 in f32, 2.47 in f16).
+// The allocator's peak over the backward says which, in f32 and under f16 autocast; the
+// gradients match MINAMP_FUSION=0's.
+TEST(GpuFusion, BatchNormInputGradientOverwritesItsOutputGradient) {
+  MINAMP_REQUIRE_GPU();
+  Allocator& allocator = allocator_for(Device::cuda);
+  for (DType amp_dtype : {DType::f32, DType::f16}) {
+    SCOPED_TRACE(cat("autocast ", amp_dtype));
+    const Shape input{1, 64, 64, 2};
+    const double activation_bytes = 64.0 * 64 * 64 * dtype_size(amp_dtype); // [4096, 64]
+    std::vector<Tensor> grads[2];
+    for (bool fusion : {true, false}) {
+      test::ScopedFusion scope(fusion);
+      std::unique_ptr<nn::Sequential> net = make_wide_pointwise_net();
+      Rng rng(1220);
+      const Tensor x = test::random_tensor(rng, input, DType::f32, Device::cuda, -2.0f, 2.0f);
+      const Tensor target = test::random_tensor(rng, {1, 64, 64, 1}, DType::f32, Device::cuda);
+      {
+        const bool amp = amp_dtype != DType::f32;
+        amp::Autocast autocast(amp, amp ? amp_dtype : DType::f16);
+        const Var y = (*net)(Var(x));
+        EXPECT_STREQ(y.node().op, fusion ? "batch_norm_conv2d" : "conv2d");
+        const Var loss = ops::mse_loss(y, target);
+        allocator.reset_peak();
+        const size_t before = allocator.live_bytes();
+        loss.backward();
+        if (fusion)
+          EXPECT_LE(double(allocator.peak_bytes() - before), 1.75 * activation_bytes)
+              << "the backward held two activation-sized gradients beyond the forward's";
+      }
+      for (Parameter* p : net->parameters()) grads[fusion].push_back(p->grad().to(Device::cpu));
+    }
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      test::expect_close(grads[1][i], grads[0][i], test::tolerance_for(amp_dtype),
+                         cat("fused vs MINAMP_FUSION=0: gradient of parameter ", i));
   }
 }
 

@@ -726,6 +726,19 @@ void check_batchnorm(const BatchNormCase& c, Rng& rng) {
   expect_close(dgamma, dgamma_ref, f32_tol, "dgamma");
   expect_close(dbeta, dbeta_ref, f32_tol, "dbeta");
 
+  // The same backward in place, dx written over dy: bit for bit the dx, dx_sums and affine
+  // gradients of the separate dx above.
+  Tensor in_place = gpu(dy), in_place_dgamma = gpu(dgamma0), in_place_dbeta = gpu(dbeta0);
+  Tensor in_place_sums = poisoned(channel_shape, DType::f32, Device::cuda);
+  BatchNormParams in_place_bn = bn;
+  in_place_bn.dx_sums = &in_place_sums;
+  kernels::batchnorm_backward(gpu(x), gpu(gamma), gpu(beta), mean, invstd, in_place, in_place,
+                              in_place_dgamma, in_place_dbeta, in_place_bn);
+  EXPECT_EQ(in_place.to_vector(), dx.to_vector()) << "dx in place over dy";
+  EXPECT_EQ(in_place_sums.to_vector(), dx_sums.to_vector()) << "dx_sums in place";
+  EXPECT_EQ(in_place_dgamma.to_vector(), dgamma.to_vector()) << "dgamma in place";
+  EXPECT_EQ(in_place_dbeta.to_vector(), dbeta.to_vector()) << "dbeta in place";
+
   // The same backward with the sums given (as a GEMM that wrote dy would give them): its own
   // reduction is skipped, and the results agree with the reference's.
   const test::BatchNormGradSums host =
