@@ -88,6 +88,7 @@ GemmOperand weight_operand(const Tensor& w, bool transposed) {
           s[0],
           s[1] * s[2] * s[3],
           {},
+          {},
           {}};
 }
 

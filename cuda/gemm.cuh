@@ -117,7 +117,7 @@ struct GemmOperand {
 // A tensor viewed as the row-major matrix [rows, last].
 inline GemmOperand matrix_operand(const Tensor& t, bool transposed) {
   const OperandKind kind = transposed ? OperandKind::transposed : OperandKind::matrix;
-  return {kind, t.raw(), t.shape().rows(), t.shape().last(), {}, {}};
+  return {kind, t.raw(), t.shape().rows(), t.shape().last(), {}, {}, {}};
 }
 
 // The activation x viewed as the row-major matrix [rows, channels], batch-normalised as it loads.
@@ -132,7 +132,7 @@ inline GemmOperand normalized_operand(const Tensor& x, const BatchNormChannels& 
 
 // The im2col matrix of the conv input x, never materialised.
 inline GemmOperand im2col_operand(const Tensor& x, const ConvGeometry& conv) {
-  return {OperandKind::im2col, x.raw(), conv.out_pixels(), conv.patch(), conv, {}};
+  return {OperandKind::im2col, x.raw(), conv.out_pixels(), conv.patch(), conv, {}, {}};
 }
 
 // One stride phase's col2im matrix of the conv output gradient dy, never materialised.
@@ -143,7 +143,8 @@ inline GemmOperand col2im_operand(const Tensor& dy, const ConvGeometry& conv,
           phase.pixels(conv.batch),
           int64_t(phase.taps()) * conv.out_channels,
           conv,
-          phase};
+          phase,
+          {}};
 }
 
 // A GEMM whose C is the gradient dy of a batch norm's output (a pointwise conv's input

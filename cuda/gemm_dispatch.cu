@@ -39,8 +39,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   args.c = c.raw();
   args.c_dtype = c.dtype();
   args.m = s.m, args.n = s.n, args.k = s.k;
-  args.epilogue = {epilogue.alpha, epilogue.beta,
-                   epilogue.bias ? ptr<float>(*epilogue.bias) : nullptr, epilogue.relu};
+  args.epilogue.alpha = epilogue.alpha;
+  args.epilogue.beta = epilogue.beta;
+  args.epilogue.bias = epilogue.bias ? ptr<float>(*epilogue.bias) : nullptr;
+  args.epilogue.relu = epilogue.relu;
   args.column_moments = epilogue.column_moments ? ptr<float>(*epilogue.column_moments) : nullptr;
   run_gemm(args);
 }

@@ -543,9 +543,10 @@ TEST(GpuFusion, BatchNormInputGradientOverwritesItsOutputGradient) {
         allocator.reset_peak();
         const size_t before = allocator.live_bytes();
         loss.backward();
-        if (fusion)
+        if (fusion) {
           EXPECT_LE(double(allocator.peak_bytes() - before), 1.75 * activation_bytes)
               << "the backward held two activation-sized gradients beyond the forward's";
+        }
       }
       for (Parameter* p : net->parameters()) grads[fusion].push_back(p->grad().to(Device::cpu));
     }
