@@ -313,21 +313,23 @@ std::unique_ptr<nn::Sequential> make_linear_net() {
   return net;
 }
 
-// Sine's model at a small size (no bias before a batch norm, as above): Conv2d 1x1 (2 -> 32) ->
-// BatchNorm -> ReLU -> Conv2d 1x1 (32 -> 40)
-// -> BatchNorm -> ReLU -> Conv2d 1x1 (40 -> 1), on the device. The second and third convs apply the
+// Sine's model at a small size (no bias before a batch norm, as above): Conv2d 1x1 (2 -> first)
+// -> BatchNorm -> ReLU -> Conv2d 1x1 (first -> second) -> BatchNorm -> ReLU -> Conv2d 1x1
+// (second -> 1), on the device; 32 and 40 wide by default. The second and third convs apply the
 // batch norm before them as they load their input (the third one's N = 1 is a single edge tile).
-std::unique_ptr<nn::Sequential> make_pointwise_net() {
-  Rng rng(1150);
+std::unique_ptr<nn::Sequential> make_pointwise_net(int64_t first = 32, int64_t second = 40,
+                                                   uint64_t seed = 1150) {
+  Rng rng(seed);
   auto net = std::make_unique<nn::Sequential>();
-  net->emplace<nn::Conv2d>(2, 32, 1, rng, 1, 0, false);
-  net->emplace<nn::BatchNorm>(32).emplace<nn::ReLU>();
-  net->emplace<nn::Conv2d>(32, 40, 1, rng, 1, 0, false);
-  net->emplace<nn::BatchNorm>(40).emplace<nn::ReLU>();
-  net->emplace<nn::Conv2d>(40, 1, 1, rng);
+  net->emplace<nn::Conv2d>(2, first, 1, rng, 1, 0, false);
+  net->emplace<nn::BatchNorm>(first).emplace<nn::ReLU>();
+  net->emplace<nn::Conv2d>(first, second, 1, rng, 1, 0, false);
+  net->emplace<nn::BatchNorm>(second).emplace<nn::ReLU>();
+  net->emplace<nn::Conv2d>(second, 1, 1, rng);
   net->to(Device::cuda);
   return net;
 }
+std::unique_ptr<nn::Sequential> make_small_pointwise_net() { return make_pointwise_net(); }
 
 // make_pointwise_net with a bias on every conv: the first two, before a batch norm, have a real
 // gradient in eval mode only (in training mode it is zero but for rounding).
@@ -416,7 +418,7 @@ TEST(GpuFusion, LinearBatchNormReluMatchesUnfused) {
 TEST(GpuFusion, PointwiseConvsApplyTheBatchNormBeforeThem) {
   MINAMP_REQUIRE_GPU();
   const Shape input{2, 9, 11, 2};
-  expect_fused_matches_unfused(make_pointwise_net, input, "pointwise net");
+  expect_fused_matches_unfused(make_small_pointwise_net, input, "pointwise net");
   for (DType amp_dtype : {DType::f32, DType::f16}) {
     StepResult fused, cpu;
     {
@@ -499,27 +501,13 @@ TEST(GpuFusion, BiasGradientsBeforeABatchNormComeFromItsBackward) {
   }
 }
 
-// Sine's model with 64 channels: Conv2d 1x1 (2 -> 64) -> BatchNorm -> ReLU -> Conv2d 1x1
-// (64 -> 64) -> BatchNorm -> ReLU -> Conv2d 1x1 (64 -> 1), no bias before a batch norm.
-std::unique_ptr<nn::Sequential> make_wide_pointwise_net() {
-  Rng rng(1170);
-  auto net = std::make_unique<nn::Sequential>();
-  net->emplace<nn::Conv2d>(2, 64, 1, rng, 1, 0, false);
-  net->emplace<nn::BatchNorm>(64).emplace<nn::ReLU>();
-  net->emplace<nn::Conv2d>(64, 64, 1, rng, 1, 0, false);
-  net->emplace<nn::BatchNorm>(64).emplace<nn::ReLU>();
-  net->emplace<nn::Conv2d>(64, 1, 1, rng);
-  net->to(Device::cuda);
-  return net;
-}
-
 // batch_norm_conv2d's backward writes the batch norm's input gradient over the gradient of its
-// output, so the backward holds one [rows, 64] gradient beyond what the forward kept, and partial
-// sums and a split-K workspace of half its size (1.5 of it in f32, 1.47 in f16), where a separate
-// dx would make it two at least (each conv's node holds its output's gradient while it makes the
-// batch norm's: 2.02 in f32, 2.47 in f16).
-// The allocator's peak over the backward says which, in f32 and under f16 autocast; the
-// gradients match MINAMP_FUSION=0's.
+// output, so the backward of the pointwise net 64 channels wide holds one [rows, 64] gradient
+// beyond what the forward kept, and partial sums and a split-K workspace of half its size (1.5 of
+// it in f32, 1.47 in f16), where a separate dx would make it two at least (each conv's node holds
+// its output's gradient while it makes the batch norm's: 2.02 in f32, 2.47 in f16). The allocator's
+// peak over the backward says which, in f32 and under f16 autocast; the gradients match
+// MINAMP_FUSION=0's.
 TEST(GpuFusion, BatchNormInputGradientOverwritesItsOutputGradient) {
   MINAMP_REQUIRE_GPU();
   Allocator& allocator = allocator_for(Device::cuda);
@@ -530,7 +518,7 @@ TEST(GpuFusion, BatchNormInputGradientOverwritesItsOutputGradient) {
     std::vector<Tensor> grads[2];
     for (bool fusion : {true, false}) {
       test::ScopedFusion scope(fusion);
-      std::unique_ptr<nn::Sequential> net = make_wide_pointwise_net();
+      std::unique_ptr<nn::Sequential> net = make_pointwise_net(64, 64, 1170);
       Rng rng(1220);
       const Tensor x = test::random_tensor(rng, input, DType::f32, Device::cuda, -2.0f, 2.0f);
       const Tensor target = test::random_tensor(rng, {1, 64, 64, 1}, DType::f32, Device::cuda);
