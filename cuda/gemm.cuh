@@ -265,6 +265,34 @@ inline void run_gemm(const GemmArgs& args) {
 // ---------------------------------------------------------------------------------------------
 // Device-side views of the operands, passed to the kernels by value.
 
+// Division of n in [0, 2^31) by a divisor fixed at launch, as a multiply-high and a shift
+// (Granlund and Montgomery's method, as in Hacker's Delight 10-9): with s = ceil(log2 d) and
+// m = floor(2^32 (2^s - d) / d) + 1, n / d = (mulhi(n, m) + n) >> s. A runtime integer division
+// is a ~20-instruction sequence; the gathered operands divide each pixel and tap index twice.
+struct FastDivisor {
+  int divisor = 1;
+  uint32_t multiplier = 1, shift = 0;
+};
+inline FastDivisor fast_divisor(int divisor) {
+  FastDivisor f;
+  f.divisor = divisor > 0 ? divisor : 1; // an empty extent: nothing is divided by it
+  const uint64_t d = uint64_t(f.divisor);
+  while ((uint64_t(1) << f.shift) < d) ++f.shift;
+  f.multiplier = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << f.shift) - d)) / d + 1);
+  return f;
+}
+__host__ __device__ __forceinline__ int quotient(const FastDivisor& f, int n) {
+  const uint32_t high = uint32_t((uint64_t(uint32_t(n)) * f.multiplier) >> 32);
+  return int((high + uint32_t(n)) >> f.shift);
+}
+
+// The divisors that split a gathered operand's row into its pixel (n, y, x) and its column into
+// its tap (ty, tx) and channel: row = (n * rows + y) * cols + x, col = (ty * taps_x + tx) *
+// channels + c.
+struct GatherDivisors {
+  FastDivisor cols, rows, channels, taps_x;
+};
+
 // A row-major [rows, cols] matrix in global memory (leading dimension = cols).
 template <class T> struct MatrixView {
   const T* data;
@@ -278,7 +306,8 @@ template <class T> struct Im2colView {
   const T* data; // x [batch, height, width, channels]
   int rows, cols;
   ConvGeometry conv;
-  bool vectorizable; // channels and the base pointer allow 16-byte chunks of one tap
+  bool vectorizable;       // channels and the base pointer allow 16-byte chunks of one tap
+  GatherDivisors divisors; // out_w, out_h, channels, kernel_w
 };
 
 // One stride phase of the col2im matrix of dy: row p = input pixel (n, i, j) of the phase, col q =
@@ -291,7 +320,8 @@ template <class T> struct Col2imView {
   int rows, cols;
   ConvGeometry conv;
   Col2imPhase phase;
-  bool vectorizable; // out_channels and the base pointer allow 16-byte chunks of one tap
+  bool vectorizable;       // out_channels and the base pointer allow 16-byte chunks of one tap
+  GatherDivisors divisors; // phase.cols, phase.rows, out_channels, phase.taps_x
 };
 
 // A row-major matrix whose columns are batch-normalised as its tiles land in shared memory.
@@ -314,8 +344,14 @@ template <class T> MatrixView<T> matrix_view(const GemmOperand& op) {
 
 template <class T> Im2colView<T> im2col_view(const GemmOperand& op) {
   const T* data = static_cast<const T*>(op.data);
-  return {data, int(op.rows), int(op.cols), op.conv,
-          op.conv.channels % kChunkElems<T> == 0 && is_aligned16(data)};
+  const ConvGeometry& g = op.conv;
+  return {data,
+          int(op.rows),
+          int(op.cols),
+          g,
+          g.channels % kChunkElems<T> == 0 && is_aligned16(data),
+          {fast_divisor(g.out_w), fast_divisor(g.out_h), fast_divisor(g.channels),
+           fast_divisor(g.kernel_w)}};
 }
 
 template <class T> NormalizedView<T> normalized_view(const GemmOperand& op) {
@@ -324,8 +360,16 @@ template <class T> NormalizedView<T> normalized_view(const GemmOperand& op) {
 
 template <class T> Col2imView<T> col2im_view(const GemmOperand& op) {
   const T* data = static_cast<const T*>(op.data);
-  return {data,    int(op.rows), int(op.cols),
-          op.conv, op.phase,     op.conv.out_channels % kChunkElems<T> == 0 && is_aligned16(data)};
+  const ConvGeometry& g = op.conv;
+  const Col2imPhase& p = op.phase;
+  return {data,
+          int(op.rows),
+          int(op.cols),
+          g,
+          p,
+          g.out_channels % kChunkElems<T> == 0 && is_aligned16(data),
+          {fast_divisor(p.cols), fast_divisor(p.rows), fast_divisor(g.out_channels),
+           fast_divisor(p.taps_x)}};
 }
 
 // Maps OperandKind to the view type a kernel is instantiated with, and whether it is used
@@ -559,30 +603,102 @@ __device__ __forceinline__ int64_t element_offset(const MatrixView<T>& v, int ro
   return int64_t(row) * v.cols + col;
 }
 
-// Offset in x of im2col element (row = output pixel, col = tap), or -1 when it is padding.
-template <class T>
-__device__ __forceinline__ int64_t element_offset(const Im2colView<T>& v, int row, int col) {
-  const ConvGeometry& g = v.conv;
-  const int ow = row % g.out_w, oh = (row / g.out_w) % g.out_h, n = row / (g.out_w * g.out_h);
-  const int ci = col % g.channels, tap = col / g.channels;
-  const int kx = tap % g.kernel_w, ky = tap / g.kernel_w;
-  const int ih = oh * g.stride - g.pad + ky, iw = ow * g.stride - g.pad + kx;
-  if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) return -1;
-  return ((int64_t(n) * g.height + ih) * g.width + iw) * g.channels + ci;
+// Where a gathered operand's element (row, col) is read from, as what its row and its column each
+// contribute: the row's pixel starts at (y, x) of the source image [batch, height, width,
+// channels] (x for im2col, dy for col2im), the column's tap moves that by (dy, dx) and picks a
+// channel; the element is the source's value at (y + dy, x + dx) and that channel, at offset
+// pixel.offset + tap.offset, or zero outside the image. Offsets are taken modulo 2^32: either part
+// alone may lie outside the source (a pixel in the padding, a tap's move back), their sum for an
+// element inside it is its offset (the source holds at most kMaxGemmExtent elements).
+struct GatherPixel {
+  int y, x;
+  uint32_t offset;
+};
+struct GatherTap {
+  int dy, dx;
+  uint32_t offset;
+};
+// A coordinate that no move of a tap brings into an image: the pixel of a row past the matrix.
+constexpr int kOutsideImage = -(1 << 30);
+
+__device__ __forceinline__ uint32_t pixel_offset(int n, int y, int x, int height, int width,
+                                                 int channels) {
+  return ((uint32_t(n) * uint32_t(height) + uint32_t(y)) * uint32_t(width) + uint32_t(x)) *
+         uint32_t(channels);
 }
 
-// Offset in dy of col2im element (row = input pixel of the phase, col = tap of the phase), or -1
-// when that tap reads the pixel from past the output's edge.
+// im2col: row = output pixel (n, oh, ow), which reads x from (oh*stride - pad, ow*stride - pad);
+// col = tap (ky, kx) and input channel ci.
 template <class T>
-__device__ __forceinline__ int64_t element_offset(const Col2imView<T>& v, int row, int col) {
+__device__ __forceinline__ GatherPixel gather_pixel(const Im2colView<T>& v, int row) {
+  const ConvGeometry& g = v.conv;
+  const int q = quotient(v.divisors.cols, row), ow = row - q * g.out_w;
+  const int n = quotient(v.divisors.rows, q), oh = q - n * g.out_h;
+  const int y = oh * g.stride - g.pad, x = ow * g.stride - g.pad;
+  return {y, x, pixel_offset(n, y, x, g.height, g.width, g.channels)};
+}
+template <class T>
+__device__ __forceinline__ GatherTap gather_tap(const Im2colView<T>& v, int col) {
+  const ConvGeometry& g = v.conv;
+  const int tap = quotient(v.divisors.channels, col), ci = col - tap * g.channels;
+  const int ky = quotient(v.divisors.taps_x, tap), kx = tap - ky * g.kernel_w;
+  return {ky, kx, (uint32_t(ky) * uint32_t(g.width) + uint32_t(kx)) * uint32_t(g.channels) + ci};
+}
+template <class T> __device__ __forceinline__ int source_height(const Im2colView<T>& v) {
+  return v.conv.height;
+}
+template <class T> __device__ __forceinline__ int source_width(const Im2colView<T>& v) {
+  return v.conv.width;
+}
+
+// col2im: row = input pixel (n, i, j) of the phase, which reads dy from (i + shift_y, j + shift_x)
+// backwards; col = tap (t, u), which moves that by (-t, -u), and output channel co.
+template <class T>
+__device__ __forceinline__ GatherPixel gather_pixel(const Col2imView<T>& v, int row) {
   const ConvGeometry& g = v.conv;
   const Col2imPhase& p = v.phase;
-  const int j = row % p.cols, i = (row / p.cols) % p.rows, n = row / (p.cols * p.rows);
-  const int co = col % g.out_channels, tap = col / g.out_channels;
-  const int u = tap % p.taps_x, t = tap / p.taps_x;
-  const int oh = i + p.shift_y - t, ow = j + p.shift_x - u;
-  if (oh < 0 || oh >= g.out_h || ow < 0 || ow >= g.out_w) return -1;
-  return ((int64_t(n) * g.out_h + oh) * g.out_w + ow) * g.out_channels + co;
+  const int q = quotient(v.divisors.cols, row), j = row - q * p.cols;
+  const int n = quotient(v.divisors.rows, q), i = q - n * p.rows;
+  const int y = i + p.shift_y, x = j + p.shift_x;
+  return {y, x, pixel_offset(n, y, x, g.out_h, g.out_w, g.out_channels)};
+}
+template <class T>
+__device__ __forceinline__ GatherTap gather_tap(const Col2imView<T>& v, int col) {
+  const ConvGeometry& g = v.conv;
+  const int tap = quotient(v.divisors.channels, col), co = col - tap * g.out_channels;
+  const int t = quotient(v.divisors.taps_x, tap), u = tap - t * v.phase.taps_x;
+  return {-t, -u,
+          (0u - uint32_t(t) * uint32_t(g.out_w) - uint32_t(u)) * uint32_t(g.out_channels) + co};
+}
+template <class T> __device__ __forceinline__ int source_height(const Col2imView<T>& v) {
+  return v.conv.out_h;
+}
+template <class T> __device__ __forceinline__ int source_width(const Col2imView<T>& v) {
+  return v.conv.out_w;
+}
+
+// Whether the tap's move keeps the pixel inside the source image.
+__device__ __forceinline__ bool gathers_inside(const GatherPixel& pixel, const GatherTap& tap,
+                                               int height, int width) {
+  return uint32_t(pixel.y + tap.dy) < uint32_t(height) &&
+         uint32_t(pixel.x + tap.dx) < uint32_t(width);
+}
+
+// Offset in the source of gathered element (row, col), or -1 when it reads zero.
+template <class View>
+__device__ __forceinline__ int64_t gathered_offset(const View& v, int row, int col) {
+  const GatherPixel pixel = gather_pixel(v, row);
+  const GatherTap tap = gather_tap(v, col);
+  if (!gathers_inside(pixel, tap, source_height(v), source_width(v))) return -1;
+  return int64_t(pixel.offset + tap.offset);
+}
+template <class T>
+__device__ __forceinline__ int64_t element_offset(const Im2colView<T>& v, int row, int col) {
+  return gathered_offset(v, row, col);
+}
+template <class T>
+__device__ __forceinline__ int64_t element_offset(const Col2imView<T>& v, int row, int col) {
+  return gathered_offset(v, row, col);
 }
 
 // Copies the [ROWS, COLS] block at (row0, col0) of a row-major matrix, or of a conv's im2col or
@@ -843,12 +959,87 @@ template <class Tile, int kThreads, class T, class View = MatrixView<T>> struct 
   }
 };
 
+// The interior loader of a gathered operand (Im2colView, Col2imView), in a block whose share of K
+// is whole tiles and whose view copies 16-byte chunks: each thread owns the same chunks of every
+// tile, as InteriorTileLoader's threads do, and splits their gathered rows and columns into
+// pixels and taps (gather_pixel, gather_tap) where they stay fixed rather than for every chunk:
+//   k contiguous (im2col or col2im as A: rows are pixels, columns taps): a thread's chunks share
+//     one column, so each k-step takes one tap; its rows' pixels are found once per block;
+//   outer contiguous (im2col as B of a weight gradient: rows are pixels along K, columns taps):
+//     a thread's chunks share one column, whose tap is found once per block; each k-step finds
+//     the pixels of its rows.
+// A chunk then costs a bounds test and an add. The outer edge needs no other path: a row or
+// column past the matrix gets a pixel or tap no move brings into the image (kOutsideImage), and
+// every chunk outside the image is written as zeros.
+template <class Tile, int kThreads, class T, class View> struct GatheredTileLoader {
+  static constexpr int kChunksPerRow = Tile::kCols / kChunkElems<T>;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow; // rows one pass of threads copies
+  static constexpr int kPasses = Tile::kRows / kRowsPerPass;
+  static_assert(kThreads % kChunksPerRow == 0 && Tile::kRows % kRowsPerPass == 0,
+                "every thread copies whole chunks of the same rows of each tile");
+  // Pixels kept per thread: one per pass (k contiguous), none otherwise.
+  static constexpr int kPixels = Tile::kKContiguous ? kPasses : 1;
+
+  const View& view;
+  int height, width; // of the source image
+  int first_row;     // this thread's first row of the tile at k = k_begin (outer contiguous)
+  int first_col;     // its column at k = k_begin (k contiguous)
+  int tile_first;    // the offset of its first chunk in the tile
+  GatherPixel pixels[kPixels]; // k contiguous: its rows' pixels
+  GatherTap tap;               // outer contiguous: its column's tap
+
+  __device__ __forceinline__ GatheredTileLoader(const View& v, int outer0, int k_begin)
+      : view(v), height(source_height(v)), width(source_width(v)) {
+    const int r = int(threadIdx.x) / kChunksPerRow;
+    const int c = int(threadIdx.x) % kChunksPerRow * kChunkElems<T>;
+    tile_first = r * Tile::kLd + c;
+    if constexpr (Tile::kKContiguous) {
+      first_col = k_begin + c;
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        const int row = outer0 + r + p * kRowsPerPass;
+        pixels[p] = row < v.rows ? gather_pixel(v, row) : GatherPixel{kOutsideImage, 0, 0};
+      }
+    } else {
+      first_row = k_begin + r;
+      const int col = outer0 + c;
+      tap = col < v.cols ? gather_tap(v, col) : GatherTap{kOutsideImage, 0, 0};
+    }
+  }
+
+  __device__ __forceinline__ void copy_chunk(T* dst, const GatherPixel& pixel,
+                                             const GatherTap& t) const {
+    if (gathers_inside(pixel, t, height, width))
+      cp_async16(dst, view.data + (pixel.offset + t.offset));
+    else
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+
+  __device__ __forceinline__ void operator()(T* tile, int k_tile) const {
+    T* dst = tile + tile_first;
+    if constexpr (Tile::kKContiguous) {
+      const GatherTap t = gather_tap(view, first_col + k_tile * Tile::kBK);
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p)
+        copy_chunk(dst + p * kRowsPerPass * Tile::kLd, pixels[p], t);
+    } else {
+      const int row = first_row + k_tile * Tile::kBK;
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p)
+        copy_chunk(dst + p * kRowsPerPass * Tile::kLd, gather_pixel(view, row + p * kRowsPerPass),
+                   tap);
+    }
+  }
+  __device__ __forceinline__ void finish(T*, int) const {}
+};
+
 // True when every tile of this operand for a block's share lies inside the matrix and copies in
 // 16-byte chunks: the block's outer extent inside, the rows aligned, and the share of K whole
-// tiles (only a ragged K leaves a partial last tile). Gathered (conv) views: never.
+// tiles (only a ragged K leaves a partial last tile). A gathered (conv) view's loader handles the
+// outer edge itself: it needs the chunks and whole tiles of K only.
 template <class Tile, class View>
-__device__ __forceinline__ bool whole_tiles_inside(const View&, int, const BlockShare&) {
-  return false;
+__device__ __forceinline__ bool whole_tiles_inside(const View& v, int, const BlockShare& share) {
+  return v.vectorizable && (share.k_end - share.k_begin) % Tile::kBK == 0;
 }
 template <class Tile, class T>
 __device__ __forceinline__ bool whole_tiles_inside(const MatrixView<T>& v, int outer0,
@@ -863,30 +1054,34 @@ __device__ __forceinline__ bool whole_tiles_inside(const NormalizedView<T>& v, i
   return whole_tiles_inside<Tile>(static_cast<const MatrixView<T>&>(v), outer0, share);
 }
 
-// Whether a view has interior loaders: the plain and the normalised matrices.
+// The interior loader of a view: InteriorTileLoader for the plain and the normalised matrices,
+// GatheredTileLoader for the gathered ones.
 template <class View, class T>
-constexpr bool kHasInteriorLoader =
-    std::is_same_v<View, MatrixView<T>> || std::is_same_v<View, NormalizedView<T>>;
+constexpr bool kIsGathered =
+    std::is_same_v<View, Im2colView<T>> || std::is_same_v<View, Col2imView<T>>;
+template <class Tile, int kThreads, class T, class View>
+using InteriorLoaderOf =
+    std::conditional_t<kIsGathered<View, T>, GatheredTileLoader<Tile, kThreads, T, View>,
+                       InteriorTileLoader<Tile, kThreads, T, View>>;
 
 // The loaders of v3 and later for this block: run(load_a, load_b) gets the interior loaders when
-// every tile of both operands lies inside the matrices, so that its main loop has no bounds
-// check; every other block (the edges of C, a ragged K, the conv views) gets the plain loaders
-// (load_operand_tile). A loader is called as load(tile, k_tile) for the k_tile-th BK tile of the
-// block's share of K.
+// every tile of both operands lies inside the matrices (or, for a gathered operand, when its
+// loader can take them), so that its main loop has no bounds check but the gathered operand's
+// image edges; every other block (the edges of C on a plain operand, a ragged K, a view not
+// aligned for 16-byte chunks) gets the plain loaders (load_operand_tile). A loader is called as
+// load(tile, k_tile) for the k_tile-th BK tile of the block's share of K, once for each in order.
 template <class Cfg, class Smem, class ViewA, class ViewB, class Run>
 __device__ __forceinline__ void with_tile_loaders(const ViewA& a, const ViewB& b,
                                                   const BlockShare& share, Run&& run) {
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
   using T = typename Smem::T;
-  if constexpr (kHasInteriorLoader<ViewA, T> && kHasInteriorLoader<ViewB, T>) {
-    if (whole_tiles_inside<TileA>(a, share.m0, share) &&
-        whole_tiles_inside<TileB>(b, share.n0, share)) {
-      const InteriorTileLoader<TileA, Cfg::kThreads, T, ViewA> load_a(a, share.m0, share.k_begin);
-      const InteriorTileLoader<TileB, Cfg::kThreads, T, ViewB> load_b(b, share.n0, share.k_begin);
-      run(load_a, load_b);
-      return;
-    }
+  if (whole_tiles_inside<TileA>(a, share.m0, share) &&
+      whole_tiles_inside<TileB>(b, share.n0, share)) {
+    const InteriorLoaderOf<TileA, Cfg::kThreads, T, ViewA> load_a(a, share.m0, share.k_begin);
+    const InteriorLoaderOf<TileB, Cfg::kThreads, T, ViewB> load_b(b, share.n0, share.k_begin);
+    run(load_a, load_b);
+    return;
   }
   run(PlainTileLoader<TileA, Cfg::kThreads, ViewA>{a, share.m0, share.k_begin},
       PlainTileLoader<TileB, Cfg::kThreads, ViewB>{b, share.n0, share.k_begin});

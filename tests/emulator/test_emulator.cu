@@ -701,4 +701,37 @@ TEST(Emulator, CaptureRecordsWorkAndReplaysIt) {
   cudaStreamDestroy(stream);
 }
 
+// The gathered GEMM operands split pixel and tap indices with gemm.cuh's FastDivisor (a
+// multiply-high and a shift); it is plain host and device code, checked here where gemm.cuh
+// compiles for the host: every divisor up to 2^12 and then powers of two and their neighbours up to
+// 2^31 - 1, against integer division, on dividends at and around multiples of the divisor and
+// across [0, 2^31).
+TEST(GemmGather, FastDivisorDividesLikeIntegerDivision) {
+  std::vector<int> divisors;
+  for (int d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (int shift = 12; shift <= 30; ++shift)
+    for (int delta : {-1, 0, 1}) divisors.push_back(int((1 << shift) + delta));
+  divisors.push_back(INT32_MAX);
+  uint64_t state = 88172645463325252ull; // xorshift64: dividends spread over [0, 2^31)
+  const auto next = [&] {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return int(state >> 33);
+  };
+  int failures = 0;
+  for (const int d : divisors) {
+    const minamp::gpu::FastDivisor f = minamp::gpu::fast_divisor(d);
+    std::vector<int> dividends = {0, 1, d - 1, d, INT32_MAX, INT32_MAX - 1};
+    for (const int64_t k : {int64_t(2), int64_t(7), int64_t(INT32_MAX) / d})
+      for (const int64_t delta : {-1, 0, 1})
+        if (k * d + delta >= 0 && k * d + delta <= INT32_MAX)
+          dividends.push_back(int(k * d + delta));
+    for (int i = 0; i < 64; ++i) dividends.push_back(next());
+    for (const int n : dividends)
+      if (minamp::gpu::quotient(f, n) != n / d && ++failures <= 10)
+        ADD_FAILURE() << n << " / " << d << ": " << minamp::gpu::quotient(f, n) << ", not "
+                      << n / d;
+  }
+  EXPECT_EQ(failures, 0);
+}
+
 } // namespace

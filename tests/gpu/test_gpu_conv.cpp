@@ -170,6 +170,36 @@ TEST(GpuConv, StridedInputGradientOnWideTiles) {
   check_backward({1, 66, 64, 128, 256, 1, 1, 2, 0}, DType::f16, true, false, 366);
 }
 
+// Convolutions whose gathered operands take the interior loader (gemm.cuh's GatheredTileLoader:
+// 16-byte chunks and whole K tiles), ResNet-like: 64 channels, 3x3 stride 1 and 2, a 1x1 stride-2
+// downsample; output rows past the last tile's end, padding, stride phases with and without taps,
+// an im2col weight-gradient operand (B) whose last column tile runs past its 72 columns, split K.
+// On the library's version and on v4, whose main loop takes the same loaders, in f16; the library's
+// in bf16 too. Then a padded 1x1 conv over 137 row tiles of 128, on v5's 128x256 tiles.
+TEST(GpuConv, GatheredOperandsOnWholeKTiles) {
+  MINAMP_REQUIRE_GPU();
+  const ConvCase cases[] = {
+      // n, h, w, cin, cout, kh, kw, stride, pad
+      {2, 16, 16, 64, 64, 3, 3, 1, 1},  // every GEMM interior; K split in dw and y
+      {2, 15, 13, 64, 64, 3, 3, 2, 1},  // 112 output rows; dx in four phases
+      {3, 14, 14, 64, 128, 1, 1, 2, 0}, // downsample: 147 rows, three phases no tap reads
+      {4, 8, 8, 8, 64, 3, 3, 1, 1},     // dw's im2col columns end inside a tile
+  };
+  uint64_t seed = 370;
+  for (GemmVersion version : {GemmVersion::automatic, GemmVersion::v4_mma}) {
+    ScopedGemmVersion scope(version);
+    for (const ConvCase& c : cases) {
+      check_forward(c, DType::f16, DType::f16, true, ++seed);
+      check_backward(c, DType::f16, true, true, ++seed);
+    }
+  }
+  for (const ConvCase& c : cases) {
+    check_forward(c, DType::bf16, DType::bf16, true, ++seed);
+    check_backward(c, DType::bf16, true, true, ++seed);
+  }
+  check_forward({1, 130, 130, 64, 256, 1, 1, 1, 1}, DType::f16, DType::f16, true, ++seed);
+}
+
 TEST(GpuConv, BackwardOnlyOneGradient) {
   MINAMP_REQUIRE_GPU();
   const ConvCase c{1, 9, 7, 3, 6, 3, 3, 2, 1};
