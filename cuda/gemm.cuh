@@ -618,7 +618,7 @@ struct GatherTap {
   int dy, dx;
   uint32_t offset;
 };
-// A coordinate that no move of a tap brings into an image: the pixel of a row past the matrix.
+// A coordinate no pixel or tap move brings into an image: given to a row or column past the matrix.
 constexpr int kOutsideImage = -(1 << 30);
 
 __device__ __forceinline__ uint32_t pixel_offset(int n, int y, int x, int height, int width,
@@ -981,27 +981,23 @@ template <class Tile, int kThreads, class T, class View> struct GatheredTileLoad
   static constexpr int kPixels = Tile::kKContiguous ? kPasses : 1;
 
   const View& view;
-  int height, width; // of the source image
-  int first_row;     // this thread's first row of the tile at k = k_begin (outer contiguous)
-  int first_col;     // its column at k = k_begin (k contiguous)
-  int tile_first;    // the offset of its first chunk in the tile
+  int first_k;    // this thread's first column (k contiguous) or row (outer contiguous) at k_begin
+  int tile_first; // the offset of its first chunk in the tile
   GatherPixel pixels[kPixels]; // k contiguous: its rows' pixels
   GatherTap tap;               // outer contiguous: its column's tap
 
-  __device__ __forceinline__ GatheredTileLoader(const View& v, int outer0, int k_begin)
-      : view(v), height(source_height(v)), width(source_width(v)) {
+  __device__ __forceinline__ GatheredTileLoader(const View& v, int outer0, int k_begin) : view(v) {
     const int r = int(threadIdx.x) / kChunksPerRow;
     const int c = int(threadIdx.x) % kChunksPerRow * kChunkElems<T>;
     tile_first = r * Tile::kLd + c;
+    first_k = k_begin + (Tile::kKContiguous ? c : r);
     if constexpr (Tile::kKContiguous) {
-      first_col = k_begin + c;
 #pragma unroll
       for (int p = 0; p < kPasses; ++p) {
         const int row = outer0 + r + p * kRowsPerPass;
         pixels[p] = row < v.rows ? gather_pixel(v, row) : GatherPixel{kOutsideImage, 0, 0};
       }
     } else {
-      first_row = k_begin + r;
       const int col = outer0 + c;
       tap = col < v.cols ? gather_tap(v, col) : GatherTap{kOutsideImage, 0, 0};
     }
@@ -1009,7 +1005,7 @@ template <class Tile, int kThreads, class T, class View> struct GatheredTileLoad
 
   __device__ __forceinline__ void copy_chunk(T* dst, const GatherPixel& pixel,
                                              const GatherTap& t) const {
-    if (gathers_inside(pixel, t, height, width))
+    if (gathers_inside(pixel, t, source_height(view), source_width(view)))
       cp_async16(dst, view.data + (pixel.offset + t.offset));
     else
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
@@ -1018,12 +1014,12 @@ template <class Tile, int kThreads, class T, class View> struct GatheredTileLoad
   __device__ __forceinline__ void operator()(T* tile, int k_tile) const {
     T* dst = tile + tile_first;
     if constexpr (Tile::kKContiguous) {
-      const GatherTap t = gather_tap(view, first_col + k_tile * Tile::kBK);
+      const GatherTap t = gather_tap(view, first_k + k_tile * Tile::kBK);
 #pragma unroll
       for (int p = 0; p < kPasses; ++p)
         copy_chunk(dst + p * kRowsPerPass * Tile::kLd, pixels[p], t);
     } else {
-      const int row = first_row + k_tile * Tile::kBK;
+      const int row = first_k + k_tile * Tile::kBK;
 #pragma unroll
       for (int p = 0; p < kPasses; ++p)
         copy_chunk(dst + p * kRowsPerPass * Tile::kLd, gather_pixel(view, row + p * kRowsPerPass),
