@@ -2,8 +2,8 @@
 // by the two-pass column reduction that batch norm's unfused statistics pass runs, or by merging
 // the per-tile partials of the GEMM epilogue's statistics hook (gemm.cuh,
 // store_tile_with_moments); and the backward's gradient sums, by a column reduction over x and dy
-// or from the per-tile partials of the GEMM epilogue's gradient hook (gemm.cuh,
-// store_tile_with_grad_sums); and plain column sums (a batch norm's dx, per channel).
+// or from the per-block partials of the thin-K GEMM kernel (gemm_thin.cu); and plain column sums
+// (a batch norm's dx, per channel).
 #include "column_moments.cuh"
 
 #include "device.cuh"
@@ -93,34 +93,42 @@ struct StoreSums { // sums[0, c] and sums[1, c]; dbeta[c] += the first, dgamma[c
   }
 };
 
-constexpr int kMergeThreads = 256;
-constexpr int kColumnsPerBlock = kMergeThreads / 32;
+// merge_column_partials_kernel's block: 32 columns (one per lane) by kMergeRuns warps, each warp
+// merging one contiguous run of row tiles; kMergeBatch tiles' partials are loaded before they are
+// merged, so the loads are in flight together rather than one per dependent merge.
+constexpr int kMergeRuns = 32;
+constexpr int kMergeBatch = 8;
 
-// One warp per column: lane l merges its contiguous run of row tiles in order, then the lanes
-// merge pairwise (lanes l and l ^ offset, the lower run first), so every lane ends with the
-// merge of all tiles in tile order: the same arithmetic on every run.
-__global__ void __launch_bounds__(kMergeThreads)
+// Warp w merges the row tiles [w * per_run, (w + 1) * per_run) of its lane's column in tile
+// order; then warp 0 merges the runs in run order: a fixed order, the same on every run.
+__global__ void __launch_bounds__(32 * kMergeRuns)
     merge_column_partials_kernel(const float* __restrict__ partials, int64_t rows, int tile_rows,
                                  int row_tiles, int cols, float* __restrict__ moments) {
-  const int lane = threadIdx.x % 32;
-  const int col = blockIdx.x * kColumnsPerBlock + threadIdx.x / 32;
-  if (col >= cols) return; // the whole warp: the shuffles below stay full-warp
-  const int per_lane = (row_tiles + 31) / 32;
-  const int first = lane * per_lane, last = min(row_tiles, first + per_lane);
+  __shared__ Moments runs[kMergeRuns][32];
+  const int lane = threadIdx.x % 32, run = threadIdx.x / 32;
+  const int col = blockIdx.x * 32 + lane;
+  const int per_run = (row_tiles + kMergeRuns - 1) / kMergeRuns;
+  const int first = run * per_run, last = min(row_tiles, first + per_run);
   Moments own{0, 0.0f, 0.0f};
-  for (int t = first; t < last; ++t) {
-    const int64_t tile_first_row = int64_t(t) * tile_rows;
-    const long long count = min(int64_t(tile_rows), rows - tile_first_row);
-    const float* tile = partials + int64_t(t) * 2 * cols;
-    own = merge(own, Moments{count, tile[col], tile[cols + col]});
+  for (int t0 = first; col < cols && t0 < last; t0 += kMergeBatch) {
+    float mean[kMergeBatch], m2[kMergeBatch];
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) { // past the run: its last tile again, not merged
+      const float* tile = partials + int64_t(min(t0 + i, last - 1)) * 2 * cols;
+      mean[i] = tile[col];
+      m2[i] = tile[cols + col];
+    }
+#pragma unroll
+    for (int i = 0; i < kMergeBatch && t0 + i < last; ++i) {
+      const int64_t tile_first_row = int64_t(t0 + i) * tile_rows;
+      const long long count = min(int64_t(tile_rows), rows - tile_first_row);
+      own = merge(own, Moments{count, mean[i], m2[i]});
+    }
   }
-  for (int offset = 1; offset < 32; offset *= 2) {
-    const Moments other{__shfl_xor_sync(kFullWarp, own.count, offset),
-                        __shfl_xor_sync(kFullWarp, own.mean, offset),
-                        __shfl_xor_sync(kFullWarp, own.m2, offset)};
-    own = (lane & offset) != 0 ? merge(other, own) : merge(own, other);
-  }
-  if (lane != 0) return;
+  runs[run][lane] = own;
+  __syncthreads();
+  if (run != 0 || col >= cols) return;
+  for (int r = 1; r < kMergeRuns; ++r) own = merge(own, runs[r][lane]);
   moments[col] = own.mean;
   moments[cols + col] = own.m2 / float(rows);
 }
@@ -144,9 +152,9 @@ void merge_column_partials(const float* partials, int64_t rows, int tile_rows, i
                            float* moments) {
   if (cols == 0) return;
   const int row_tiles = int((rows + tile_rows - 1) / tile_rows);
-  const int blocks = (cols + kColumnsPerBlock - 1) / kColumnsPerBlock;
-  merge_column_partials_kernel<<<blocks, kMergeThreads, 0, stream()>>>(partials, rows, tile_rows,
-                                                                       row_tiles, cols, moments);
+  const int blocks = (cols + 31) / 32;
+  merge_column_partials_kernel<<<blocks, 32 * kMergeRuns, 0, stream()>>>(partials, rows, tile_rows,
+                                                                         row_tiles, cols, moments);
   CUDA_CHECK_LAUNCH("gemm: merging the column statistics");
 }
 

@@ -176,6 +176,18 @@ TEST(GpuColumnMoments, SplitK) {
   }
 }
 
+// More row tiles than the merge's warps take in one batch each (its runs of tiles, loaded 8 at a
+// time): whole and partial batches, and runs past the last tile.
+TEST(GpuColumnMoments, ManyRowTiles) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 550;
+  for (GemmVersion version : {GemmVersion::automatic, GemmVersion::v5_multistage})
+    for (int64_t m : {40000, 9001}) {
+      ScopedGemmVersion scope(version);
+      expect_moments_match(MomentsCase{m, 24, 16, DType::f16, DType::f16}, ++seed);
+    }
+}
+
 // A 3x3 convolution's implicit GEMM (gathered im2col operand) writes its moments too.
 TEST(GpuColumnMoments, Convolution) {
   MINAMP_REQUIRE_GPU();
