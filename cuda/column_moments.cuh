@@ -3,8 +3,8 @@
 //   variances), either computed from the matrix in two passes (column_moments), or merged from
 //   the per-tile partials a GEMM epilogue wrote while producing it (merge_column_partials);
 // - backward, the gradient sums (sums f32 [2, C]: sum dy_hat, sum dy_hat * xhat), either computed
-//   from x and dy (batchnorm_grad_sums), or added up from the per-tile partials a GEMM epilogue
-//   wrote while producing dy (merge_grad_partials; gemm.cuh, BatchNormGradient); and the sums
+//   from x and dy (batchnorm_grad_sums), or added up from the per-block partials the thin-K GEMM
+//   kernel wrote while producing dy (merge_grad_partials; gemm_thin.cu); and the sums
 //   of its dx per channel (column_sums), the bias gradient of the layer before it.
 // All are deterministic: fixed orders, no atomics.
 #pragma once

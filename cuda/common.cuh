@@ -123,8 +123,8 @@ __device__ __forceinline__ float batchnorm_normalized(float v, float gamma, floa
 
 // The batch norm backward's view of one element, from its input x and the gradient dy of its
 // output: xhat = (x - mean) invstd, and dy_hat = dy with the ReLU's mask recomputed from x (zero
-// where the output was <= 0; a NaN passes). The batch norm kernel and a GEMM that sums these
-// terms in its epilogue (gemm.cuh, BatchNormGradient) compute the same values.
+// where the output was <= 0; a NaN passes). The batch norm kernel and the thin-K GEMM kernel,
+// which sums these terms as it stores dy (gemm_thin.cu), compute the same values.
 __device__ __forceinline__ void batchnorm_grad_terms(float x, float dy, float gamma, float beta,
                                                      float mean, float invstd, bool relu,
                                                      float& xhat, float& dy_hat) {

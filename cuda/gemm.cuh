@@ -161,9 +161,9 @@ struct BatchNormGradient {
 
 // The fused epilogue, applied per element in fp32: v = alpha * acc (+ beta * C_old when beta
 // != 0; C_old is never read otherwise) (+ bias[col]), then ReLU; stored rounded to C's dtype.
-// The packed epilogue (store_tile_packed) also writes per block, over the block's rows of the
-// values as stored in C: with column_partials set, the (mean, M2) of each column; with
-// batchnorm_grad.sums set, the batch norm gradient sums of each column. Not both.
+// The packed epilogue (store_tile_packed) also writes per block, with column_partials set, the
+// (mean, M2) of each column over the block's rows of the values as stored in C. batchnorm_grad is
+// the thin-K kernel's (gemm_thin.cu), which adds up those sums as it stores C.
 struct EpilogueArgs {
   float alpha = 1.0f;
   float beta = 0.0f;
@@ -1130,9 +1130,9 @@ template <int BM, int BN, int kThreads, class CT> struct EpilogueColumns {
   }
 };
 
-// What the packed epilogue adds up per column as it stores C: nothing, the column statistics
-// (EpilogueArgs::column_partials) or the batch norm gradient sums (EpilogueArgs::batchnorm_grad).
-enum class EpilogueSums { none, moments, batchnorm_grad };
+// What the packed epilogue adds up per column as it stores C: nothing or the column statistics
+// (EpilogueArgs::column_partials).
+enum class EpilogueSums { none, moments };
 
 // The packed store loop: writes the block's BM x BN tile of C at (m0, n0) from the fp32
 // accumulators staged in shared memory (staging [BM][staging_ld], staging_ld a multiple of 4),
@@ -1140,35 +1140,16 @@ enum class EpilogueSums { none, moments, batchnorm_grad };
 // and written as one 16-byte access each. Where C's rows are not 16-byte aligned (N not a multiple
 // of the pack) or the bias is not, and in a pack that crosses N, element by element. Each thread
 // also adds up, for its P columns (EpilogueColumns) over the rows it stores, from the values as
-// stored (rounded to C's dtype): for kSums moments, the values into `first` (each also put back
-// into its staging slot, for store_tile_with_moments' deviations); for batchnorm_grad, dy_hat
-// into `first` and dy_hat * xhat into `second` (batchnorm_grad_terms, with x read beside each
-// pack, as one 16-byte load where x's rows allow).
+// stored (rounded to C's dtype): for kSums moments, the values into `sums` (each also put back
+// into its staging slot, for store_tile_with_moments' deviations).
 template <EpilogueSums kSums, int BM, int BN, int kThreads, class CT>
 __device__ __forceinline__ void store_tile_summing(float* staging, int staging_ld, CT* c, int m,
                                                    int n, int m0, int n0, const EpilogueArgs& ep,
-                                                   float (&first)[kPackElems<CT>],
-                                                   float (&second)[kPackElems<CT>]) {
+                                                   float (&sums)[kPackElems<CT>]) {
   using Columns = EpilogueColumns<BM, BN, kThreads, CT>;
   constexpr int P = Columns::P;
   const bool packable =
       n % P == 0 && is_aligned16(c) && (ep.bias == nullptr || is_aligned16(ep.bias));
-  const BatchNormGradient& grad = ep.batchnorm_grad;
-  const CT* x = static_cast<const CT*>(grad.x);
-  // The batch norm parameters of this thread's channels stay in registers for 16-bit C (an AMP
-  // dgrad's dy); for f32 C they are read with each pack (16 more live registers there make ptxas
-  // spill v3's small f32-output kernels on sm_75).
-  constexpr bool kParametersInRegisters = P == 8;
-  float gamma[P] = {}, beta[P] = {}, mean[P] = {}, invstd[P] = {};
-  if constexpr (kSums == EpilogueSums::batchnorm_grad && kParametersInRegisters) {
-#pragma unroll
-    for (int e = 0; e < P; ++e) {
-      const int channel = n0 + Columns::first_column() + e;
-      if (channel >= n) continue;
-      gamma[e] = grad.channels.gamma[channel], beta[e] = grad.channels.beta[channel];
-      mean[e] = grad.channels.mean[channel], invstd[e] = grad.channels.invstd[channel];
-    }
-  }
   for (int idx = threadIdx.x; idx < BM * Columns::kPacksPerRow; idx += kThreads) {
     const int r = idx / Columns::kPacksPerRow, col = idx % Columns::kPacksPerRow * P;
     const int row = m0 + r, column = n0 + col;
@@ -1216,36 +1197,8 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
 #pragma unroll
       for (int e = 0; e < P; ++e) {
         if (e >= valid) continue;
-        first[e] += v[e];
+        sums[e] += v[e];
         acc[e] = v[e];
-      }
-    } else if constexpr (kSums == EpilogueSums::batchnorm_grad) {
-      const int64_t at = int64_t(row) * n + column;
-      float xv[P] = {};
-      if (valid == P && n % P == 0 && is_aligned16(x)) {
-        load_pack16(x + at, xv);
-      } else {
-#pragma unroll
-        for (int e = 0; e < P; ++e)
-          if (e < valid) xv[e] = load_f(x, at + e);
-      }
-      if constexpr (!kParametersInRegisters) {
-#pragma unroll
-        for (int e = 0; e < P; ++e) {
-          if (e >= valid) continue;
-          const int channel = column + e;
-          gamma[e] = grad.channels.gamma[channel], beta[e] = grad.channels.beta[channel];
-          mean[e] = grad.channels.mean[channel], invstd[e] = grad.channels.invstd[channel];
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < P; ++e) {
-        if (e >= valid) continue;
-        float xhat, dy_hat;
-        batchnorm_grad_terms(xv[e], v[e], gamma[e], beta[e], mean[e], invstd[e], grad.channels.relu,
-                             xhat, dy_hat);
-        first[e] += dy_hat;
-        second[e] += dy_hat * xhat;
       }
     }
   }
@@ -1292,7 +1245,7 @@ __device__ __forceinline__ void store_tile_with_moments(float* staging, int stag
   constexpr int P = Columns::P;
   float mean[P] = {}, m2[P] = {};
   store_tile_summing<EpilogueSums::moments, BM, BN, kThreads>(staging, staging_ld, c, m, n, m0, n0,
-                                                              ep, mean, m2);
+                                                              ep, mean);
   const int rows = min(BM, m - m0), g = Columns::group(), col0 = Columns::first_column();
   const int count = Columns::group_rows(g, rows);
 #pragma unroll
@@ -1328,47 +1281,17 @@ __device__ __forceinline__ void store_tile_with_moments(float* staging, int stag
   }
 }
 
-// The batch norm gradient hook of the packed epilogue: partials[blockIdx.x, 0, col] and
-// [.., 1, col] = the sums of dy_hat and of dy_hat * xhat (batchnorm_grad_terms) of column col
-// over the block's rows, from C as stored (dy) and the batch norm's input x. Each thread adds up
-// its own rows of its columns as it stores them; the kGroups sums of a column are added in group
-// order.
-template <int BM, int BN, int kThreads, class CT>
-__device__ __forceinline__ void store_tile_with_grad_sums(float* staging, int staging_ld, CT* c,
-                                                          int m, int n, int m0, int n0,
-                                                          const EpilogueArgs& ep) {
-  using Columns = EpilogueColumns<BM, BN, kThreads, CT>;
-  float dy_hat[Columns::P] = {}, dy_hat_xhat[Columns::P] = {};
-  store_tile_summing<EpilogueSums::batchnorm_grad, BM, BN, kThreads>(
-      staging, staging_ld, c, m, n, m0, n0, ep, dy_hat, dy_hat_xhat);
-  const float* figures = share_column_figures<BM, BN, kThreads, CT>(staging, dy_hat, dy_hat_xhat);
-  float* dy_hat_sums = ep.batchnorm_grad.sums + int64_t(blockIdx.x) * 2 * n; // [2, N] of the tile
-  float* dy_hat_xhat_sums = dy_hat_sums + n;
-  for (int col = threadIdx.x; col < BN && n0 + col < n; col += kThreads) {
-    float sum = 0.0f, sum_xhat = 0.0f;
-    for (int group = 0; group < Columns::kGroups; ++group) {
-      sum += figures[group * BN + col];
-      sum_xhat += figures[(Columns::kGroups + group) * BN + col];
-    }
-    dy_hat_sums[n0 + col] = sum;
-    dy_hat_xhat_sums[n0 + col] = sum_xhat;
-  }
-}
-
 // The epilogue of v3 and later: store_tile_summing, with ep.column_partials the tile's column
-// statistics (store_tile_with_moments), with ep.batchnorm_grad.sums its batch norm gradient sums
-// (store_tile_with_grad_sums). Every thread of the block must call it.
+// statistics (store_tile_with_moments). Every thread of the block must call it.
 template <int BM, int BN, int kThreads, class CT>
 __device__ __forceinline__ void store_tile_packed(float* staging, int staging_ld, CT* c, int m,
                                                   int n, int m0, int n0, const EpilogueArgs& ep) {
   if (ep.column_partials) {
     store_tile_with_moments<BM, BN, kThreads>(staging, staging_ld, c, m, n, m0, n0, ep);
-  } else if (ep.batchnorm_grad.sums) {
-    store_tile_with_grad_sums<BM, BN, kThreads>(staging, staging_ld, c, m, n, m0, n0, ep);
   } else {
     float none[kPackElems<CT>] = {};
     store_tile_summing<EpilogueSums::none, BM, BN, kThreads>(staging, staging_ld, c, m, n, m0, n0,
-                                                             ep, none, none);
+                                                             ep, none);
   }
 }
 
@@ -1420,9 +1343,9 @@ template <class Family>
 struct HasMediumTiles<Family, std::void_t<typename Family::Medium>> : std::true_type {};
 
 // args.column_moments and args.batchnorm_grad.sums from C after the GEMM: the unfused passes over
-// C, for the launches without the epilogue hooks (v1, v2, the SIMT kernel, split K, whose
+// C, for the launches without the epilogue hook (v1, v2, the SIMT kernel, split K, whose
 // reduction kernel runs the epilogue element by element and has no tile to reduce, and the thin
-// kernels but for the thin-K kernel's gradient sums, gemm_thin.cu).
+// kernels), and for every launch's gradient sums but the thin-K kernel's (gemm_thin.cu).
 inline void column_statistics_of_output(const GemmArgs& args) {
   if (args.column_moments)
     column_moments(args.c, args.c_dtype, args.m, int(args.n), args.column_moments, "gemm");
@@ -1463,29 +1386,25 @@ template <class Family> struct GemmLaunch {
       CUDA_CHECK_LAUNCH(Family::kName);
     }
     // One pass: each block sums all of K for its tile and applies the epilogue. Column moments
-    // and batch norm gradient sums come from the epilogue hooks where the family has them:
-    // per-tile partials [row tiles, 2, N] (from the caching allocator), then their merge.
+    // come from the epilogue hook where the family has it: per-tile partials [row tiles, 2, N]
+    // (from the caching allocator), then their merge. Batch norm gradient sums come from a
+    // reduction over C and x after the GEMM: summed in the epilogue, reading x there made the
+    // GEMM of sine's input gradients twice as slow, against a reduction kernel's pass.
     template <class Cfg> static void whole_k(const GemmArgs& args) {
-      const bool hook =
-          Family::kColumnStatistics && (args.column_moments || args.batchnorm_grad.sums);
-      const int64_t row_tiles = (args.m + Cfg::BM - 1) / Cfg::BM;
+      const bool hook = Family::kColumnStatistics && args.column_moments;
       Tensor partials;
       EpilogueArgs epilogue = args.epilogue;
       if (hook) {
+        const int64_t row_tiles = (args.m + Cfg::BM - 1) / Cfg::BM;
         partials = Tensor::empty({row_tiles, 2, args.n}, DType::f32, Device::cuda);
-        if (args.column_moments) epilogue.column_partials = ptr<float>(partials);
-        epilogue.batchnorm_grad = args.batchnorm_grad;
-        epilogue.batchnorm_grad.sums = args.batchnorm_grad.sums ? ptr<float>(partials) : nullptr;
+        epilogue.column_partials = ptr<float>(partials);
       }
       visit_output<typename OpA::Elem>(args, [&](auto type) {
         launch<Cfg, typename decltype(type)::type>(args, args.c, epilogue, KSplit{1, args.k});
       });
       if (!hook) return column_statistics_of_output(args);
-      if (args.column_moments)
-        merge_column_partials(ptr<float>(partials), args.m, Cfg::BM, int(args.n),
-                              args.column_moments);
-      else
-        merge_grad_partials(ptr<float>(partials), row_tiles, int(args.n), args.batchnorm_grad.sums);
+      merge_column_partials(ptr<float>(partials), args.m, Cfg::BM, int(args.n),
+                            args.column_moments);
     }
     // Two passes: fp32 partial sums [splits, M, N] (no epilogue), then their sum in slice
     // order with the epilogue. The partials come from the caching allocator.
