@@ -264,6 +264,20 @@ __device__ __forceinline__ float normalized_at(const BatchNormChannels& nz, int 
       batchnorm_normalized(v, nz.gamma[kk], nz.beta[kk], nz.mean[kk], nz.invstd[kk], nz.relu));
 }
 
+// The warp's sums of one row of C, added across the lanes, stored by lanes 0 .. n - 1.
+template <class CT>
+__device__ __forceinline__ void store_row(float (&acc)[kThinN], CT* c, int n, int64_t row, int lane,
+                                          const EpilogueArgs& ep) {
+#pragma unroll
+  for (int j = 0; j < kThinN; ++j) acc[j] = warp_sum(acc[j]);
+  if (lane >= n) return;
+  float mine = acc[0];
+#pragma unroll
+  for (int j = 1; j < kThinN; ++j)
+    if (lane == j) mine = acc[j];
+  store_output(c, n, int(row), lane, mine, ep);
+}
+
 // C[M, N] = epilogue(A @ op(B)) for N <= kThinN, A untransposed ([M, K], k contiguous), normalised
 // per `nz` when kNormalized: one warp per row; `packed` when K is a multiple of 4 and A is aligned
 // for 4-element loads.
@@ -291,15 +305,61 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       for (int kk = lane; kk < k; kk += 32) add(kk, load_f(a_row, kk));
     }
+    store_row(acc, c, n, row, lane, ep);
+  }
+}
+
+// The lane's chunks of 4 k that gemm_thin_n_rows_cached_kernel keeps in registers: K up to
+// kCachedK (sine's last conv, K = 256).
+constexpr int kCachedChunks = 2;
+constexpr int kCachedK = 4 * 32 * kCachedChunks;
+
+// The same for a packed A whose K is at most kCachedK: each lane reads the B values (and the
+// batch norm parameters) of its k once, into registers, for every row the warp takes; the same
+// products summed in the same order as gemm_thin_n_rows_kernel.
+template <bool kTransB, bool kNormalized, class T, class CT>
+__global__ void __launch_bounds__(kThreads)
+    gemm_thin_n_rows_cached_kernel(const T* a, BatchNormChannels nz, const T* b, CT* c, int m,
+                                   int n, int k, EpilogueArgs ep) {
+  const int lane = threadIdx.x % 32;
+  float w[kCachedChunks][4][kThinN] = {}; // op(B)[kk, j] at this lane's kk; 0 past K or N
+  float gamma[kCachedChunks][4] = {}, beta[kCachedChunks][4] = {};
+  float mean[kCachedChunks][4] = {}, invstd[kCachedChunks][4] = {};
 #pragma unroll
-    for (int j = 0; j < kThinN; ++j) acc[j] = warp_sum(acc[j]);
-    if (lane < n) {
-      float mine = acc[0];
+  for (int i = 0; i < kCachedChunks; ++i)
 #pragma unroll
-      for (int j = 1; j < kThinN; ++j)
-        if (lane == j) mine = acc[j];
-      store_output(c, n, int(row), lane, mine, ep);
+    for (int e = 0; e < 4; ++e) {
+      const int kk = 4 * lane + 4 * 32 * i + e;
+      if (kk >= k) continue;
+#pragma unroll
+      for (int j = 0; j < kThinN; ++j)
+        if (j < n) w[i][e][j] = b_at<kTransB>(b, k, n, kk, j);
+      if constexpr (kNormalized) {
+        gamma[i][e] = nz.gamma[kk], beta[i][e] = nz.beta[kk];
+        mean[i][e] = nz.mean[kk], invstd[i][e] = nz.invstd[kk];
+      }
     }
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; row < m; row += warps) {
+    const T* a_row = a + row * k;
+    float acc[kThinN] = {};
+#pragma unroll
+    for (int i = 0; i < kCachedChunks; ++i) {
+      const int kk = 4 * lane + 4 * 32 * i;
+      if (kk >= k) continue; // K is a multiple of 4: a chunk is whole or past K
+      const Float4 v = load4(a_row, kk);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float value = v.v[e];
+        if constexpr (kNormalized)
+          value = as_stored<T>(batchnorm_normalized(value, gamma[i][e], beta[i][e], mean[i][e],
+                                                    invstd[i][e], nz.relu));
+#pragma unroll
+        for (int j = 0; j < kThinN; ++j)
+          if (j < n) acc[j] += value * w[i][e][j];
+      }
+    }
+    store_row(acc, c, n, row, lane, ep);
   }
 }
 
@@ -366,14 +426,26 @@ template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmA
         <<<grid_for(args.m, kThreads), kThreads, 0, stream()>>>(a, b, c, m, n, k, args.epilogue);
   } else {
     const bool packed = k % 4 == 0 && aligned_for_pack(a);
-    const auto rows = [&](auto kernel) {
-      kernel<<<grid_for(args.m * 32, kThreads), kThreads, 0, stream()>>>(
-          a, args.a.normalization, b, c, m, n, k, args.epilogue, packed);
-    };
-    if (args.a.kind == OperandKind::normalized)
-      rows(gemm_thin_n_rows_kernel<kTransB, true, T, CT>);
-    else
-      rows(gemm_thin_n_rows_kernel<kTransB, false, T, CT>);
+    const bool normalized = args.a.kind == OperandKind::normalized;
+    const int blocks = grid_for(args.m * 32, kThreads);
+    const BatchNormChannels& nz = args.a.normalization;
+    if (packed && k <= kCachedK) {
+      const auto cached = [&](auto kernel) {
+        kernel<<<blocks, kThreads, 0, stream()>>>(a, nz, b, c, m, n, k, args.epilogue);
+      };
+      if (normalized)
+        cached(gemm_thin_n_rows_cached_kernel<kTransB, true, T, CT>);
+      else
+        cached(gemm_thin_n_rows_cached_kernel<kTransB, false, T, CT>);
+    } else {
+      const auto rows = [&](auto kernel) {
+        kernel<<<blocks, kThreads, 0, stream()>>>(a, nz, b, c, m, n, k, args.epilogue, packed);
+      };
+      if (normalized)
+        rows(gemm_thin_n_rows_kernel<kTransB, true, T, CT>);
+      else
+        rows(gemm_thin_n_rows_kernel<kTransB, false, T, CT>);
+    }
   }
   CUDA_CHECK_LAUNCH("gemm (thin, CUDA cores)");
 }

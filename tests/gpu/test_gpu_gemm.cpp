@@ -249,13 +249,19 @@ TEST(GpuGemm, ThinShapesOnCudaCores) {
         expect_matches_cpu(
             GemmCase{4100, 3, 40, trans_a, trans_b, d.ab, d.c, 1.0f, 0.5f, true, true}, ++seed);
       }
-  // N = 1 and 4 with K = 37 (4-element loads impossible) and 40, f16 or bf16 in and out.
+  // N = 1 and 4 with K = 37 (4-element loads impossible) and 40, f16 or bf16 in and out; and
+  // K = 256 and 260, either side of the most a warp keeps in registers with 4-element loads
+  // (B's values read once per warp, or per row).
   for (DType dtype : {DType::f16, DType::bf16})
-    for (bool trans_a : {false, true})
+    for (bool trans_a : {false, true}) {
       for (int64_t n : {1, 4})
         expect_matches_cpu(GemmCase{4100, n, n == 1 ? 37 : 40, trans_a, true, dtype, dtype, 1.0f,
                                     0.0f, true, false},
                            ++seed);
+      for (int64_t k : {256, 260})
+        expect_matches_cpu(
+            GemmCase{4100, 2, k, trans_a, false, dtype, dtype, 1.0f, 0.0f, true, true}, ++seed);
+    }
 }
 
 // Enough rows that the thin-K kernels' threads take several grid-stride steps (the grid stops at

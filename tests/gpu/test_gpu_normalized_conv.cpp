@@ -137,7 +137,9 @@ const std::vector<NormalizedConvCase> kCases = {
     {2, 5, 7, 20, 24, true},     // 20 channels: rows not in whole 16-byte chunks of f16
     {4, 32, 32, 16, 16, true},   // one tile of dw over K = 4096 pixels: split K
     {1, 16, 18, 128, 256, true}, // wide channels, the largest tiles
-    {1, 64, 64, 32, 1, true},    // one output channel over 4096 pixels: the thin-N kernel
+    {1, 64, 64, 32, 1, true},    // one output channel over 4096 pixels: the thin-N kernel,
+                                 // its B values and parameters in registers (K <= 256)
+    {1, 64, 64, 264, 1, true},   // K = 264: the thin-N kernel reading them per row
     {1, 64, 64, 22, 3, false},   // three, from rows of 22 values: its unpacked loads
     {1, 64, 64, 14, 2, true},    // two: the input gradient's thin K = 2 with its sums, unpacked
 };
