@@ -264,12 +264,14 @@ __device__ __forceinline__ float normalized_at(const BatchNormChannels& nz, int 
       batchnorm_normalized(v, nz.gamma[kk], nz.beta[kk], nz.mean[kk], nz.invstd[kk], nz.relu));
 }
 
-// The warp's sums of one row of C, added across the lanes, stored by lanes 0 .. n - 1.
+// The warp's sums of one row of C, added across the lanes (the N columns only: n is the same
+// for the whole warp), stored by lanes 0 .. n - 1.
 template <class CT>
 __device__ __forceinline__ void store_row(float (&acc)[kThinN], CT* c, int n, int64_t row, int lane,
                                           const EpilogueArgs& ep) {
 #pragma unroll
-  for (int j = 0; j < kThinN; ++j) acc[j] = warp_sum(acc[j]);
+  for (int j = 0; j < kThinN; ++j)
+    if (j < n) acc[j] = warp_sum(acc[j]);
   if (lane >= n) return;
   float mine = acc[0];
 #pragma unroll
@@ -310,13 +312,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The lane's chunks of 4 k that gemm_thin_n_rows_cached_kernel keeps in registers: K up to
-// kCachedK (sine's last conv, K = 256).
+// kCachedK (sine's last conv, K = 256); and the rows a warp loads before it sums any.
 constexpr int kCachedChunks = 2;
 constexpr int kCachedK = 4 * 32 * kCachedChunks;
+constexpr int kRowsInFlight = 4;
 
 // The same for a packed A whose K is at most kCachedK: each lane reads the B values (and the
-// batch norm parameters) of its k once, into registers, for every row the warp takes; the same
-// products summed in the same order as gemm_thin_n_rows_kernel.
+// batch norm parameters) of its k once, into registers, for every row the warp takes, and loads
+// kRowsInFlight consecutive rows before it sums the first (one row's 8 or 16 bytes a lane left
+// too few loads in flight to cover the memory's latency); the same products summed in the same
+// order as gemm_thin_n_rows_kernel.
 template <bool kTransB, bool kNormalized, class T, class CT>
 __global__ void __launch_bounds__(kThreads)
     gemm_thin_n_rows_cached_kernel(const T* a, BatchNormChannels nz, const T* b, CT* c, int m,
@@ -340,26 +345,36 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  for (int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; row < m; row += warps) {
-    const T* a_row = a + row * k;
-    float acc[kThinN] = {};
+  const int64_t first_row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32 * kRowsInFlight;
+  for (int64_t row0 = first_row; row0 < m; row0 += warps * kRowsInFlight) {
+    Float4 v[kRowsInFlight][kCachedChunks];
 #pragma unroll
-    for (int i = 0; i < kCachedChunks; ++i) {
-      const int kk = 4 * lane + 4 * 32 * i;
-      if (kk >= k) continue; // K is a multiple of 4: a chunk is whole or past K
-      const Float4 v = load4(a_row, kk);
+    for (int r = 0; r < kRowsInFlight; ++r)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float value = v.v[e];
-        if constexpr (kNormalized)
-          value = as_stored<T>(batchnorm_normalized(value, gamma[i][e], beta[i][e], mean[i][e],
-                                                    invstd[i][e], nz.relu));
-#pragma unroll
-        for (int j = 0; j < kThinN; ++j)
-          if (j < n) acc[j] += value * w[i][e][j];
+      for (int i = 0; i < kCachedChunks; ++i) {
+        const int kk = 4 * lane + 4 * 32 * i; // K is a multiple of 4: a chunk is whole or past K
+        v[r][i] = row0 + r < m && kk < k ? load4(a + (row0 + r) * k, kk) : Float4{};
       }
+#pragma unroll
+    for (int r = 0; r < kRowsInFlight; ++r) {
+      if (row0 + r >= m) break;
+      float acc[kThinN] = {};
+#pragma unroll
+      for (int i = 0; i < kCachedChunks; ++i) {
+        if (4 * lane + 4 * 32 * i >= k) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float value = v[r][i].v[e];
+          if constexpr (kNormalized)
+            value = as_stored<T>(batchnorm_normalized(value, gamma[i][e], beta[i][e], mean[i][e],
+                                                      invstd[i][e], nz.relu));
+#pragma unroll
+          for (int j = 0; j < kThinN; ++j)
+            if (j < n) acc[j] += value * w[i][e][j];
+        }
+      }
+      store_row(acc, c, n, row0 + r, lane, ep);
     }
-    store_row(acc, c, n, row, lane, ep);
   }
 }
 
@@ -427,9 +442,9 @@ template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmA
   } else {
     const bool packed = k % 4 == 0 && aligned_for_pack(a);
     const bool normalized = args.a.kind == OperandKind::normalized;
-    const int blocks = grid_for(args.m * 32, kThreads);
     const BatchNormChannels& nz = args.a.normalization;
     if (packed && k <= kCachedK) {
+      const int blocks = grid_for((args.m + kRowsInFlight - 1) / kRowsInFlight * 32, kThreads);
       const auto cached = [&](auto kernel) {
         kernel<<<blocks, kThreads, 0, stream()>>>(a, nz, b, c, m, n, k, args.epilogue);
       };
@@ -439,7 +454,8 @@ template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmA
         cached(gemm_thin_n_rows_cached_kernel<kTransB, false, T, CT>);
     } else {
       const auto rows = [&](auto kernel) {
-        kernel<<<blocks, kThreads, 0, stream()>>>(a, nz, b, c, m, n, k, args.epilogue, packed);
+        kernel<<<grid_for(args.m * 32, kThreads), kThreads, 0, stream()>>>(a, nz, b, c, m, n, k,
+                                                                           args.epilogue, packed);
       };
       if (normalized)
         rows(gemm_thin_n_rows_kernel<kTransB, true, T, CT>);
