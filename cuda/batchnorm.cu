@@ -216,6 +216,21 @@ __global__ void __launch_bounds__(kThreads)
 // Whether the dx kernel can sum dx per channel as it goes: each thread keeps one pack column.
 bool dx_sums_in_kernel(int channels, int pack) { return kThreads % (channels / pack) == 0; }
 
+// y = x normalised per p (and ReLU'd when relu), x and y [size / channels, channels].
+template <class T>
+void normalize(const T* x, T* y, int64_t size, int channels, const ChannelParams& p, bool relu,
+               const char* op) {
+  const auto launch = [&](auto kernel, int pack) {
+    kernel<<<grid_for(size / pack, kThreads), kThreads, 0, stream()>>>(x, y, size, channels, p,
+                                                                       relu);
+    CUDA_CHECK_LAUNCH(op);
+  };
+  if (pack_for(channels, p, x, y) == 4)
+    launch(normalize_kernel<4, T>, 4);
+  else
+    launch(normalize_kernel<1, T>, 1);
+}
+
 } // namespace
 
 void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
@@ -249,15 +264,17 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
     const ChannelParams p{ptr<const float>(gamma), ptr<const float>(beta), ptr<const float>(mean),
                           ptr<const float>(invstd)};
     if (!y.defined() || x.numel() == 0) return; // undefined y: the statistics only
-    const auto launch = [&](auto kernel, int pack) {
-      kernel<<<grid_for(x.numel() / pack, kThreads), kThreads, 0, stream()>>>(
-          ptr<const T>(x), ptr<T>(y), x.numel(), d.channels, p, bn.relu);
-      CUDA_CHECK_LAUNCH(op);
-    };
-    if (pack_for(d.channels, p, ptr<const T>(x), ptr<const T>(y)) == 4)
-      launch(normalize_kernel<4, T>, 4);
-    else
-      launch(normalize_kernel<1, T>, 1);
+    normalize(ptr<const T>(x), ptr<T>(y), x.numel(), d.channels, p, bn.relu, op);
+  });
+}
+
+void batchnorm_normalize(const void* x, void* y, DType dtype, int64_t rows, int channels,
+                         const BatchNormChannels& bn, const char* op) {
+  if (rows == 0 || channels == 0) return;
+  visit_floating(dtype, op, [&](auto type) {
+    using T = typename decltype(type)::type;
+    normalize(static_cast<const T*>(x), static_cast<T*>(y), rows * channels, channels,
+              {bn.gamma, bn.beta, bn.mean, bn.invstd}, bn.relu, op);
   });
 }
 

@@ -6,7 +6,8 @@
 //   from x and dy (batchnorm_grad_sums), or added up from the per-block partials the thin-K GEMM
 //   kernel wrote while producing dy (merge_grad_partials; gemm_thin.cu); and the sums
 //   of its dx per channel (column_sums), the bias gradient of the layer before it.
-// All are deterministic: fixed orders, no atomics.
+// All are deterministic: fixed orders, no atomics. Also the normalisation itself, from given
+// statistics (batchnorm_normalize), for a conv whose input gradient pass needs x normalised again.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,11 @@ struct BatchNormChannels {
   const float* invstd = nullptr;
   bool relu = false;
 };
+
+// y = x batch-normalised per bn, as batchnorm_forward writes its output (batchnorm.cu): x and y
+// [rows, C] in dtype (f32, f16 or bf16), not overlapping.
+void batchnorm_normalize(const void* x, void* y, DType dtype, int64_t rows, int channels,
+                         const BatchNormChannels& bn, const char* op);
 
 // sums [2, C] = sum over rows of dy_hat (row 0) and of dy_hat * xhat (row 1), xhat and dy_hat
 // per element as batchnorm_grad_terms (common.cuh) gives them from the batch norm's input x and

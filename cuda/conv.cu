@@ -15,9 +15,12 @@
 //             + s*t, tap_x0 + s*u) only, and each of the s^2 phases is a GEMM over those, into a
 //             buffer then placed in dx.
 // A 1x1, stride-1, unpadded conv is a plain GEMM on x viewed as [N*H*W, Cin] in all three. Such a
-// conv can also take its input batch-normalised (InputNormalization): the forward and dw GEMMs
-// then read x as a normalised operand (gemm.cuh's OperandKind::normalized), normalising each tile
-// as it lands in shared memory, so the batch norm's output is never written.
+// conv can also take its input batch-normalised (InputNormalization): the forward GEMM then reads
+// x as a normalised operand (gemm.cuh's OperandKind::normalized), normalising each tile as it
+// lands in shared memory, so the batch norm's output is never written. The backward normalises x
+// again, into dx's storage (which the input gradient overwrites next) or a buffer of its own, for
+// a plain dw GEMM: normalising the B tiles in the GEMM made sine's weight gradients twice as slow
+// (each B element normalised by every row tile of dw, beside few MMAs a tile).
 // Operands of mixed dtypes (allowed, as on the CPU) are converted to f32 first, and so are 16-bit
 // operands whose 16-bit output is in the other format.
 #include <initializer_list>
@@ -217,12 +220,11 @@ void input_gradient(const Tensor& x, const Tensor& w, const Tensor& dy, const Co
     }
 }
 
-// dw[Cout, K] += dy^T @ im2col(x), with x batch-normalised per `norm` when given.
-void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw,
-                     const InputNormalization* norm) {
+// dw[Cout, K] += dy^T @ im2col(x).
+void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw) {
   GemmArgs args;
   args.a = output_grad_operand(dy, true); // dy^T: [Cout, N*Ho*Wo]
-  args.b = input_operand(x, g, norm);     // [N*Ho*Wo, K]
+  args.b = input_operand(x, g);           // [N*Ho*Wo, K]
   args.ab_dtype = x.dtype();
   args.c = dw.raw();
   args.c_dtype = DType::f32;
@@ -241,9 +243,9 @@ bool conv2d_normalizes_on_load(const Tensor& x, const Tensor& w, const ConvParam
     return false;
   // Thin GEMMs (a first or last layer's few channels) have their own kernels, which normalise
   // the A operand of a thin N only (a last layer's few output channels, thin_gemm_applies): a
-  // conv with few input channels, or whose weight gradient is thin, keeps its unfused input.
-  const int64_t pixels = xs.rows(), in_channels = xs[3], out_channels = ws[0];
-  if (in_channels <= kThinK || is_thin_gemm(out_channels, in_channels, pixels)) return false;
+  // conv with few input channels keeps its unfused input. (The weight gradient reads x
+  // normalised again and written out, whatever its shape.)
+  if (xs[3] <= kThinK) return false;
   if (!is_half_precision(x.dtype())) return true; // the SIMT kernel
   const GemmVersion version = plan_version(gemm_version(), compute_capability());
   return version == GemmVersion::v2_wmma || version == GemmVersion::v4_mma ||
@@ -280,8 +282,20 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   const ConvGeometry g = conv_geometry("conv2d_backward", d, x, w);
   const DType dtype = common_dtype({&x, &w, &dy}, dx.defined() ? &dx : nullptr);
   const Tensor dy_in = as_dtype(dy, dtype);
+  if (dw.defined()) {
+    if (input_norm) {
+      // x normalised again, into dx when it has x's dtype: the input gradient overwrites it next.
+      Tensor normalized = dx.defined() && dx.dtype() == x.dtype()
+                              ? dx
+                              : Tensor::empty(x.shape(), x.dtype(), Device::cuda);
+      batchnorm_normalize(x.raw(), normalized.raw(), x.dtype(), d.n * d.h * d.w, int(d.cin),
+                          batchnorm_channels(*input_norm), "conv2d_backward");
+      weight_gradient(as_dtype(normalized, dtype), dy_in, g, dw);
+    } else {
+      weight_gradient(as_dtype(x, dtype), dy_in, g, dw);
+    }
+  }
   if (dx.defined()) input_gradient(x, as_dtype(w, dtype), dy_in, g, dx, input_norm);
-  if (dw.defined()) weight_gradient(as_dtype(x, dtype), dy_in, g, dw, input_norm);
 }
 
 } // namespace minamp::gpu

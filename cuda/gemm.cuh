@@ -90,8 +90,8 @@ enum class OperandKind {
   col2im,     // the col2im matrix [phase pixels, phase taps * Cout] of a conv output gradient dy,
               // gathered on the fly: dx = col2im(dy) @ w_phase [phase taps * Cout, Cin] (conv
               // input gradient, one stride phase at a time)
-  normalized, // row-major [rows, cols] used as is, each column batch-normalised as its tiles
-              // land in shared memory (GemmOperand::normalization)
+  normalized, // row-major [rows, cols] used as is (A only), each column batch-normalised as its
+              // tiles land in shared memory (GemmOperand::normalization)
 };
 
 // The largest M, N, K (and im2col extent) a GEMM takes: the kernels index in int, and their tile
@@ -194,7 +194,7 @@ struct GemmArgs {
 // pairs: any of matrix/transposed for both, (im2col, transposed) for the conv forward,
 // (transposed, im2col) for the conv weight gradient and (col2im, matrix) for its input gradient;
 // and for a pointwise conv whose input is batch-normalised as it loads, (normalized, transposed)
-// for the forward and (transposed, normalized) for the weight gradient (not in v1 and v3).
+// for the forward (not in v1 and v3).
 // tensor_core_gemm runs the version gemm_version() names, or the one the planner picks for
 // `automatic` (gemm_plan.h); a version that cannot run the GEMM (v1 and v3 take plain f16
 // matrices only; v4, v5 and bf16 need sm_80) is an error naming it.
@@ -424,8 +424,6 @@ void dispatch_operands(const GemmArgs& args, const char* kernel) {
       return Launch<OperandTraits<T, K::col2im>, OperandTraits<T, K::matrix>>::run(args);
     if (a == K::normalized && b == K::transposed)
       return Launch<OperandTraits<T, K::normalized>, OperandTraits<T, K::transposed>>::run(args);
-    if (a == K::transposed && b == K::normalized)
-      return Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::normalized>>::run(args);
     throw Error(cat(kernel, ": unsupported pair of operand kinds (internal error)"));
   }
   throw Error(cat(kernel, ": takes plain (or transposed) matrices only, not a convolution's "
@@ -827,10 +825,8 @@ __device__ __forceinline__ void finish_operand_tile(T*, const View&, int, int) {
 template <class Tile, int THREADS, class T>
 __device__ __forceinline__ void finish_operand_tile(T* tile, const NormalizedView<T>& view,
                                                     int outer0, int k0) {
-  if constexpr (Tile::kKContiguous)
-    normalize_tile<Tile::kRows, Tile::kCols, THREADS>(tile, Tile::kLd, view, outer0, k0);
-  else
-    normalize_tile<Tile::kRows, Tile::kCols, THREADS>(tile, Tile::kLd, view, k0, outer0);
+  static_assert(Tile::kKContiguous, "a normalised operand is A, row-major: its tiles are [M][K]");
+  normalize_tile<Tile::kRows, Tile::kCols, THREADS>(tile, Tile::kLd, view, outer0, k0);
 }
 
 // This block's share of a GEMM: the first row m0 and column n0 of its BM x BN tile of C (grid.x

@@ -1,10 +1,11 @@
 // A batch norm applied by the 1x1 conv after it as the conv loads its input (InputNormalization,
-// gemm.cuh's OperandKind::normalized): the conv's forward and weight gradient against the same
-// conv run on the normalised input written out — bit for bit, on each GEMM version that takes
-// it — and against the CPU composition (normalise, then conv); the batch norm's gradient sums
-// that the input gradient's GEMM adds up as it writes (InputNormalization::grad_sums) against
-// double sums over what it wrote; edge tiles, a ragged K, channels that do not fill 16-byte
-// chunks, split K; and where a conv cannot take it.
+// gemm.cuh's OperandKind::normalized): the conv's forward, and its weight gradient (from x
+// normalised again, into dx's storage or a buffer of its own), against the same conv run on the
+// normalised input written out — bit for bit, on each GEMM version that takes it — and against
+// the CPU composition (normalise, then conv); the batch norm's gradient sums that come with the
+// input gradient (InputNormalization::grad_sums) against double sums over what it wrote; edge
+// tiles, a ragged K, channels that do not fill 16-byte chunks, split K; and where a conv cannot
+// take it.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -114,6 +115,10 @@ void check_normalized_conv(const NormalizedConvCase& c, DType dtype, uint64_t se
   expect_identical(fused.y, unfused.y, what + ": forward");
   expect_identical(fused.dw, unfused.dw, what + ": weight gradient");
   expect_identical(fused.dx, unfused.dx, what + ": gradient of the normalised input");
+  // The weight gradient alone (no dx to normalise x into): a buffer of its own, the same dw.
+  Tensor dw_alone = Tensor::zeros(ws, DType::f32, Device::cuda), no_dx;
+  kernels::conv2d_backward(gx, gw, gdy, no_dx, dw_alone, conv, &input_norm);
+  expect_identical(dw_alone.to(Device::cpu), unfused.dw, what + ": weight gradient alone");
   // fp32 sums over at most a few thousand rows, in another order than the double ones.
   test::expect_grad_sums(grad_sums,
                          test::batchnorm_grad_sums_on_host(x, fused.dx, norm.gamma, norm.beta,
@@ -142,6 +147,7 @@ const std::vector<NormalizedConvCase> kCases = {
     {1, 64, 64, 264, 1, true},   // K = 264: the thin-N kernel reading them per row
     {1, 64, 64, 22, 3, false},   // three, from rows of 22 values: its unpacked loads
     {1, 64, 64, 14, 2, true},    // two: the input gradient's thin K = 2 with its sums, unpacked
+    {1, 2, 2, 16, 24, true},     // 4 pixels: the weight gradient a thin K
 };
 
 TEST(GpuNormalizedConv, MatchesTheNormalisedInputOnEveryVersion) {
@@ -164,7 +170,8 @@ TEST(GpuNormalizedConv, Bf16AndF32) {
 
 // Where the conv keeps its unfused input: not 1x1 stride 1 unpadded, mixed dtypes, few input
 // channels (the thin-K kernel), the versions without the normalised operand (v1, v3), the CPU;
-// and the error when asked anyway. Few output channels (the thin-N kernel) do take it.
+// and the error when asked anyway. Few output channels (the thin-N kernel) do take it, and so do
+// few pixels (a thin weight gradient, which reads x normalised again and written out).
 TEST(GpuNormalizedConv, OnlyWhereTheGemmCanNormalise) {
   MINAMP_REQUIRE_GPU();
   Rng rng(740);
@@ -188,6 +195,9 @@ TEST(GpuNormalizedConv, OnlyWhereTheGemmCanNormalise) {
                                                  tensor({1, 1, 1, 16}, DType::f16, Device::cuda),
                                                  ConvParams{}))
       << "one output channel over 4096 pixels: the thin-N kernel normalises its A";
+  EXPECT_TRUE(kernels::conv2d_normalizes_on_load(tensor({1, 2, 2, 16}, DType::f16, Device::cuda), w,
+                                                 ConvParams{}))
+      << "4 pixels: the weight gradient's K = 4, a thin GEMM on x normalised again";
   for (GemmVersion version : {GemmVersion::v1_naive, GemmVersion::v3_interior}) {
     ScopedGemmVersion scope(version);
     EXPECT_FALSE(kernels::conv2d_normalizes_on_load(x, w, ConvParams{}))
