@@ -93,20 +93,27 @@ struct StoreSums { // sums[0, c] and sums[1, c]; dbeta[c] += the first, dgamma[c
   }
 };
 
-// merge_column_partials_kernel's block: 32 columns (one per lane) by kMergeRuns warps, each warp
-// merging one contiguous run of row tiles; kMergeBatch tiles' partials are loaded before they are
-// merged, so the loads are in flight together rather than one per dependent merge.
-constexpr int kMergeRuns = 32;
+// merge_column_partials_kernel's block: kMergeWarps warps over kMergeColumns consecutive columns
+// (32-byte loads of a tile's row), each lane merging one contiguous run of row tiles of its
+// column, kMergeBatch tiles' partials loaded before they are merged, so that the loads are in
+// flight together rather than one per dependent merge.
+constexpr int kMergeColumns = 8;
+constexpr int kMergeLanesPerColumn = 32 / kMergeColumns;
+constexpr int kMergeWarps = 32;
+constexpr int kMergeRuns = kMergeWarps * kMergeLanesPerColumn;
 constexpr int kMergeBatch = 8;
 
-// Warp w merges the row tiles [w * per_run, (w + 1) * per_run) of its lane's column in tile
-// order; then warp 0 merges the runs in run order: a fixed order, the same on every run.
-__global__ void __launch_bounds__(32 * kMergeRuns)
+// Run r = warp * kMergeLanesPerColumn + lane / kMergeColumns holds the row tiles
+// [r * per_run, (r + 1) * per_run) of its column, merged in tile order; a warp's runs are merged
+// in run order through shuffles (pairs first, as in a tree, the lower run first), then warp 0
+// merges the warps' in warp order: a fixed order, the same on every run.
+__global__ void __launch_bounds__(32 * kMergeWarps)
     merge_column_partials_kernel(const float* __restrict__ partials, int64_t rows, int tile_rows,
                                  int row_tiles, int cols, float* __restrict__ moments) {
-  __shared__ Moments runs[kMergeRuns][32];
-  const int lane = threadIdx.x % 32, run = threadIdx.x / 32;
-  const int col = blockIdx.x * 32 + lane;
+  __shared__ Moments warp_moments[kMergeWarps][kMergeColumns];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int sub = lane / kMergeColumns, col = blockIdx.x * kMergeColumns + lane % kMergeColumns;
+  const int run = warp * kMergeLanesPerColumn + sub;
   const int per_run = (row_tiles + kMergeRuns - 1) / kMergeRuns;
   const int first = run * per_run, last = min(row_tiles, first + per_run);
   Moments own{0, 0.0f, 0.0f};
@@ -125,10 +132,16 @@ __global__ void __launch_bounds__(32 * kMergeRuns)
       own = merge(own, Moments{count, mean[i], m2[i]});
     }
   }
-  runs[run][lane] = own;
+  for (int offset = kMergeColumns; offset < 32; offset *= 2) { // every lane: full-warp shuffles
+    const Moments other{__shfl_xor_sync(kFullWarp, own.count, offset),
+                        __shfl_xor_sync(kFullWarp, own.mean, offset),
+                        __shfl_xor_sync(kFullWarp, own.m2, offset)};
+    own = (lane & offset) != 0 ? merge(other, own) : merge(own, other);
+  }
+  if (sub == 0) warp_moments[warp][lane] = own;
   __syncthreads();
-  if (run != 0 || col >= cols) return;
-  for (int r = 1; r < kMergeRuns; ++r) own = merge(own, runs[r][lane]);
+  if (warp != 0 || sub != 0 || col >= cols) return;
+  for (int w = 1; w < kMergeWarps; ++w) own = merge(own, warp_moments[w][lane]);
   moments[col] = own.mean;
   moments[cols + col] = own.m2 / float(rows);
 }
@@ -152,9 +165,9 @@ void merge_column_partials(const float* partials, int64_t rows, int tile_rows, i
                            float* moments) {
   if (cols == 0) return;
   const int row_tiles = int((rows + tile_rows - 1) / tile_rows);
-  const int blocks = (cols + 31) / 32;
-  merge_column_partials_kernel<<<blocks, 32 * kMergeRuns, 0, stream()>>>(partials, rows, tile_rows,
-                                                                         row_tiles, cols, moments);
+  const int blocks = (cols + kMergeColumns - 1) / kMergeColumns;
+  merge_column_partials_kernel<<<blocks, 32 * kMergeWarps, 0, stream()>>>(partials, rows, tile_rows,
+                                                                          row_tiles, cols, moments);
   CUDA_CHECK_LAUNCH("gemm: merging the column statistics");
 }
 
