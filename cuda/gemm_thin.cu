@@ -17,7 +17,9 @@
 //     it stores them; the block adds its threads' sums per column in order;
 //   thin N (N <= kThinN, M >= kThinNMinRows): a warp sums one row of A against the N columns of
 //     B, each lane 4 consecutive k at a time (one 8- or 16-byte load where the row allows), the
-//     lanes' partial sums added by shuffles; a transposed A ([K, M], m contiguous) is read one
+//     lanes' partial sums added by shuffles; where K fits 2 such loads a lane, the lanes keep
+//     their B values in registers and the warp loads 4 rows before it sums any (sine's last conv,
+//     K = 256); a transposed A ([K, M], m contiguous) is read one
 //     row per thread instead, consecutive threads on consecutive rows. An untransposed A may be
 //     a normalised operand (gemm.cuh's GemmOperand::normalization: a 1x1 conv applying the batch
 //     norm before it): each value is normalised as it loads and rounded to A's dtype, the value the
