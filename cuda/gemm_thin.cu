@@ -284,7 +284,9 @@ __device__ __forceinline__ void store_row(float (&acc)[kThinN], CT* c, int n, in
 
 // C[M, N] = epilogue(A @ op(B)) for N <= kThinN, A untransposed ([M, K], k contiguous), normalised
 // per `nz` when kNormalized: one warp per row; `packed` when K is a multiple of 4 and A is aligned
-// for 4-element loads.
+// for 4-element loads. Each product is added by an explicit fmaf, so that the normalised and the
+// plain instantiations round alike wherever they are compiled (the emulator's host compiler
+// contracts a * b + c as it sees fit, not as nvcc does).
 template <bool kTransB, bool kNormalized, class T, class CT>
 __global__ void __launch_bounds__(kThreads)
     gemm_thin_n_rows_kernel(const T* a, BatchNormChannels nz, const T* b, CT* c, int m, int n,
@@ -298,7 +300,7 @@ __global__ void __launch_bounds__(kThreads)
       if constexpr (kNormalized) value = normalized_at<T>(nz, kk, value);
 #pragma unroll
       for (int j = 0; j < kThinN; ++j)
-        if (j < n) acc[j] += value * b_at<kTransB>(b, k, n, kk, j);
+        if (j < n) acc[j] = fmaf(value, b_at<kTransB>(b, k, n, kk, j), acc[j]);
     };
     if (packed) {
       for (int kk = 4 * lane; kk < k; kk += 4 * 32) {
@@ -372,7 +374,7 @@ __global__ void __launch_bounds__(kThreads)
                                                       invstd[i][e], nz.relu));
 #pragma unroll
           for (int j = 0; j < kThinN; ++j)
-            if (j < n) acc[j] += value * w[i][e][j];
+            if (j < n) acc[j] = fmaf(value, w[i][e][j], acc[j]);
         }
       }
       store_row(acc, c, n, row0 + r, lane, ep);
