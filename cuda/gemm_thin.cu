@@ -26,6 +26,8 @@
 //     batch norm kernel would have stored.
 // Plain and transposed matrices otherwise: the conv views with such shapes are 1x1 convs, which
 // the conv ops pass as plain matrices.
+#include <type_traits>
+
 #include "device.cuh"
 #include "gemm.cuh"
 #include "reduce.cuh"
@@ -445,27 +447,22 @@ template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmA
         <<<grid_for(args.m, kThreads), kThreads, 0, stream()>>>(a, b, c, m, n, k, args.epilogue);
   } else {
     const bool packed = k % 4 == 0 && aligned_for_pack(a);
-    const bool normalized = args.a.kind == OperandKind::normalized;
     const BatchNormChannels& nz = args.a.normalization;
-    if (packed && k <= kCachedK) {
-      const int blocks = grid_for((args.m + kRowsInFlight - 1) / kRowsInFlight * 32, kThreads);
-      const auto cached = [&](auto kernel) {
-        kernel<<<blocks, kThreads, 0, stream()>>>(a, nz, b, c, m, n, k, args.epilogue);
-      };
-      if (normalized)
-        cached(gemm_thin_n_rows_cached_kernel<kTransB, true, T, CT>);
+    const auto rows = [&](auto normalized) {
+      constexpr bool kNormalized = decltype(normalized)::value;
+      if (packed && k <= kCachedK)
+        gemm_thin_n_rows_cached_kernel<kTransB, kNormalized, T, CT>
+            <<<grid_for((args.m + kRowsInFlight - 1) / kRowsInFlight * 32, kThreads), kThreads, 0,
+               stream()>>>(a, nz, b, c, m, n, k, args.epilogue);
       else
-        cached(gemm_thin_n_rows_cached_kernel<kTransB, false, T, CT>);
-    } else {
-      const auto rows = [&](auto kernel) {
-        kernel<<<grid_for(args.m * 32, kThreads), kThreads, 0, stream()>>>(a, nz, b, c, m, n, k,
-                                                                           args.epilogue, packed);
-      };
-      if (normalized)
-        rows(gemm_thin_n_rows_kernel<kTransB, true, T, CT>);
-      else
-        rows(gemm_thin_n_rows_kernel<kTransB, false, T, CT>);
-    }
+        gemm_thin_n_rows_kernel<kTransB, kNormalized, T, CT>
+            <<<grid_for(args.m * 32, kThreads), kThreads, 0, stream()>>>(a, nz, b, c, m, n, k,
+                                                                         args.epilogue, packed);
+    };
+    if (args.a.kind == OperandKind::normalized)
+      rows(std::true_type{});
+    else
+      rows(std::false_type{});
   }
   CUDA_CHECK_LAUNCH("gemm (thin, CUDA cores)");
 }
