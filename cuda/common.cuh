@@ -55,12 +55,6 @@ template <> __device__ __forceinline__ float as_stored<__nv_bfloat16>(float v) {
 struct Float4 {
   float v[4];
 };
-struct alignas(8) Half4 {
-  __half2 lo, hi;
-};
-struct alignas(8) Bfloat164 {
-  __nv_bfloat162 lo, hi;
-};
 template <class T> bool aligned_for_pack(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
@@ -68,26 +62,42 @@ __device__ __forceinline__ Float4 load4(const float* p, int64_t i) {
   const float4 q = *reinterpret_cast<const float4*>(p + i);
   return {{q.x, q.y, q.z, q.w}};
 }
+// A pair of 16-bit values as the 32 bits it is stored in, x in the low half (and for __half2,
+// back): two pairs move as one 8-byte access, where a struct of the two would be copied member by
+// member, as two 4-byte ones.
+__device__ __forceinline__ uint32_t pair_bits(__half2 p) {
+  return __half_as_ushort(p.x) | uint32_t(__half_as_ushort(p.y)) << 16;
+}
+__device__ __forceinline__ uint32_t pair_bits(__nv_bfloat162 p) {
+  return __bfloat16_as_ushort(p.x) | uint32_t(__bfloat16_as_ushort(p.y)) << 16;
+}
+__device__ __forceinline__ float2 half_pair_to_float2(uint32_t bits) {
+  return __half22float2(
+      __halves2half2(__ushort_as_half(uint16_t(bits)), __ushort_as_half(uint16_t(bits >> 16))));
+}
+template <class Pair>
+__device__ __forceinline__ void store_pairs(void* at, const Pair& lo, const Pair& hi) {
+  *static_cast<uint2*>(at) = make_uint2(pair_bits(lo), pair_bits(hi));
+}
 __device__ __forceinline__ Float4 load4(const __half* p, int64_t i) {
-  const Half4 q = *reinterpret_cast<const Half4*>(p + i);
-  const float2 lo = __half22float2(q.lo), hi = __half22float2(q.hi);
+  const uint2 bits = *reinterpret_cast<const uint2*>(p + i);
+  const float2 lo = half_pair_to_float2(bits.x), hi = half_pair_to_float2(bits.y);
   return {{lo.x, lo.y, hi.x, hi.y}};
 }
+// A bf16 is the high half of the float it widens to: each value is its 16 bits shifted into place.
 __device__ __forceinline__ Float4 load4(const __nv_bfloat16* p, int64_t i) {
-  const Bfloat164 q = *reinterpret_cast<const Bfloat164*>(p + i);
-  const float2 lo = __bfloat1622float2(q.lo), hi = __bfloat1622float2(q.hi);
-  return {{lo.x, lo.y, hi.x, hi.y}};
+  const uint2 bits = *reinterpret_cast<const uint2*>(p + i);
+  return {{__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xffff0000u),
+           __uint_as_float(bits.y << 16), __uint_as_float(bits.y & 0xffff0000u)}};
 }
 __device__ __forceinline__ void store4(float* p, int64_t i, const Float4& f) {
   *reinterpret_cast<float4*>(p + i) = make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
 }
 __device__ __forceinline__ void store4(__half* p, int64_t i, const Float4& f) {
-  *reinterpret_cast<Half4*>(p + i) = {__floats2half2_rn(f.v[0], f.v[1]),
-                                      __floats2half2_rn(f.v[2], f.v[3])};
+  store_pairs(p + i, __floats2half2_rn(f.v[0], f.v[1]), __floats2half2_rn(f.v[2], f.v[3]));
 }
 __device__ __forceinline__ void store4(__nv_bfloat16* p, int64_t i, const Float4& f) {
-  *reinterpret_cast<Bfloat164*>(p + i) = {__floats2bfloat162_rn(f.v[0], f.v[1]),
-                                          __floats2bfloat162_rn(f.v[2], f.v[3])};
+  store_pairs(p + i, __floats2bfloat162_rn(f.v[0], f.v[1]), __floats2bfloat162_rn(f.v[2], f.v[3]));
 }
 
 // kPack (1 or 4) consecutive values from p + i into v, and back: for kernels templated on how
@@ -109,6 +119,23 @@ __device__ __forceinline__ void store_pack(T* p, int64_t i, const float (&v)[kPa
     store4(p, i, Float4{{v[0], v[1], v[2], v[3]}});
   else
     store_f(p, i, v[0]);
+}
+
+// A thread's walk over first, first + step, ... (< end), kBatch indices at a time: load(b, i) for
+// each of up to kBatch of them, then use(b, i) for each, so that kBatch loads are in flight
+// before the first is used. One at a time, a loop whose loads are few bytes a thread leaves each
+// warp waiting a whole memory latency per step.
+template <int kBatch, class Load, class Use>
+__device__ __forceinline__ void for_each_batched(int64_t first, int64_t step, int64_t end,
+                                                 Load&& load, Use&& use) {
+  for (int64_t i = first; i < end; i += kBatch * step) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+      if (i + b * step < end) load(b, i + b * step);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+      if (i + b * step < end) use(b, i + b * step);
+  }
 }
 
 // Batch norm's normalisation of one value of a channel, then ReLU when asked: gamma (v - mean)

@@ -192,6 +192,13 @@ inline int __float2int_rz(float x) {
   return int(x);
 }
 
+// The float whose bits are `bits` (a reinterpretation, as mov.b32 in device code).
+inline float __uint_as_float(unsigned bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
 using std::isfinite;
 using std::isinf;
 using std::isnan;
