@@ -14,10 +14,12 @@
 //
 // The elementwise passes (normalise, dx) take four channels of a row at a time (8- or 16-byte
 // accesses) when C is a multiple of 4 and the tensors are aligned for it: on an H100 the
-// one-element versions moved 1.5-1.7 TB/s of the ~3 TB/s HBM gives.
+// one-element versions moved 1.5-1.7 TB/s of the ~3 TB/s HBM gives. Each thread stays on the same
+// channels (channel_packs.cuh), so it reads their parameters once rather than per pack.
 #include <initializer_list>
 #include <type_traits>
 
+#include "channel_packs.cuh"
 #include "column_moments.cuh"
 #include "common.cuh"
 #include "device.cuh"
@@ -27,7 +29,7 @@ namespace minamp::gpu {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kPackThreads;
 
 // [rows, C] with C as the int the kernels index channels with.
 struct ChannelDims {
@@ -35,29 +37,6 @@ struct ChannelDims {
   int channels;
 };
 ChannelDims channel_dims(const BatchNormDims& d) { return {d.rows, int(d.channels)}; }
-
-// The per-channel parameters and statistics every kernel below reads, all f32 [C].
-struct ChannelParams {
-  const float* gamma;
-  const float* beta;
-  const float* mean;
-  const float* invstd;
-};
-
-// The flat index i and channel i % C of a grid-stride loop over [rows, C]: the channel moves by
-// stride % C per step with one wrap, so the loop divides once per thread, not once per element.
-struct ChannelCursor {
-  int64_t i, stride;
-  int c, c_step, channels;
-  __device__ explicit ChannelCursor(int channels_)
-      : i(blockIdx.x * int64_t(blockDim.x) + threadIdx.x), stride(int64_t(gridDim.x) * blockDim.x),
-        c(int(i % channels_)), c_step(int(stride % channels_)), channels(channels_) {}
-  __device__ void next() {
-    i += stride;
-    c += c_step;
-    if (c >= channels) c -= channels;
-  }
-};
 
 // ---- Forward statistics.
 
@@ -85,66 +64,53 @@ __global__ void eval_statistics_kernel(const float* running_mean, const float* r
   }
 }
 
-// Where a grid-stride loop over [rows, C] in packs of kPack consecutive channels of one row
-// stands: the flat index of the pack's first element and its first channel.
-template <int kPack> struct PackCursor {
-  ChannelCursor packs; // over [rows, C / kPack]
-  __device__ explicit PackCursor(int channels) : packs(channels / kPack) {}
-  __device__ int64_t first() const { return packs.i * kPack; }
-  __device__ int channel() const { return packs.c * kPack; }
-  __device__ bool before(int64_t size) const { return packs.i < size / kPack; }
-  __device__ void next() { packs.next(); }
-};
-
-// The parameters and statistics of kPack consecutive channels from c on, read as one 16-byte
-// load each for a pack (four scalar loads per element would outnumber the activation's).
-template <int kPack> struct ChannelValues {
-  float gamma[kPack], beta[kPack], mean[kPack], invstd[kPack];
-  __device__ ChannelValues(const ChannelParams& p, int c) {
-    load_pack(p.gamma, c, gamma);
-    load_pack(p.beta, c, beta);
-    load_pack(p.mean, c, mean);
-    load_pack(p.invstd, c, invstd);
-  }
-};
-
-// Elements a thread takes at a time: 4 when C allows packs and every tensor (activations and
-// per-channel vectors alike) is aligned for them.
-template <class... T> int pack_for(int channels, const ChannelParams& p, const T*... data) {
-  const bool aligned = (aligned_for_pack(data) && ...) && aligned_for_pack(p.gamma) &&
-                       aligned_for_pack(p.beta) && aligned_for_pack(p.mean) &&
-                       aligned_for_pack(p.invstd);
-  return channels % 4 == 0 && aligned ? 4 : 1;
-}
-
-// y = gamma * (x - mean) * invstd + beta, then ReLU when asked. Flat over rows * C, kPack
-// elements at a time. Unrolled (x and y not aliased), so each thread has several loads in flight.
+// y = gamma * (x - mean) * invstd + beta, then ReLU when asked, over [size / C, C] in packs of
+// kPack channels, 2 packs of a thread loaded at a time (4 spill on sm_80); the launch is
+// pinned_grid's.
 template <int kPack, class T>
 __global__ void __launch_bounds__(kThreads)
     normalize_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t size, int channels,
-                     ChannelParams p, bool relu) {
-#pragma unroll(kPack == 1 ? 4 : 2)
-  for (PackCursor<kPack> at(channels); at.before(size); at.next()) {
-    float v[kPack];
-    load_pack(x, at.first(), v);
-    const ChannelValues<kPack> ch(p, at.channel());
-    for (int j = 0; j < kPack; ++j) // the backward recomputes exactly this (ReLU mask)
-      v[j] = batchnorm_normalized(v[j], ch.gamma[j], ch.beta[j], ch.mean[j], ch.invstd[j], relu);
-    store_pack(y, at.first(), v);
-  }
+                     BatchNormChannels bn) {
+  const PinnedPacks<kPack, 2> packs(size, channels);
+  const ChannelValues<kPack> ch(bn, packs.channel);
+  float v[2][kPack];
+  packs.for_each([&](int b, int64_t i) { load_pack(x, i, v[b]); },
+                 [&](int b, int64_t i) {
+                   for (int j = 0; j < kPack; ++j) // the backward recomputes exactly this
+                     v[b][j] = batchnorm_normalized(v[b][j], ch.gamma[j], ch.beta[j], ch.mean[j],
+                                                    ch.invstd[j], bn.relu);
+                   store_pack(y, i, v[b]);
+                 });
 }
 
 // ---- Backward.
 
-// xhat and dy_hat of one element of the pack's channel j, given its x and dy: dy_hat is dy with
-// the ReLU mask (zero where y <= 0; a NaN passes, as in PyTorch) recomputed from x.
-template <int kPack>
-__device__ __forceinline__ void normalised_and_grad(float x, float dy,
-                                                    const ChannelValues<kPack>& ch, int j,
-                                                    bool relu, float& xhat, float& dy_hat) {
-  batchnorm_grad_terms(x, dy, ch.gamma[j], ch.beta[j], ch.mean[j], ch.invstd[j], relu, xhat,
-                       dy_hat);
-}
+// What the dx kernel needs of the kPack channels from c on: their parameters and statistics, the
+// gradient sums [2, C] (sum dy_hat, sum dy_hat xhat), and dx's factor gamma invstd (/ n in
+// training).
+template <int kPack> struct DxChannels {
+  ChannelValues<kPack> ch;
+  float sum_dy[kPack], sum_dy_xhat[kPack], factor[kPack];
+  __device__ DxChannels(const BatchNormChannels& bn, const float* sums, int channels, int c,
+                        float n, bool training)
+      : ch(bn, c) {
+    load_pack(sums, c, sum_dy);
+    load_pack(sums + channels, c, sum_dy_xhat);
+    for (int j = 0; j < kPack; ++j) {
+      const float scale = ch.gamma[j] * ch.invstd[j];
+      factor[j] = training ? scale / n : scale;
+    }
+  }
+  // dx of one element of channel j from its x and dy, dy_hat being dy with the ReLU mask (zero
+  // where y <= 0; a NaN passes, as in PyTorch) recomputed from x.
+  __device__ float dx(float x, float dy, int j, float n, bool relu, bool training) const {
+    float xhat, dy_hat;
+    batchnorm_grad_terms(x, dy, ch.gamma[j], ch.beta[j], ch.mean[j], ch.invstd[j], relu, xhat,
+                         dy_hat);
+    return training ? factor[j] * (n * dy_hat - sum_dy[j] - xhat * sum_dy_xhat[j])
+                    : factor[j] * dy_hat;
+  }
+};
 
 // dbeta += sums[0], dgamma += sums[1] (sums [2, C]: sum dy_hat, sum dy_hat xhat), for sums given
 // by the GEMM that wrote dy (the reduction below adds its own as it finishes).
@@ -156,76 +122,47 @@ __global__ void accumulate_affine_grads_kernel(const float* sums, int channels, 
   }
 }
 
-// The block's share of the sums of dx per channel: thread t holds the sums of its kPack
-// channels (the same ones in every step of its loop, see batchnorm_dx_kernel); the threads of each
-// pack column are added in thread order into partials[blockIdx.x, C].
-template <int kPack>
-__device__ __forceinline__ void store_dx_partials(const float (&sum)[kPack], int channels,
-                                                  float* partials) {
-  __shared__ float staged[kPack][kThreads];
-  for (int j = 0; j < kPack; ++j) staged[j][threadIdx.x] = sum[j];
-  __syncthreads();
-  const int packs = channels / kPack; // divides kThreads
-  if (int(threadIdx.x) >= packs) return;
-  for (int j = 0; j < kPack; ++j) {
-    float total = 0.0f;
-    for (int t = threadIdx.x; t < kThreads; t += packs) total += staged[j][t];
-    partials[int64_t(blockIdx.x) * channels + threadIdx.x * kPack + j] = total;
-  }
-}
-
 // Training: dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat));
-// eval: the statistics are constants and dx = gamma invstd dy_hat. kPack elements at a time,
-// unrolled by 2 for single elements (two loads each already; by 4, ptxas spills). With kDxSums (x,
-// dy and dx of one dtype: mixed ones spill on sm_80, and autograd gives one), also sums dx as
-// stored per channel into partials [gridDim.x, C]: the launch makes the grid stride a multiple of
-// the packs in a row (C / kPack divides kThreads), so each thread stays on the same channels. dx
-// may be dy (in place): each thread reads a pack of dy before it writes the same pack of dx, and no
+// eval: the statistics are constants and dx = gamma invstd dy_hat. Packs of kPack channels, 2 of a
+// thread loaded at a time; the launch is pinned_grid's, so each thread stays on the same channels.
+// With kDxSums (x, dy and dx of one dtype: mixed ones spill on sm_80, and autograd gives one), also
+// sums dx as stored per channel into partials [gridDim.x, C] (C / kPack divides kThreads). dx may
+// be dy (in place): each thread reads a pack of dy before it writes the same pack of dx, and no
 // thread reads another's, so the two pointers may alias (not __restrict__).
 template <int kPack, bool kDxSums, class TX, class TDy, class TDx>
 __global__ void __launch_bounds__(kThreads)
     batchnorm_dx_kernel(const TX* __restrict__ x, const TDy* dy, TDx* dx,
-                        const float* __restrict__ sums, int64_t rows, int channels, ChannelParams p,
-                        bool relu, bool training, float* __restrict__ dx_partials) {
-  const int64_t size = rows * channels;
+                        const float* __restrict__ sums, int64_t rows, int channels,
+                        BatchNormChannels bn, bool training, float* __restrict__ dx_partials) {
   const float n = float(rows);
-  float dx_sum[kPack] = {};
-  PackCursor<kPack> at(channels);
-#pragma unroll(kPack == 1 ? 2 : 1)
-  for (; at.before(size); at.next()) {
-    float xs[kPack], dys[kPack], grads[kPack], sum_dy[kPack], sum_dy_xhat[kPack];
-    load_pack(x, at.first(), xs);
-    load_pack(dy, at.first(), dys);
-    const ChannelValues<kPack> ch(p, at.channel());
-    load_pack(sums, at.channel(), sum_dy);
-    load_pack(sums + channels, at.channel(), sum_dy_xhat);
-    for (int j = 0; j < kPack; ++j) {
-      float xhat, dy_hat;
-      normalised_and_grad(xs[j], dys[j], ch, j, relu, xhat, dy_hat);
-      const float scale = ch.gamma[j] * ch.invstd[j];
-      grads[j] =
-          training ? scale / n * (n * dy_hat - sum_dy[j] - xhat * sum_dy_xhat[j]) : scale * dy_hat;
-    }
-    store_pack(dx, at.first(), grads);
-    if constexpr (kDxSums)
-      for (int j = 0; j < kPack; ++j) dx_sum[j] += as_stored<TDx>(grads[j]);
-  }
-  if constexpr (kDxSums) store_dx_partials<kPack>(dx_sum, channels, dx_partials);
+  const PinnedPacks<kPack, 2> packs(rows * channels, channels);
+  const DxChannels<kPack> ch(bn, sums, channels, packs.channel, n, training);
+  float xs[2][kPack], dys[2][kPack], dx_sum[1][kPack] = {};
+  packs.for_each(
+      [&](int b, int64_t i) {
+        load_pack(x, i, xs[b]);
+        load_pack(dy, i, dys[b]);
+      },
+      [&](int b, int64_t i) {
+        float grads[kPack];
+        for (int j = 0; j < kPack; ++j)
+          grads[j] = ch.dx(xs[b][j], dys[b][j], j, n, bn.relu, training);
+        store_pack(dx, i, grads);
+        if constexpr (kDxSums)
+          for (int j = 0; j < kPack; ++j) dx_sum[0][j] += as_stored<TDx>(grads[j]);
+      });
+  if constexpr (kDxSums) store_pinned_partials<kPack, 1>(dx_sum, channels, dx_partials);
 }
 
-// Whether the dx kernel can sum dx per channel as it goes: each thread keeps one pack column.
-bool dx_sums_in_kernel(int channels, int pack) { return kThreads % (channels / pack) == 0; }
-
-// y = x normalised per p (and ReLU'd when relu), x and y [size / channels, channels].
+// y = x normalised per bn, x and y [size / channels, channels].
 template <class T>
-void normalize(const T* x, T* y, int64_t size, int channels, const ChannelParams& p, bool relu,
+void normalize(const T* x, T* y, int64_t size, int channels, const BatchNormChannels& bn,
                const char* op) {
   const auto launch = [&](auto kernel, int pack) {
-    kernel<<<grid_for(size / pack, kThreads), kThreads, 0, stream()>>>(x, y, size, channels, p,
-                                                                       relu);
+    kernel<<<pinned_grid(size, channels, pack), kThreads, 0, stream()>>>(x, y, size, channels, bn);
     CUDA_CHECK_LAUNCH(op);
   };
-  if (pack_for(channels, p, x, y) == 4)
+  if (pack_for(channels, bn, x, y) == 4)
     launch(normalize_kernel<4, T>, 4);
   else
     launch(normalize_kernel<1, T>, 1);
@@ -261,10 +198,10 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
           ptr<float>(mean), ptr<float>(invstd));
       CUDA_CHECK_LAUNCH(op);
     }
-    const ChannelParams p{ptr<const float>(gamma), ptr<const float>(beta), ptr<const float>(mean),
-                          ptr<const float>(invstd)};
+    const BatchNormChannels channels{ptr<const float>(gamma), ptr<const float>(beta),
+                                     ptr<const float>(mean), ptr<const float>(invstd), bn.relu};
     if (!y.defined() || x.numel() == 0) return; // undefined y: the statistics only
-    normalize(ptr<const T>(x), ptr<T>(y), x.numel(), d.channels, p, bn.relu, op);
+    normalize(ptr<const T>(x), ptr<T>(y), x.numel(), d.channels, channels, op);
   });
 }
 
@@ -273,8 +210,7 @@ void batchnorm_normalize(const void* x, void* y, DType dtype, int64_t rows, int 
   if (rows == 0 || channels == 0) return;
   visit_floating(dtype, op, [&](auto type) {
     using T = typename decltype(type)::type;
-    normalize(static_cast<const T*>(x), static_cast<T*>(y), rows * channels, channels,
-              {bn.gamma, bn.beta, bn.mean, bn.invstd}, bn.relu, op);
+    normalize(static_cast<const T*>(x), static_cast<T*>(y), rows * channels, channels, bn, op);
   });
 }
 
@@ -286,8 +222,8 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
       require_batchnorm_backward(x, gamma, beta, mean, invstd, dy, dx, dgamma, dbeta, bn));
   if (d.channels == 0) return;
 
-  const ChannelParams p{ptr<const float>(gamma), ptr<const float>(beta), ptr<const float>(mean),
-                        ptr<const float>(invstd)};
+  const BatchNormChannels channels{ptr<const float>(gamma), ptr<const float>(beta),
+                                   ptr<const float>(mean), ptr<const float>(invstd), bn.relu};
   // [sum dy_hat; sum dy_hat xhat]: one reduction over x and dy, unless the GEMM that wrote dy
   // produced them.
   Tensor computed;
@@ -297,9 +233,8 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
     CUDA_CHECK_LAUNCH(op);
   } else {
     computed = Tensor::empty({2, d.channels}, DType::f32, Device::cuda);
-    batchnorm_grad_sums(x.raw(), x.dtype(), dy.raw(), dy.dtype(), d.rows, d.channels,
-                        {p.gamma, p.beta, p.mean, p.invstd, bn.relu}, ptr<float>(computed), op,
-                        ptr<float>(dbeta), ptr<float>(dgamma));
+    batchnorm_grad_sums(x.raw(), x.dtype(), dy.raw(), dy.dtype(), d.rows, d.channels, channels,
+                        ptr<float>(computed), op, ptr<float>(dbeta), ptr<float>(dgamma));
   }
   const Tensor& sums = bn.grad_sums ? *bn.grad_sums : computed;
   if (x.numel() == 0) {
@@ -312,13 +247,14 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
       using TDy = typename decltype(dy_type)::type;
       visit_floating(dx, op, [&](auto dx_type) {
         using TDx = typename decltype(dx_type)::type;
-        const int pack = pack_for(d.channels, p, ptr<const TX>(x), ptr<const TDy>(dy),
+        const int pack = pack_for(d.channels, channels, ptr<const TX>(x), ptr<const TDy>(dy),
                                   ptr<const TDx>(dx), ptr<const float>(sums));
-        const int blocks = grid_for(x.numel() / pack, kThreads);
+        const int blocks = pinned_grid(x.numel(), d.channels, pack);
         // dx_sums: from per-block partials the kernel writes (for x, dy and dx of one dtype, as
         // autograd gives them), or by a reduction over dx after it.
         constexpr bool kOneDtype = std::is_same_v<TX, TDy> && std::is_same_v<TDy, TDx>;
-        const bool partial_sums = kOneDtype && bn.dx_sums && dx_sums_in_kernel(d.channels, pack);
+        const bool partial_sums =
+            kOneDtype && bn.dx_sums && block_holds_whole_rows(d.channels, pack);
         Tensor partials;
         if (partial_sums) partials = Tensor::empty({blocks, d.channels}, DType::f32, Device::cuda);
         const auto launch = [&](auto pack_constant) {
@@ -328,7 +264,7 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
             if (partial_sums) kernel = batchnorm_dx_kernel<kPack, true, TX, TDy, TDx>;
           kernel<<<blocks, kThreads, 0, stream()>>>(
               ptr<const TX>(x), ptr<const TDy>(dy), ptr<TDx>(dx), ptr<const float>(sums), d.rows,
-              d.channels, p, bn.relu, bn.training, partial_sums ? ptr<float>(partials) : nullptr);
+              d.channels, channels, bn.training, partial_sums ? ptr<float>(partials) : nullptr);
           CUDA_CHECK_LAUNCH(op);
         };
         if (pack == 4)

@@ -1,11 +1,15 @@
 // Batch norm's per-column statistics on the device (column_moments.cuh): the mean and variance
 // by the two-pass column reduction that batch norm's unfused statistics pass runs, or by merging
 // the per-tile partials of the GEMM epilogue's statistics hook (gemm.cuh,
-// store_tile_with_moments); and the backward's gradient sums, by a column reduction over x and dy
-// or from the per-block partials of the thin-K GEMM kernel (gemm_thin.cu); and plain column sums
-// (a batch norm's dx, per channel).
+// store_tile_with_moments) or of the thin-K GEMM kernel (gemm_thin.cu); and the backward's
+// gradient sums, by one pass over x and dy (each thread on the same 4 channels, channel_packs.cuh,
+// where C allows; else a column reduction) or from the per-block partials of the thin-K GEMM
+// kernel; and plain column sums (a batch norm's dx, per channel).
 #include "column_moments.cuh"
 
+#include <type_traits>
+
+#include "channel_packs.cuh"
 #include "device.cuh"
 #include "reduce.cuh"
 
@@ -39,22 +43,6 @@ template <class T> struct SquaredDeviation { // (x[row, c] - mean[c])^2
     v[0] = centred * centred;
   }
 };
-
-// One column's count, mean and M2 (the sum of squared deviations from the mean).
-struct Moments {
-  long long count;
-  float mean, m2;
-};
-
-// Chan et al.'s merge of the moments of two disjoint sets of rows, a before b.
-__device__ __forceinline__ Moments merge(const Moments& a, const Moments& b) {
-  if (b.count == 0) return a;
-  if (a.count == 0) return b;
-  const long long count = a.count + b.count;
-  const float delta = b.mean - a.mean;
-  const float b_share = float(b.count) / float(count);
-  return {count, a.mean + delta * b_share, a.m2 + b.m2 + delta * delta * float(a.count) * b_share};
-}
 
 template <class TX, class TDy> struct GradTerms { // {dy_hat, dy_hat * xhat}
   const TX* x;
@@ -93,6 +81,36 @@ struct StoreSums { // sums[0, c] and sums[1, c]; dbeta[c] += the first, dgamma[c
   }
 };
 
+// The gradient sums' per-block partials [gridDim.x, 2, C] over x and dy [rows, C] of one dtype,
+// C / 4 dividing kPackThreads: each thread adds up the terms of its 4 channels (pinned_grid's
+// launch keeps them), the x and dy packs of 4 steps loaded before it adds any (64 bytes a thread
+// in flight, ~75 registers); the block adds its threads' in thread order (store_pinned_partials).
+// The column reduction it replaces (GradTerms) gave each thread one column and read 2 bytes of
+// each tensor at a time.
+template <class T>
+__global__ void __launch_bounds__(kPackThreads)
+    grad_sums_partials_kernel(const T* __restrict__ x, const T* __restrict__ dy, int64_t size,
+                              int channels, BatchNormChannels bn, float* __restrict__ partials) {
+  const PinnedPacks<4, 4> packs(size, channels);
+  const ChannelValues<4> ch(bn, packs.channel);
+  float xs[4][4], dys[4][4], sums[2][4] = {};
+  packs.for_each(
+      [&](int b, int64_t i) {
+        load_pack(x, i, xs[b]);
+        load_pack(dy, i, dys[b]);
+      },
+      [&](int b, int64_t) {
+        for (int j = 0; j < 4; ++j) {
+          float xhat, dy_hat;
+          batchnorm_grad_terms(xs[b][j], dys[b][j], ch.gamma[j], ch.beta[j], ch.mean[j],
+                               ch.invstd[j], bn.relu, xhat, dy_hat);
+          sums[0][j] += dy_hat;
+          sums[1][j] = fmaf(dy_hat, xhat, sums[1][j]);
+        }
+      });
+  store_pinned_partials<4, 2>(sums, channels, partials);
+}
+
 // merge_column_partials_kernel's block: kMergeWarps warps over kMergeColumns consecutive columns
 // (32-byte loads of a tile's row), each lane merging one contiguous run of row tiles of its
 // column, kMergeBatch tiles' partials loaded before they are merged, so that the loads are in
@@ -129,19 +147,19 @@ __global__ void __launch_bounds__(32 * kMergeWarps)
     for (int i = 0; i < kMergeBatch && t0 + i < last; ++i) {
       const int64_t tile_first_row = int64_t(t0 + i) * tile_rows;
       const long long count = min(int64_t(tile_rows), rows - tile_first_row);
-      own = merge(own, Moments{count, mean[i], m2[i]});
+      own = merge_moments(own, Moments{count, mean[i], m2[i]});
     }
   }
   for (int offset = kMergeColumns; offset < 32; offset *= 2) { // every lane: full-warp shuffles
     const Moments other{__shfl_xor_sync(kFullWarp, own.count, offset),
                         __shfl_xor_sync(kFullWarp, own.mean, offset),
                         __shfl_xor_sync(kFullWarp, own.m2, offset)};
-    own = (lane & offset) != 0 ? merge(other, own) : merge(own, other);
+    own = (lane & offset) != 0 ? merge_moments(other, own) : merge_moments(own, other);
   }
   if (sub == 0) warp_moments[warp][lane] = own;
   __syncthreads();
   if (warp != 0 || sub != 0 || col >= cols) return;
-  for (int w = 1; w < kMergeWarps; ++w) own = merge(own, warp_moments[w][lane]);
+  for (int w = 1; w < kMergeWarps; ++w) own = merge_moments(own, warp_moments[w][lane]);
   moments[col] = own.mean;
   moments[cols + col] = own.m2 / float(rows);
 }
@@ -174,14 +192,28 @@ void merge_column_partials(const float* partials, int64_t rows, int tile_rows, i
 void batchnorm_grad_sums(const void* x, DType x_dtype, const void* dy, DType dy_dtype, int64_t rows,
                          int channels, const BatchNormChannels& bn, float* sums, const char* op,
                          float* dbeta, float* dgamma) {
+  const StoreSums finish{sums, channels, dbeta, dgamma};
   visit_floating(x_dtype, op, [&](auto x_type) {
     visit_floating(dy_dtype, op, [&](auto dy_type) {
       using TX = typename decltype(x_type)::type;
       using TDy = typename decltype(dy_type)::type;
-      reduce_columns<2>(
-          rows, channels,
-          GradTerms<TX, TDy>{static_cast<const TX*>(x), static_cast<const TDy*>(dy), bn, channels},
-          StoreSums{sums, channels, dbeta, dgamma}, op);
+      const TX* x_values = static_cast<const TX*>(x);
+      const TDy* dy_values = static_cast<const TDy*>(dy);
+      if constexpr (std::is_same_v<TX, TDy>) {
+        if (rows > 0 && channels > 0 && pack_for(channels, bn, x_values, dy_values) == 4 &&
+            block_holds_whole_rows(channels, 4)) {
+          const int64_t size = rows * channels;
+          const int blocks = pinned_grid(size, channels, 4);
+          Tensor partials = Tensor::empty({blocks, 2, channels}, DType::f32, Device::cuda);
+          grad_sums_partials_kernel<<<blocks, kPackThreads, 0, stream()>>>(
+              x_values, dy_values, size, channels, bn, ptr<float>(partials));
+          CUDA_CHECK_LAUNCH(op);
+          return reduce_columns<2>(blocks, channels,
+                                   TileGradPartials{ptr<float>(partials), channels}, finish, op);
+        }
+      }
+      reduce_columns<2>(rows, channels, GradTerms<TX, TDy>{x_values, dy_values, bn, channels},
+                        finish, op);
     });
   });
 }

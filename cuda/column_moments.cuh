@@ -46,7 +46,9 @@ void batchnorm_normalize(const void* x, void* y, DType dtype, int64_t rows, int 
 
 // sums [2, C] = sum over rows of dy_hat (row 0) and of dy_hat * xhat (row 1), xhat and dy_hat
 // per element as batchnorm_grad_terms (common.cuh) gives them from the batch norm's input x and
-// its output gradient dy (both [rows, C], f32, f16 or bf16): one column reduction reading both.
+// its output gradient dy (both [rows, C], f32, f16 or bf16): one pass reading both (each thread
+// on 4 channels where C / 4 divides 256 and x and dy share a dtype, else a column reduction), then
+// its blocks' sums added in block order.
 // With dbeta and dgamma (f32 [C]), its last step also adds the sums to them.
 void batchnorm_grad_sums(const void* x, DType x_dtype, const void* dy, DType dy_dtype, int64_t rows,
                          int channels, const BatchNormChannels& bn, float* sums, const char* op,

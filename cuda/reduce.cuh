@@ -1,6 +1,7 @@
 // Reductions shared by the CUDA backend, all in fp32 and deterministic (fixed summation order,
 // no atomics): warp and block sums, and two-stage reductions over a whole tensor or over the
-// rows of a [rows, cols] matrix (per-column sums, as bias gradients and batch norm need).
+// rows of a [rows, cols] matrix (per-column sums, as bias gradients and batch norm need); and the
+// merge of two sets of rows' column moments.
 //
 // Both two-stage reductions take functors instead of lambdas (no --extended-lambda needed):
 //   Term:   __device__ void operator()(int64_t i, float (&v)[kValues]) for a whole-tensor sum, or
@@ -41,6 +42,25 @@ __device__ __forceinline__ float block_sum(float v) {
   __syncthreads();
   const int warps = blockDim.x / 32;
   return warp_sum(lane < warps ? warp_totals[lane] : 0.0f);
+}
+
+// One column's count, mean and M2 (the sum of squared deviations from the mean) over a set of
+// rows: what the statistics hooks of the GEMM kernels (per tile) and their merge
+// (column_moments.cu) carry, rather than (sum, sum of squares), whose difference cancels (gemm.cuh,
+// store_tile_with_moments, says why).
+struct Moments {
+  long long count;
+  float mean, m2;
+};
+
+// Chan et al.'s merge of the moments of two disjoint sets of rows, a before b.
+__device__ __forceinline__ Moments merge_moments(const Moments& a, const Moments& b) {
+  if (b.count == 0) return a;
+  if (a.count == 0) return b;
+  const long long count = a.count + b.count;
+  const float delta = b.mean - a.mean;
+  const float b_share = float(b.count) / float(count);
+  return {count, a.mean + delta * b_share, a.m2 + b.m2 + delta * delta * float(a.count) * b_share};
 }
 
 // ---- Whole-tensor sums: stage 1 writes one partial per block, stage 2 (one block) adds them.

@@ -881,13 +881,12 @@ TEST(GpuBatchNorm, LargeActivation262144x256) {
   check_batchnorm({262144, 256, DType::f32, true, false}, rng);
 }
 
-// More elements than one pass of the grid-stride loops covers (the grid is capped at 32 blocks
-// of 256 threads per SM: 1,081,344 threads on 132 SMs), with a channel count that does not divide
-// that stride (8192 x SMs, a multiple of 7 only when the SM count is), so each thread's channel
-// moves, and wraps past C, from one pass to the next. C = 20 does the same with packs of four
-// channels (5 per row; the stride in packs, 8192 x SMs again, is a multiple of 5 only when the SM
-// count is).
-TEST(GpuBatchNorm, ChannelsWrapAcrossGridStridePasses) {
+// More elements than one pass of the grid-stride loops covers (the grid is capped near 32 blocks
+// of 256 threads per SM), with channel counts that do not divide a block's threads: the passes
+// round their grid up to a whole number of rows of threads (C = 7: a multiple of 7 blocks; C = 20,
+// packs of four channels, 5 a row: of 5 blocks) so that each thread keeps its channels from one
+// pass to the next, and the reductions whose blocks cannot hold whole rows take their other path.
+TEST(GpuBatchNorm, ChannelsStayPinnedAcrossGridStridePasses) {
   MINAMP_REQUIRE_GPU();
   Rng rng(53);
   check_batchnorm({524288, 7, DType::f16, true, true}, rng);
