@@ -26,6 +26,7 @@
 //     batch norm kernel would have stored.
 // Plain and transposed matrices otherwise: the conv views with such shapes are 1x1 convs, which
 // the conv ops pass as plain matrices.
+#include <algorithm>
 #include <type_traits>
 
 #include "device.cuh"
@@ -70,15 +71,20 @@ template <bool kTransB, class T> struct ThinColumns {
   }
 };
 
-// acc[e] = sum over kk < k of op(A)[row, kk] * b_value(e, kk), in k order, for the columns
-// before N (b_value(e, kk): op(B) at (kk, col + e)).
-template <bool kTransA, class T, class BValue>
-__device__ __forceinline__ void thin_row_products(const T* a, int m, int k, int n, int64_t row,
-                                                  int col, const BValue& b_value, float (&acc)[4]) {
-  float a_row[kThinK];
+// a_row[kk] = op(A)[row, kk] for kk < k, 0 after.
+template <bool kTransA, class T>
+__device__ __forceinline__ void load_thin_row(const T* a, int m, int k, int64_t row,
+                                              float (&a_row)[kThinK]) {
 #pragma unroll
   for (int kk = 0; kk < kThinK; ++kk)
     a_row[kk] = kk < k ? a_at<kTransA>(a, m, k, int(row), kk) : 0.0f;
+}
+
+// acc[e] = sum over kk < k of a_row[kk] * b_value(e, kk), in k order, for the columns before N
+// (b_value(e, kk): op(B) at (kk, col + e)).
+template <class BValue>
+__device__ __forceinline__ void thin_row_products(const float (&a_row)[kThinK], int k, int n,
+                                                  int col, const BValue& b_value, float (&acc)[4]) {
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     acc[e] = 0.0f;
@@ -131,22 +137,28 @@ struct ThinGradColumns {
   }
 };
 
-// Adds the batch norm gradient terms (batchnorm_grad_terms) of C[row, col + e] as stored (dy[e])
-// and of the batch norm's input x there to a thread's sums of its 4 columns; x is read as one
-// pack when `pack`.
+// xs[e] = the batch norm input x at (row, col + e) for the columns before N (C being that batch
+// norm's output gradient), read as one pack when `pack`.
 template <class CT>
-__device__ __forceinline__ void
-add_grad_terms(const BatchNormGradient& grad, const ThinGradColumns& ch, int n, int64_t row,
-               int col, bool pack, const float (&dy)[4], float (&sum)[4], float (&sum_xhat)[4]) {
+__device__ __forceinline__ void load_grad_x(const BatchNormGradient& grad, int n, int64_t row,
+                                            int col, bool pack, float (&xs)[4]) {
   const CT* x = static_cast<const CT*>(grad.x) + row * n;
-  float xs[4] = {};
   if (pack) {
     const Float4 v = load4(x, col);
 #pragma unroll
     for (int e = 0; e < 4; ++e) xs[e] = v.v[e];
   } else {
-    for (int e = 0; e < 4 && col + e < n; ++e) xs[e] = load_f(x, col + e);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xs[e] = col + e < n ? load_f(x, col + e) : 0.0f;
   }
+}
+
+// Adds the batch norm gradient terms (batchnorm_grad_terms) of C[row, col + e] as stored (dy[e])
+// and of the batch norm's input there (xs[e]) to a thread's sums of its 4 columns.
+__device__ __forceinline__ void add_grad_terms(const BatchNormGradient& grad,
+                                               const ThinGradColumns& ch, int n, int col,
+                                               const float (&xs)[4], const float (&dy)[4],
+                                               float (&sum)[4], float (&sum_xhat)[4]) {
 #pragma unroll
   for (int e = 0; e < 4; ++e)
     if (col + e < n) {
@@ -158,24 +170,50 @@ add_grad_terms(const BatchNormGradient& grad, const ThinGradColumns& ch, int n, 
     }
 }
 
-// Bytes of shared memory the thin-K kernel's gradient sums need: [lanes][2][groups * 4] floats.
-constexpr int kThinGradSumsBytes = 2 * kThreads * 4 * int(sizeof(float));
+// Adds C[row, col + e] as stored (v[e]) to a thread's running moments of its 4 columns over the
+// `count` rows it has stored, this one included (Welford's update: each value moves the mean by
+// its deviation over the count, and M2 by that deviation times the one from the moved mean; no
+// sum of squares, no cancellation).
+__device__ __forceinline__ void add_moments(int n, int col, int count, const float (&v)[4],
+                                            float (&mean)[4], float (&m2)[4]) {
+  const float share = 1.0f / float(count);
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (col + e < n) {
+      const float delta = v[e] - mean[e];
+      mean[e] = fmaf(delta, share, mean[e]);
+      m2[e] = fmaf(delta, v[e] - mean[e], m2[e]);
+    }
+}
 
-// partials[blockIdx.x, 0, col] and [.., 1, col] = the block's sums of column col: each thread's
-// (its 4 columns from threadIdx.x % groups * 4, the same in every step) go to shared memory as
-// [lanes][2][groups * 4], and one thread per column adds the lanes in order.
+// Bytes of shared memory the thin-K kernel's per-block figures (gradient sums or moments) need:
+// [lanes][2][groups * 4] floats.
+constexpr int kThinPartialsBytes = 2 * kThreads * 4 * int(sizeof(float));
+
+// Puts each thread's two figures of its 4 columns (from threadIdx.x % groups * 4, the same in
+// every step) into shared memory as [lanes][2][groups * 4], lane = threadIdx.x / groups, and
+// returns it once the whole block's are there.
+__device__ __forceinline__ const float* share_thin_figures(const float (&first)[4],
+                                                           const float (&second)[4], int n) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  float* lanes = reinterpret_cast<float*>(smem_bytes);
+  const int groups = (n + 3) / 4, width = groups * 4;
+  const int lane = threadIdx.x / groups, first_col = threadIdx.x % groups * 4;
+  for (int e = 0; e < 4; ++e) {
+    lanes[2 * lane * width + first_col + e] = first[e];
+    lanes[(2 * lane + 1) * width + first_col + e] = second[e];
+  }
+  __syncthreads();
+  return lanes;
+}
+
+// partials[blockIdx.x, 0, col] and [.., 1, col] = the block's sums of column col (sum dy_hat, sum
+// dy_hat xhat): its lanes' added in lane order by one thread per column.
 __device__ __forceinline__ void store_thin_grad_partials(const float (&sum)[4],
                                                          const float (&sum_xhat)[4], int n,
                                                          float* partials) {
-  extern __shared__ __align__(16) unsigned char smem_bytes[];
-  float* lanes = reinterpret_cast<float*>(smem_bytes);
-  const int groups = (n + 3) / 4, width = groups * 4, lane_count = kThreads / groups;
-  const int lane = threadIdx.x / groups, first = threadIdx.x % groups * 4;
-  for (int e = 0; e < 4; ++e) {
-    lanes[2 * lane * width + first + e] = sum[e];
-    lanes[(2 * lane + 1) * width + first + e] = sum_xhat[e];
-  }
-  __syncthreads();
+  const float* lanes = share_thin_figures(sum, sum_xhat, n);
+  const int width = (n + 3) / 4 * 4, lane_count = kThreads / ((n + 3) / 4);
   float* dy_hat_sums = partials + int64_t(blockIdx.x) * 2 * n; // [2, N] of this block
   for (int c = threadIdx.x; c < n; c += kThreads) {
     float total = 0.0f, total_xhat = 0.0f;
@@ -185,6 +223,27 @@ __device__ __forceinline__ void store_thin_grad_partials(const float (&sum)[4],
     }
     dy_hat_sums[c] = total;
     dy_hat_sums[n + c] = total_xhat;
+  }
+}
+
+// partials[blockIdx.x, 0, col] and [.., 1, col] = the mean and M2 of column col over the block's
+// `rows` rows of C: its lanes' moments merged in lane order (Chan) by one thread per column. Lane
+// l has stored rows l, l + lanes, ... of the block's.
+__device__ __forceinline__ void store_thin_moment_partials(const float (&mean)[4],
+                                                           const float (&m2)[4], int n,
+                                                           int64_t rows, float* partials) {
+  const float* lanes = share_thin_figures(mean, m2, n);
+  const int width = (n + 3) / 4 * 4, lane_count = kThreads / ((n + 3) / 4);
+  float* means = partials + int64_t(blockIdx.x) * 2 * n; // [2, N] of this block
+  for (int c = threadIdx.x; c < n; c += kThreads) {
+    Moments merged{0, 0.0f, 0.0f};
+    for (int l = 0; l < lane_count && l < rows; ++l) {
+      const long long count = (rows - l + lane_count - 1) / lane_count;
+      merged = merge_moments(
+          merged, Moments{count, lanes[2 * l * width + c], lanes[(2 * l + 1) * width + c]});
+    }
+    means[c] = merged.mean;
+    means[n + c] = merged.m2;
   }
 }
 
@@ -208,10 +267,10 @@ __global__ void __launch_bounds__(kThreads)
   int64_t row = first / groups;
   for (int group = int(first % groups); row < m;) {
     const int col = group * 4;
-    float acc[4], bias[4];
-    thin_row_products<kTransA>(
-        a, m, k, n, row, col, [&](int e, int kk) { return b_at<kTransB>(b, k, n, kk, col + e); },
-        acc);
+    float a_row[kThinK], acc[4], bias[4];
+    load_thin_row<kTransA>(a, m, k, row, a_row);
+    thin_row_products(
+        a_row, k, n, col, [&](int e, int kk) { return b_at<kTransB>(b, k, n, kk, col + e); }, acc);
     load_bias(ep, n, col, bias);
     store_four(c, n, row, col, acc, bias, ep, pack);
     row += row_step;
@@ -223,42 +282,88 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Blocks per SM the fixed-columns kernel keeps for a K known at compile time: 4 (64 registers, 32
-// warps), as many as the walking kernel, so that as many rows' loads and stores are in flight.
-constexpr int kThinKBlocksPerSm = 4;
+// What the fixed-columns kernel adds up per column besides storing C: nothing, the gradient terms
+// of the batch norm whose output gradient C is (ep.batchnorm_grad), or C's moments
+// (ep.column_partials); or, for the kernels on a K known only at run time, whichever of these ep
+// asks for. A K known at compile time has each a kernel of its own, so that the registers of the
+// other two stay free for the rows in flight.
+enum class ThinKFigures { none, grad_sums, moments, from_epilogue };
 
-// The same when each thread keeps its 4 columns (thin_k_fixed_columns): it reads their B values,
-// bias and batch norm vectors once and steps over rows, with no index division in the loop; with
-// ep.batchnorm_grad.sums, it also adds up the columns' gradient terms as it stores them, and the
-// block its threads' sums in order (x_pack: x's rows allow 4-element loads). kK > 0 is K known at
-// compile time (K = 1 and 2, sine's two thin-K GEMMs: the loop then tests no k), 0 reads k.
-template <bool kTransA, bool kTransB, int kK, class T, class CT>
-__global__ void __launch_bounds__(kThreads, kK > 0 ? kThinKBlocksPerSm : 1)
-    gemm_thin_k_fixed_columns_kernel(const T* a, const T* b, CT* c, int m, int n, int k_given,
-                                     EpilogueArgs ep, bool pack, bool x_pack) {
-  const int k = kK > 0 ? kK : k_given;
-  const BatchNormGradient& grad = ep.batchnorm_grad;
-  const int groups = (n + 3) / 4;
-  const int col = int(threadIdx.x) % groups * 4;
-  const int64_t rows_per_step = int64_t(gridDim.x) * (kThreads / groups);
-  const ThinColumns<kTransB, T> columns(b, k, n, col, ep);
-  const ThinGradColumns channels(grad.channels, grad.sums ? n : 0, col); // none: no loads
-  float sum[4] = {}, sum_xhat[4] = {};
-  for (int64_t row = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / groups; row < m;
-       row += rows_per_step) {
-    float acc[4];
-    thin_row_products<kTransA>(
-        a, m, k, n, row, col, [&](int e, int kk) { return columns.b[e][kk]; }, acc);
-    store_four(c, n, row, col, acc, columns.bias, ep, pack);
-    if (grad.sums) add_grad_terms<CT>(grad, channels, n, row, col, x_pack, acc, sum, sum_xhat);
-  }
-  if (grad.sums) store_thin_grad_partials(sum, sum_xhat, n, grad.sums); // the same for the block
+// The steps whose loads a thread of the fixed-columns kernel has in flight, and the blocks per SM
+// it keeps for a K known at compile time: 4 steps in 4 blocks (64 registers, 32 warps); with the
+// gradient sums (K = 1 only: the input gradient of a conv with one output channel), whose x values
+// and batch norm vectors take 30 registers more, 4 steps in 2 blocks (128 registers; ptxas spills
+// on sm_80 with 85, even at 2 steps, and at K = 2).
+constexpr int kThinKRowsInFlight = 4;
+constexpr int thin_k_blocks_per_sm(int k, ThinKFigures figures) {
+  return k == 0 ? 1 : figures == ThinKFigures::grad_sums ? 2 : 4;
 }
 
-// Whether the thin-K kernel adds up args.batchnorm_grad's sums itself: a thread keeps the same 4
-// columns in every step when the block's threads are a whole number of rows of C.
+// The same when each thread keeps its 4 columns (thin_k_fixed_columns). Block b takes the rows
+// [b * tile_rows, (b + 1) * tile_rows) of C, kThreads / groups rows a step, each thread the same 4
+// columns in every step: it reads their B values, bias and batch norm vectors once, and loads the A
+// rows (and x) of kThinKRowsInFlight steps before it computes the first (one row's few bytes at a
+// time left each warp waiting a memory latency per step). With gradient sums it also adds up the
+// columns' gradient terms as it stores them (x_pack: x's rows allow 4-element loads), with moments
+// their moments; the block then combines its threads' in order into its partials [blocks, 2, N].
+// kK > 0 is K known at compile time (K = 1 and 2, sine's two thin-K GEMMs: the loop then tests no
+// k), 0 reads k.
+template <bool kTransA, bool kTransB, int kK, ThinKFigures kFigures, class T, class CT>
+__global__ void __launch_bounds__(kThreads, thin_k_blocks_per_sm(kK, kFigures))
+    gemm_thin_k_fixed_columns_kernel(const T* a, const T* b, CT* c, int m, int n, int k_given,
+                                     int64_t tile_rows, EpilogueArgs ep, bool pack, bool x_pack) {
+  static_assert((kK > 0) == (kFigures != ThinKFigures::from_epilogue), "see ThinKFigures");
+  constexpr bool kRuntime = kFigures == ThinKFigures::from_epilogue;
+  const int k = kK > 0 ? kK : k_given;
+  const BatchNormGradient& grad = ep.batchnorm_grad;
+  const bool grad_sums = kFigures == ThinKFigures::grad_sums || (kRuntime && grad.sums);
+  const bool moments = kFigures == ThinKFigures::moments || (kRuntime && ep.column_partials);
+  const int groups = (n + 3) / 4;
+  const int col = int(threadIdx.x) % groups * 4;
+  const int64_t row_begin = int64_t(blockIdx.x) * tile_rows;
+  const int64_t rows = min(int64_t(m) - row_begin, tile_rows); // the block's
+  const ThinColumns<kTransB, T> columns(b, k, n, col, ep);
+  const ThinGradColumns channels(grad.channels, grad_sums ? n : 0, col); // none: no loads
+  float a_rows[kThinKRowsInFlight][kThinK], xs[kThinKRowsInFlight][4];
+  float first[4] = {}, second[4] = {}; // sums of dy_hat and dy_hat xhat, or mean and M2
+  int count = 0;                       // rows stored
+  for_each_batched<kThinKRowsInFlight>(
+      row_begin + threadIdx.x / groups, kThreads / groups, row_begin + rows,
+      [&](int r, int64_t row) {
+        load_thin_row<kTransA>(a, m, k, row, a_rows[r]);
+        if (grad_sums) load_grad_x<CT>(grad, n, row, col, x_pack, xs[r]);
+      },
+      [&](int r, int64_t row) {
+        float acc[4];
+        thin_row_products(
+            a_rows[r], k, n, col, [&](int e, int kk) { return columns.b[e][kk]; }, acc);
+        store_four(c, n, row, col, acc, columns.bias, ep, pack); // acc: the values as stored
+        if (grad_sums) add_grad_terms(grad, channels, n, col, xs[r], acc, first, second);
+        if (moments) add_moments(n, col, ++count, acc, first, second);
+      });
+  if (grad_sums) store_thin_grad_partials(first, second, n, grad.sums);
+  if (moments) store_thin_moment_partials(first, second, n, rows, ep.column_partials);
+}
+
+// Whether the thin-K kernel adds up args.batchnorm_grad's sums, or args.column_moments, itself: a
+// thread keeps the same 4 columns in every step when the block's threads are a whole number of
+// rows of C.
 bool thin_k_sums_in_epilogue(const GemmArgs& args) {
   return args.batchnorm_grad.sums && args.k <= kThinK && thin_k_fixed_columns(args.n);
+}
+bool thin_k_moments_in_epilogue(const GemmArgs& args) {
+  return args.column_moments && args.k <= kThinK && thin_k_fixed_columns(args.n);
+}
+
+// The rows of C a block of the fixed-columns kernel takes: at least kThinKMinTileRows (the
+// statistics' partials, one [2, N] per block, stay 1/32 of C's size or less in f16), enough that
+// grid_for's blocks cover M, and whole steps of the block's kThreads / groups rows.
+constexpr int64_t kThinKMinTileRows = 128;
+int64_t thin_k_tile_rows(int64_t m, int64_t n) {
+  const int64_t groups = (n + 3) / 4, rows_per_step = kThreads / groups;
+  const int64_t blocks = grid_for(m * groups, kThreads);
+  const int64_t rows = std::max(kThinKMinTileRows, (m + blocks - 1) / blocks);
+  return (rows + rows_per_step - 1) / rows_per_step * rows_per_step;
 }
 
 // Element kk of a row of a normalised A, from its stored value v: batch norm's output as stored.
@@ -411,36 +516,61 @@ template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmA
   const int m = int(args.m), n = int(args.n), k = int(args.k);
   if (args.k <= kThinK) {
     const bool pack = n % 4 == 0 && aligned_for_pack(c);
-    const int blocks = grid_for(args.m * ((n + 3) / 4), kThreads);
     if (!thin_k_fixed_columns(n)) {
       gemm_thin_k_kernel<kTransA, kTransB, T, CT>
-          <<<blocks, kThreads, 0, stream()>>>(a, b, c, m, n, k, args.epilogue, pack);
+          <<<grid_for(args.m * ((n + 3) / 4), kThreads), kThreads, 0, stream()>>>(
+              a, b, c, m, n, k, args.epilogue, pack);
       CUDA_CHECK_LAUNCH("gemm (thin, CUDA cores)");
       return;
     }
+    const int64_t tile_rows = thin_k_tile_rows(args.m, args.n);
+    const int fixed_blocks = int((args.m + tile_rows - 1) / tile_rows);
     EpilogueArgs epilogue = args.epilogue;
-    Tensor partials; // [blocks, 2, N]
+    Tensor partials; // [blocks, 2, N]: gradient sums or moments
+    if (thin_k_sums_in_epilogue(args) || thin_k_moments_in_epilogue(args))
+      partials = Tensor::empty({fixed_blocks, 2, args.n}, DType::f32, Device::cuda);
     if (thin_k_sums_in_epilogue(args)) {
-      partials = Tensor::empty({blocks, 2, args.n}, DType::f32, Device::cuda);
       epilogue.batchnorm_grad = args.batchnorm_grad;
       epilogue.batchnorm_grad.sums = ptr<float>(partials);
+    } else if (thin_k_moments_in_epilogue(args)) {
+      epilogue.column_partials = ptr<float>(partials);
     }
     const bool x_pack = pack && aligned_for_pack(static_cast<const CT*>(args.batchnorm_grad.x));
     const auto fixed_columns = [&](auto kernel) {
-      kernel<<<blocks, kThreads, partials.defined() ? kThinGradSumsBytes : 0, stream()>>>(
-          a, b, c, m, n, k, epilogue, pack, x_pack);
+      kernel<<<fixed_blocks, kThreads, partials.defined() ? kThinPartialsBytes : 0, stream()>>>(
+          a, b, c, m, n, k, tile_rows, epilogue, pack, x_pack);
       CUDA_CHECK_LAUNCH("gemm (thin, CUDA cores)");
     };
+    const auto on_k = [&](auto k_constant) {
+      constexpr int kK = decltype(k_constant)::value;
+      if constexpr (kK == 0)
+        fixed_columns(gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 0,
+                                                       ThinKFigures::from_epilogue, T, CT>);
+      else if (thin_k_sums_in_epilogue(args) && kK == 1)
+        fixed_columns(
+            gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 1, ThinKFigures::grad_sums, T, CT>);
+      else if (thin_k_sums_in_epilogue(args))
+        fixed_columns(gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 0,
+                                                       ThinKFigures::from_epilogue, T, CT>);
+      else if (thin_k_moments_in_epilogue(args))
+        fixed_columns(
+            gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, kK, ThinKFigures::moments, T, CT>);
+      else
+        fixed_columns(
+            gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, kK, ThinKFigures::none, T, CT>);
+    };
     if constexpr (kTransA)
-      fixed_columns(gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 0, T, CT>);
+      on_k(std::integral_constant<int, 0>{});
     else if (k == 1)
-      fixed_columns(gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 1, T, CT>);
+      on_k(std::integral_constant<int, 1>{});
     else if (k == 2)
-      fixed_columns(gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 2, T, CT>);
-    else
-      fixed_columns(gemm_thin_k_fixed_columns_kernel<kTransA, kTransB, 0, T, CT>);
-    if (partials.defined())
-      merge_grad_partials(ptr<float>(partials), blocks, n, args.batchnorm_grad.sums);
+      on_k(std::integral_constant<int, 2>{});
+    else // K = 0 or 3 .. kThinK
+      on_k(std::integral_constant<int, 0>{});
+    if (thin_k_sums_in_epilogue(args))
+      merge_grad_partials(ptr<float>(partials), fixed_blocks, n, args.batchnorm_grad.sums);
+    else if (thin_k_moments_in_epilogue(args))
+      merge_column_partials(ptr<float>(partials), args.m, int(tile_rows), n, args.column_moments);
     return;
   } else if constexpr (kTransA) {
     gemm_thin_n_columns_kernel<kTransB, T, CT>
@@ -496,6 +626,7 @@ void thin_gemm(const GemmArgs& args) {
     visit_half_precision(args.ab_dtype, "gemm", launch_for);
   GemmArgs unfused = args; // the statistics the kernels did not produce
   if (thin_k_sums_in_epilogue(args)) unfused.batchnorm_grad.sums = nullptr;
+  if (thin_k_moments_in_epilogue(args)) unfused.column_moments = nullptr;
   column_statistics_of_output(unfused);
 }
 

@@ -1,7 +1,8 @@
 // Batch norm's statistics fused into the GEMM that writes its input: the GEMM's per-column
 // moments (GemmEpilogue::column_moments: the epilogue hook of v3-v5, the unfused column pass
 // elsewhere) against the moments of C as stored and against the CPU composition (gemm, then
-// column mean and variance), on every version, edge tiles, split K, thin GEMMs and convolutions;
+// column mean and variance), on every version, edge tiles, split K, thin GEMMs (the thin-K
+// kernel's own moments) and convolutions;
 // NaN, determinism and values far from zero; then Sequential Conv2d/Linear -> BatchNorm -> ReLU
 // fused against nn::set_fusion(false), forward and backward, in training and eval mode, and a
 // chain of 1x1 convs, each applying the batch norm before it as it loads its input, against that
@@ -293,6 +294,64 @@ TEST(GpuColumnMoments, MeanFarFromZeroKeepsTheVariance) {
     }
     EXPECT_GT(worst_naive, 0.5) << "the data set does not discriminate";
   }
+}
+
+// The thin-K kernel (K <= 8 on CUDA cores) adds up the moments as it stores C when its threads
+// keep their columns (N / 4 dividing 256): each thread's Welford moments over its rows, merged per
+// block, then across blocks. Every K it compiles for (1, 2, and the run-time K up to 8, and a
+// transposed A), N a multiple of 4 or not (packed or element-by-element stores), one row, a last
+// block of a few rows, bf16 and f32; and N = 12, whose threads change columns (the unfused pass).
+TEST(GpuColumnMoments, ThinKKernel) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 950;
+  for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
+    SCOPED_TRACE(cat(dtype));
+    expect_moments_match(MomentsCase{4100, 256, 2, dtype, dtype}, ++seed);
+    expect_moments_match(MomentsCase{1, 8, 2, dtype, dtype}, ++seed);
+    expect_moments_match(MomentsCase{129, 6, 1, dtype, dtype, false, false, true, false}, ++seed);
+    expect_moments_match(MomentsCase{1000, 3, 3, dtype, dtype}, ++seed);
+    expect_moments_match(MomentsCase{777, 32, 5, dtype, dtype, true, true}, ++seed);
+    expect_moments_match(MomentsCase{300, 12, 2, dtype, dtype}, ++seed);
+  }
+  expect_moments_match(MomentsCase{2000, 64, 2, DType::f16, DType::f32}, ++seed);
+}
+
+// The thin-K kernel's moments: a NaN in one column of B gives that column NaN moments, and only
+// it; values ~1300 standard deviations from zero keep their variance (Welford's update centres
+// each value at the running mean); two runs give the same bits.
+TEST(GpuColumnMoments, ThinKKernelNaNFarMeanAndRepeats) {
+  MINAMP_REQUIRE_GPU();
+  const int64_t m = 5000, n = 64, k = 2, bad = 13;
+  Rng rng(990);
+  const Tensor a = test::random_tensor(rng, {m, k}, DType::f32, Device::cuda, -4.0f, 4.0f);
+  std::vector<float> b_values =
+      test::random_tensor(rng, {k, n}, DType::f32, Device::cpu, -4.0f, 4.0f).to_vector();
+  const Tensor b = Tensor::from_vector(b_values, {k, n}, DType::f32, Device::cuda);
+  b_values[size_t(n + bad)] = std::nanf("");
+  const Tensor b_nan = Tensor::from_vector(b_values, {k, n}, DType::f32, Device::cuda);
+  const Tensor bias = Tensor::full({n}, 1e4f, DType::f32, Device::cuda);
+  const auto run = [&](const Tensor& weights, Tensor& c) {
+    Tensor moments = test::poisoned({2, n}, DType::f32, Device::cuda);
+    GemmEpilogue epilogue;
+    epilogue.bias = &bias;
+    epilogue.column_moments = &moments;
+    kernels::gemm(a, false, weights, false, c, epilogue);
+    return moments;
+  };
+
+  Tensor c_nan = test::poisoned({m, n}, DType::f32, Device::cuda);
+  const std::vector<float> nan_moments = run(b_nan, c_nan).to_vector();
+  for (int64_t j = 0; j < n; ++j) {
+    EXPECT_EQ(std::isnan(nan_moments[size_t(j)]), j == bad) << "mean of column " << j;
+    EXPECT_EQ(std::isnan(nan_moments[size_t(n + j)]), j == bad) << "variance of column " << j;
+  }
+
+  Tensor c = test::poisoned({m, n}, DType::f32, Device::cuda);
+  const Tensor first = run(b, c);
+  test::expect_within(moments_error(first, moments_of(c.to(Device::cpu))), 1e-4,
+                      "thin K: moments at |mean| ~ 1300 std");
+  const std::vector<float> once = first.to_vector(), again = run(b, c).to_vector();
+  EXPECT_EQ(std::memcmp(once.data(), again.data(), once.size() * sizeof(float)), 0);
 }
 
 // ---- Sequential: a BatchNorm takes its statistics from the Linear or Conv2d before it.
