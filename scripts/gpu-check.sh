@@ -132,7 +132,7 @@ memcheck() {
 }
 racecheck() {
   compute-sanitizer --tool racecheck --error-exitcode 1 "$build/minamp_tests" \
-    --gtest_filter='GpuGemm*:GpuConv*:GpuNormalizedConv*:GpuReduce*:GpuLoss*:GpuBatchNorm.Small*'
+    --gtest_filter='GpuGemm*:GpuConv*:GpuNormalizedConv*:GpuReduce*:GpuLoss*:GpuBatchNorm.Small*:GpuColumnMoments.ThinK*:GpuColumnMoments.ManyRowTiles'
 }
 
 # The SASS of the GEMM objects: for each tensor-core GEMM version, bench/gemm_sass.py reads the
