@@ -122,19 +122,24 @@ __device__ __forceinline__ void store_pack(T* p, int64_t i, const float (&v)[kPa
 }
 
 // A thread's walk over first, first + step, ... (< end), kBatch indices at a time: load(b, i) for
-// each of up to kBatch of them, then use(b, i) for each, so that kBatch loads are in flight
-// before the first is used. One at a time, a loop whose loads are few bytes a thread leaves each
-// warp waiting a whole memory latency per step.
+// each of the kBatch, then use(b, i) for each, so that kBatch loads are in flight before the first
+// is used; the last few indices, fewer than kBatch, one at a time (b = 0). One at a time, a loop
+// whose loads are few bytes a thread leaves each warp waiting a whole memory latency per step.
+// Whole batches carry no bounds test per load: a load under its own predicate is converted as soon
+// as it arrives, and the compiler then issues the batch's loads one after another's wait.
 template <int kBatch, class Load, class Use>
 __device__ __forceinline__ void for_each_batched(int64_t first, int64_t step, int64_t end,
                                                  Load&& load, Use&& use) {
-  for (int64_t i = first; i < end; i += kBatch * step) {
+  int64_t i = first;
+  for (; i + (kBatch - 1) * step < end; i += kBatch * step) {
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b)
-      if (i + b * step < end) load(b, i + b * step);
+    for (int b = 0; b < kBatch; ++b) load(b, i + b * step);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b)
-      if (i + b * step < end) use(b, i + b * step);
+    for (int b = 0; b < kBatch; ++b) use(b, i + b * step);
+  }
+  for (; i < end; i += step) {
+    load(0, i);
+    use(0, i);
   }
 }
 

@@ -1146,6 +1146,19 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
   constexpr int P = Columns::P;
   const bool packable =
       n % P == 0 && is_aligned16(c) && (ep.bias == nullptr || is_aligned16(ep.bias));
+  // The bias of the thread's P columns, the same in every row it stores: loaded once, not once a
+  // row (each row's load was a global memory latency that one block per SM could not hide).
+  float bias[P] = {};
+  const int own_column = n0 + Columns::first_column();
+  if (packable && ep.bias && own_column < n) {
+    float part[4];
+#pragma unroll
+    for (int q = 0; q < P; q += 4) {
+      load_pack16(ep.bias + own_column + q, part);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) bias[q + e] = part[e];
+    }
+  }
   for (int idx = threadIdx.x; idx < BM * Columns::kPacksPerRow; idx += kThreads) {
     const int r = idx / Columns::kPacksPerRow, col = idx % Columns::kPacksPerRow * P;
     const int row = m0 + r, column = n0 + col;
@@ -1173,14 +1186,9 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
 #pragma unroll
         for (int e = 0; e < P; ++e) v[e] += ep.beta * old[e];
       }
-      if (ep.bias) {
+      if (ep.bias)
 #pragma unroll
-        for (int q = 0; q < P; q += 4) {
-          load_pack16(ep.bias + column + q, part);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) v[q + e] += part[e];
-        }
-      }
+        for (int e = 0; e < P; ++e) v[e] += bias[e];
       if (ep.relu)
 #pragma unroll
         for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
@@ -1246,7 +1254,9 @@ __device__ __forceinline__ void store_tile_with_moments(float* staging, int stag
   const int count = Columns::group_rows(g, rows);
 #pragma unroll
   for (int e = 0; e < P; ++e) mean[e] = count > 0 ? mean[e] / float(count) : 0.0f;
-  for (int r = g; r < rows; r += Columns::kGroups) { // this thread's own slots: no barrier
+#pragma unroll 4
+  for (int r = g; r < rows; r += Columns::kGroups) {
+    // This thread's own slots (no barrier); unrolled, so that 4 rows' loads are in flight together.
     const float* slot = staging + r * staging_ld + col0;
 #pragma unroll
     for (int e = 0; e < P; ++e) {

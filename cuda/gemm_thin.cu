@@ -293,10 +293,13 @@ enum class ThinKFigures { none, grad_sums, moments, from_epilogue };
 // it keeps for a K known at compile time: 4 steps in 4 blocks (64 registers, 32 warps); with the
 // gradient sums (K = 1 only: the input gradient of a conv with one output channel), whose x values
 // and batch norm vectors take 30 registers more, 4 steps in 2 blocks (128 registers; ptxas spills
-// on sm_80 with 85, even at 2 steps, and at K = 2).
+// on sm_80 with 85, even at 2 steps, and at K = 2); with the moments of an fp32 C, 3 blocks (85
+// registers: 64 spill).
 constexpr int kThinKRowsInFlight = 4;
-constexpr int thin_k_blocks_per_sm(int k, ThinKFigures figures) {
-  return k == 0 ? 1 : figures == ThinKFigures::grad_sums ? 2 : 4;
+constexpr int thin_k_blocks_per_sm(int k, ThinKFigures figures, int c_bytes) {
+  if (k == 0) return 1;
+  if (figures == ThinKFigures::grad_sums) return 2;
+  return figures == ThinKFigures::moments && c_bytes == 4 ? 3 : 4;
 }
 
 // The same when each thread keeps its 4 columns (thin_k_fixed_columns). Block b takes the rows
@@ -309,7 +312,7 @@ constexpr int thin_k_blocks_per_sm(int k, ThinKFigures figures) {
 // kK > 0 is K known at compile time (K = 1 and 2, sine's two thin-K GEMMs: the loop then tests no
 // k), 0 reads k.
 template <bool kTransA, bool kTransB, int kK, ThinKFigures kFigures, class T, class CT>
-__global__ void __launch_bounds__(kThreads, thin_k_blocks_per_sm(kK, kFigures))
+__global__ void __launch_bounds__(kThreads, thin_k_blocks_per_sm(kK, kFigures, int(sizeof(CT))))
     gemm_thin_k_fixed_columns_kernel(const T* a, const T* b, CT* c, int m, int n, int k_given,
                                      int64_t tile_rows, EpilogueArgs ep, bool pack, bool x_pack) {
   static_assert((kK > 0) == (kFigures != ThinKFigures::from_epilogue), "see ThinKFigures");
