@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -58,10 +59,6 @@ struct Float4 {
 template <class T> bool aligned_for_pack(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
-__device__ __forceinline__ Float4 load4(const float* p, int64_t i) {
-  const float4 q = *reinterpret_cast<const float4*>(p + i);
-  return {{q.x, q.y, q.z, q.w}};
-}
 // A pair of 16-bit values as the 32 bits it is stored in, x in the low half (and for __half2,
 // back): two pairs move as one 8-byte access, where a struct of the two would be copied member by
 // member, as two 4-byte ones.
@@ -79,16 +76,29 @@ template <class Pair>
 __device__ __forceinline__ void store_pairs(void* at, const Pair& lo, const Pair& hi) {
   *static_cast<uint2*>(at) = make_uint2(pair_bits(lo), pair_bits(hi));
 }
-__device__ __forceinline__ Float4 load4(const __half* p, int64_t i) {
-  const uint2 bits = *reinterpret_cast<const uint2*>(p + i);
+// Four values as stored, as one access moves them: two pairs' 32 bits (f16, bf16) or four floats.
+// load4_stored reads them, widen4 turns them into floats, load4 does both. A kernel that has
+// several loads in flight before it uses the first holds them as stored: half the registers for
+// 16-bit values.
+template <class T> using Stored4 = std::conditional_t<sizeof(T) == 2, uint2, float4>;
+template <class T> __device__ __forceinline__ Stored4<T> load4_stored(const T* p, int64_t i) {
+  return *reinterpret_cast<const Stored4<T>*>(p + i);
+}
+template <class T> __device__ Float4 widen4(const Stored4<T>& stored);
+template <> __device__ __forceinline__ Float4 widen4<float>(const float4& q) {
+  return {{q.x, q.y, q.z, q.w}};
+}
+template <> __device__ __forceinline__ Float4 widen4<__half>(const uint2& bits) {
   const float2 lo = half_pair_to_float2(bits.x), hi = half_pair_to_float2(bits.y);
   return {{lo.x, lo.y, hi.x, hi.y}};
 }
 // A bf16 is the high half of the float it widens to: each value is its 16 bits shifted into place.
-__device__ __forceinline__ Float4 load4(const __nv_bfloat16* p, int64_t i) {
-  const uint2 bits = *reinterpret_cast<const uint2*>(p + i);
+template <> __device__ __forceinline__ Float4 widen4<__nv_bfloat16>(const uint2& bits) {
   return {{__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xffff0000u),
            __uint_as_float(bits.y << 16), __uint_as_float(bits.y & 0xffff0000u)}};
+}
+template <class T> __device__ __forceinline__ Float4 load4(const T* p, int64_t i) {
+  return widen4<T>(load4_stored(p, i));
 }
 __device__ __forceinline__ void store4(float* p, int64_t i, const Float4& f) {
   *reinterpret_cast<float4*>(p + i) = make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);

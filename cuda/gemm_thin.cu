@@ -431,10 +431,10 @@ constexpr int kCachedChunks = 2;
 constexpr int kCachedK = 4 * 32 * kCachedChunks;
 constexpr int kRowsInFlight = 4;
 
-// The same for a packed A whose K is at most kCachedK: each lane reads the B values (and the
-// batch norm parameters) of its k once, into registers, for every row the warp takes, and loads
-// kRowsInFlight consecutive rows before it sums the first (one row's 8 or 16 bytes a lane left
-// too few loads in flight to cover the memory's latency); the same products summed in the same
+// The same for a packed A whose K is at most kCachedK (and not 0): each lane reads the B values
+// (and the batch norm parameters) of its k once, into registers, for every row the warp takes,
+// and loads kRowsInFlight consecutive rows before it sums the first (one row's 8 or 16 bytes a lane
+// left too few loads in flight to cover the memory's latency); the same products summed in the same
 // order as gemm_thin_n_rows_kernel.
 template <bool kTransB, bool kNormalized, class T, class CT>
 __global__ void __launch_bounds__(kThreads)
@@ -458,27 +458,33 @@ __global__ void __launch_bounds__(kThreads)
         mean[i][e] = nz.mean[kk], invstd[i][e] = nz.invstd[kk];
       }
     }
+  // No load carries a condition of its own (a conditional load is converted as it arrives, and
+  // the next one issued only then): a lane's chunk past K loads the row's last chunk instead, and a
+  // row past M the last row, both never used.
+  int loaded[kCachedChunks]; // the k of each chunk's load
+#pragma unroll
+  for (int i = 0; i < kCachedChunks; ++i) loaded[i] = min(4 * lane + 4 * 32 * i, k - 4);
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   const int64_t first_row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32 * kRowsInFlight;
   for (int64_t row0 = first_row; row0 < m; row0 += warps * kRowsInFlight) {
-    Float4 v[kRowsInFlight][kCachedChunks];
+    Stored4<T> v[kRowsInFlight][kCachedChunks];
 #pragma unroll
-    for (int r = 0; r < kRowsInFlight; ++r)
+    for (int r = 0; r < kRowsInFlight; ++r) {
+      const T* a_row = a + min(row0 + r, int64_t(m) - 1) * k;
 #pragma unroll
-      for (int i = 0; i < kCachedChunks; ++i) {
-        const int kk = 4 * lane + 4 * 32 * i; // K is a multiple of 4: a chunk is whole or past K
-        v[r][i] = row0 + r < m && kk < k ? load4(a + (row0 + r) * k, kk) : Float4{};
-      }
+      for (int i = 0; i < kCachedChunks; ++i) v[r][i] = load4_stored(a_row, loaded[i]);
+    }
 #pragma unroll
     for (int r = 0; r < kRowsInFlight; ++r) {
       if (row0 + r >= m) break;
       float acc[kThinN] = {};
 #pragma unroll
       for (int i = 0; i < kCachedChunks; ++i) {
-        if (4 * lane + 4 * 32 * i >= k) continue;
+        if (4 * lane + 4 * 32 * i >= k) continue; // K is a multiple of 4: whole chunks
+        const Float4 values = widen4<T>(v[r][i]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float value = v[r][i].v[e];
+          float value = values.v[e];
           if constexpr (kNormalized)
             value = as_stored<T>(batchnorm_normalized(value, gamma[i][e], beta[i][e], mean[i][e],
                                                       invstd[i][e], nz.relu));
@@ -583,7 +589,7 @@ template <bool kTransA, bool kTransB, class T, class CT> void launch(const GemmA
     const BatchNormChannels& nz = args.a.normalization;
     const auto rows = [&](auto normalized) {
       constexpr bool kNormalized = decltype(normalized)::value;
-      if (packed && k <= kCachedK)
+      if (packed && k > 0 && k <= kCachedK)
         gemm_thin_n_rows_cached_kernel<kTransB, kNormalized, T, CT>
             <<<grid_for((args.m + kRowsInFlight - 1) / kRowsInFlight * 32, kThreads), kThreads, 0,
                stream()>>>(a, nz, b, c, m, n, k, args.epilogue);
