@@ -27,6 +27,7 @@
 // Plain and transposed matrices otherwise: the conv views with such shapes are 1x1 convs, which
 // the conv ops pass as plain matrices.
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "device.cuh"
@@ -39,10 +40,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Element (i, k) of op(A) [M, K] and (k, j) of op(B) [K, N], from their stored layouts.
-template <bool kTransA, class T>
-__device__ __forceinline__ float a_at(const T* a, int m, int k, int i, int kk) {
-  return load_f(a, kTransA ? int64_t(kk) * m + i : int64_t(i) * k + kk);
+// Where element (i, k) of op(A) [M, K] is stored, and element (k, j) of op(B) [K, N] widened, from
+// their stored layouts.
+template <bool kTransA>
+__device__ __forceinline__ int64_t a_index(int m, int k, int64_t i, int kk) {
+  return kTransA ? int64_t(kk) * m + i : i * k + kk;
 }
 template <bool kTransB, class T>
 __device__ __forceinline__ float b_at(const T* b, int k, int n, int kk, int j) {
@@ -71,27 +73,31 @@ template <bool kTransB, class T> struct ThinColumns {
   }
 };
 
-// a_row[kk] = op(A)[row, kk] for kk < k, 0 after.
+// a_row[kk] = op(A)[row, kk] as stored for kk < k, 0 after: held as stored, and widened where
+// thin_row_products uses it, so that a thread with several rows in flight issues all their loads
+// before it waits for the first (a value widened as it loads is waited for there).
 template <bool kTransA, class T>
 __device__ __forceinline__ void load_thin_row(const T* a, int m, int k, int64_t row,
-                                              float (&a_row)[kThinK]) {
+                                              T (&a_row)[kThinK]) {
 #pragma unroll
-  for (int kk = 0; kk < kThinK; ++kk)
-    a_row[kk] = kk < k ? a_at<kTransA>(a, m, k, int(row), kk) : 0.0f;
+  for (int kk = 0; kk < kThinK; ++kk) a_row[kk] = kk < k ? a[a_index<kTransA>(m, k, row, kk)] : T{};
 }
 
 // acc[e] = sum over kk < k of a_row[kk] * b_value(e, kk), in k order, for the columns before N
-// (b_value(e, kk): op(B) at (kk, col + e)).
-template <class BValue>
-__device__ __forceinline__ void thin_row_products(const float (&a_row)[kThinK], int k, int n,
-                                                  int col, const BValue& b_value, float (&acc)[4]) {
+// (a_row as load_thin_row stores it; b_value(e, kk): op(B) at (kk, col + e)).
+template <class T, class BValue>
+__device__ __forceinline__ void thin_row_products(const T (&a_row)[kThinK], int k, int n, int col,
+                                                  const BValue& b_value, float (&acc)[4]) {
+  float a_values[kThinK];
+#pragma unroll
+  for (int kk = 0; kk < kThinK; ++kk) a_values[kk] = load_f(a_row, kk);
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     acc[e] = 0.0f;
     if (col + e < n)
 #pragma unroll
       for (int kk = 0; kk < kThinK; ++kk)
-        if (kk < k) acc[e] += a_row[kk] * b_value(e, kk);
+        if (kk < k) acc[e] += a_values[kk] * b_value(e, kk);
   }
 }
 
@@ -137,20 +143,21 @@ struct ThinGradColumns {
   }
 };
 
-// xs[e] = the batch norm input x at (row, col + e) for the columns before N (C being that batch
-// norm's output gradient), read as one pack when `pack`.
+// The batch norm input x at (row, col + e), e < 4, as stored (0 past N; C being that batch norm's
+// output gradient), read as one pack when `pack`; widen4 gives the values. Held as stored for the
+// reason load_thin_row's row is.
 template <class CT>
-__device__ __forceinline__ void load_grad_x(const BatchNormGradient& grad, int n, int64_t row,
-                                            int col, bool pack, float (&xs)[4]) {
+__device__ __forceinline__ Stored4<CT> load_grad_x(const BatchNormGradient& grad, int n,
+                                                   int64_t row, int col, bool pack) {
   const CT* x = static_cast<const CT*>(grad.x) + row * n;
-  if (pack) {
-    const Float4 v = load4(x, col);
+  if (pack) return load4_stored(x, col);
+  CT values[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) xs[e] = v.v[e];
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) xs[e] = col + e < n ? load_f(x, col + e) : 0.0f;
-  }
+  for (int e = 0; e < 4; ++e) values[e] = col + e < n ? x[col + e] : CT{};
+  Stored4<CT> stored;
+  static_assert(sizeof stored == sizeof values, "four values as one pack stores them");
+  memcpy(&stored, values, sizeof stored);
+  return stored;
 }
 
 // Adds the batch norm gradient terms (batchnorm_grad_terms) of C[row, col + e] as stored (dy[e])
@@ -267,7 +274,8 @@ __global__ void __launch_bounds__(kThreads)
   int64_t row = first / groups;
   for (int group = int(first % groups); row < m;) {
     const int col = group * 4;
-    float a_row[kThinK], acc[4], bias[4];
+    T a_row[kThinK];
+    float acc[4], bias[4];
     load_thin_row<kTransA>(a, m, k, row, a_row);
     thin_row_products(
         a_row, k, n, col, [&](int e, int kk) { return b_at<kTransB>(b, k, n, kk, col + e); }, acc);
@@ -292,10 +300,13 @@ enum class ThinKFigures { none, grad_sums, moments, from_epilogue };
 // The steps whose loads a thread of the fixed-columns kernel has in flight, and the blocks per SM
 // it keeps for a K known at compile time: 4 steps in 4 blocks (64 registers, 32 warps); with the
 // gradient sums (K = 1 only: the input gradient of a conv with one output channel), whose x values
-// and batch norm vectors take 30 registers more, 4 steps in 2 blocks (128 registers; ptxas spills
-// on sm_80 with 85, even at 2 steps, and at K = 2); with the moments of an fp32 C, 3 blocks (85
+// and batch norm vectors take 30 registers more, 8 steps in 2 blocks (128 registers; ptxas spills
+// on sm_80 with 85, even at 2 steps, and at K = 2): its x rows are most of what it reads, and
+// 2 blocks of 4 steps had 20 KB a SM in flight; with the moments of an fp32 C, 3 blocks (85
 // registers: 64 spill).
-constexpr int kThinKRowsInFlight = 4;
+constexpr int thin_k_rows_in_flight(ThinKFigures figures) {
+  return figures == ThinKFigures::grad_sums ? 8 : 4;
+}
 constexpr int thin_k_blocks_per_sm(int k, ThinKFigures figures, int c_bytes) {
   if (k == 0) return 1;
   if (figures == ThinKFigures::grad_sums) return 2;
@@ -305,8 +316,8 @@ constexpr int thin_k_blocks_per_sm(int k, ThinKFigures figures, int c_bytes) {
 // The same when each thread keeps its 4 columns (thin_k_fixed_columns). Block b takes the rows
 // [b * tile_rows, (b + 1) * tile_rows) of C, kThreads / groups rows a step, each thread the same 4
 // columns in every step: it reads their B values, bias and batch norm vectors once, and loads the A
-// rows (and x) of kThinKRowsInFlight steps before it computes the first (one row's few bytes at a
-// time left each warp waiting a memory latency per step). With gradient sums it also adds up the
+// rows (and x) of thin_k_rows_in_flight steps before it computes the first (one row's few bytes at
+// a time left each warp waiting a memory latency per step). With gradient sums it also adds up the
 // columns' gradient terms as it stores them (x_pack: x's rows allow 4-element loads), with moments
 // their moments; the block then combines its threads' in order into its partials [blocks, 2, N].
 // kK > 0 is K known at compile time (K = 1 and 2, sine's two thin-K GEMMs: the loop then tests no
@@ -327,21 +338,24 @@ __global__ void __launch_bounds__(kThreads, thin_k_blocks_per_sm(kK, kFigures, i
   const int64_t rows = min(int64_t(m) - row_begin, tile_rows); // the block's
   const ThinColumns<kTransB, T> columns(b, k, n, col, ep);
   const ThinGradColumns channels(grad.channels, grad_sums ? n : 0, col); // none: no loads
-  float a_rows[kThinKRowsInFlight][kThinK], xs[kThinKRowsInFlight][4];
+  constexpr int kRowsInFlight = thin_k_rows_in_flight(kFigures);
+  T a_rows[kRowsInFlight][kThinK];
+  Stored4<CT> xs[kRowsInFlight];
   float first[4] = {}, second[4] = {}; // sums of dy_hat and dy_hat xhat, or mean and M2
   int count = 0;                       // rows stored
-  for_each_batched<kThinKRowsInFlight>(
+  for_each_batched<kRowsInFlight>(
       row_begin + threadIdx.x / groups, kThreads / groups, row_begin + rows,
       [&](int r, int64_t row) {
         load_thin_row<kTransA>(a, m, k, row, a_rows[r]);
-        if (grad_sums) load_grad_x<CT>(grad, n, row, col, x_pack, xs[r]);
+        if (grad_sums) xs[r] = load_grad_x<CT>(grad, n, row, col, x_pack);
       },
       [&](int r, int64_t row) {
         float acc[4];
         thin_row_products(
             a_rows[r], k, n, col, [&](int e, int kk) { return columns.b[e][kk]; }, acc);
         store_four(c, n, row, col, acc, columns.bias, ep, pack); // acc: the values as stored
-        if (grad_sums) add_grad_terms(grad, channels, n, col, xs[r], acc, first, second);
+        if (grad_sums)
+          add_grad_terms(grad, channels, n, col, widen4<CT>(xs[r]).v, acc, first, second);
         if (moments) add_moments(n, col, ++count, acc, first, second);
       });
   if (grad_sums) store_thin_grad_partials(first, second, n, grad.sums);
