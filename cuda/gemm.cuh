@@ -1130,6 +1130,49 @@ template <int BM, int BN, int kThreads, class CT> struct EpilogueColumns {
 // (EpilogueArgs::column_partials).
 enum class EpilogueSums { none, moments };
 
+// The P fp32 values of a pack of the staging tile at `at`, and back. For P = 8 (a 16-bit C) a pack
+// is two 16-byte halves, and a quarter warp's 8 lanes on consecutive packs of a row would start
+// two by two on the same banks (lane i at bank 8 i mod 32): lanes 4-7 of each quarter take their
+// upper half first, so that each of the two accesses is one conflict-free wavefront.
+template <int P> __device__ __forceinline__ bool upper_half_first() {
+  return P == 8 && threadIdx.x / 4 % 2 == 1;
+}
+template <int P> __device__ __forceinline__ void load_staged(const float* at, float (&v)[P]) {
+  if constexpr (P == 4) {
+    load_pack16(at, v);
+  } else {
+    const bool swap = upper_half_first<P>();
+    float first[4], second[4];
+    load_pack16(at + (swap ? 4 : 0), first);
+    load_pack16(at + (swap ? 0 : 4), second);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[e] = swap ? second[e] : first[e];
+      v[4 + e] = swap ? first[e] : second[e];
+    }
+  }
+}
+template <int P> __device__ __forceinline__ void store_staged(float* at, const float (&v)[P]) {
+  if constexpr (P == 4) {
+    store_pack16(at, v);
+  } else {
+    const bool swap = upper_half_first<P>();
+    float first[4], second[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      first[e] = swap ? v[4 + e] : v[e];
+      second[e] = swap ? v[e] : v[4 + e];
+    }
+    store_pack16(at + (swap ? 4 : 0), first);
+    store_pack16(at + (swap ? 0 : 4), second);
+  }
+}
+
+// The staged packs a thread of the packed epilogue loads before it stores the first: one at a
+// time, each row's arithmetic waited for its shared loads, and one block per SM (the large v5
+// tile) had no other warps to cover that.
+constexpr int kEpiloguePacksInFlight = 4;
+
 // The packed store loop: writes the block's BM x BN tile of C at (m0, n0) from the fp32
 // accumulators staged in shared memory (staging [BM][staging_ld], staging_ld a multiple of 4),
 // 16 bytes of C per thread and step: alpha/beta/bias/ReLU in fp32 on the pack, C read (beta != 0)
@@ -1159,53 +1202,52 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
       for (int e = 0; e < 4; ++e) bias[q + e] = part[e];
     }
   }
-  for (int idx = threadIdx.x; idx < BM * Columns::kPacksPerRow; idx += kThreads) {
-    const int r = idx / Columns::kPacksPerRow, col = idx % Columns::kPacksPerRow * P;
-    const int row = m0 + r, column = n0 + col;
-    if (row >= m || column >= n) continue;
-    float* acc = staging + r * staging_ld + col;
-    float v[P] = {}; // the pack as stored (constant indices only: a runtime one would put v in
-    int valid = P;   // local memory)
-    if (!packable) {
-      valid = min(P, n - column);
+  const auto slot = [&](int64_t idx) {
+    return staging + idx / Columns::kPacksPerRow * staging_ld + idx % Columns::kPacksPerRow * P;
+  };
+  float staged[kEpiloguePacksInFlight][P]; // constant indices only (a runtime one: local memory)
+  for_each_batched<kEpiloguePacksInFlight>(
+      threadIdx.x, kThreads, BM * Columns::kPacksPerRow,
+      [&](int b, int64_t idx) { load_staged(slot(idx), staged[b]); },
+      [&](int b, int64_t idx) {
+        const int row = m0 + int(idx / Columns::kPacksPerRow);
+        const int column = n0 + int(idx % Columns::kPacksPerRow) * P;
+        if (row >= m || column >= n) return;
+        float(&v)[P] = staged[b]; // becomes the pack as stored
+        int valid = P;
+        if (!packable) {
+          valid = min(P, n - column);
 #pragma unroll
-      for (int e = 0; e < P; ++e)
-        if (e < valid) v[e] = store_output(c, n, row, column + e, acc[e], ep);
-    } else {
-      float part[4];
+          for (int e = 0; e < P; ++e)
+            if (e < valid) v[e] = store_output(c, n, row, column + e, v[e], ep);
+        } else {
 #pragma unroll
-      for (int q = 0; q < P; q += 4) {
-        load_pack16(acc + q, part);
+          for (int e = 0; e < P; ++e) v[e] *= ep.alpha;
+          CT* out = c + int64_t(row) * n + column;
+          if (ep.beta != 0.0f) {
+            float old[P];
+            load_pack16(out, old);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[q + e] = ep.alpha * part[e];
-      }
-      CT* out = c + int64_t(row) * n + column;
-      if (ep.beta != 0.0f) {
-        float old[P];
-        load_pack16(out, old);
+            for (int e = 0; e < P; ++e) v[e] += ep.beta * old[e];
+          }
+          if (ep.bias)
 #pragma unroll
-        for (int e = 0; e < P; ++e) v[e] += ep.beta * old[e];
-      }
-      if (ep.bias)
+            for (int e = 0; e < P; ++e) v[e] += bias[e];
+          if (ep.relu)
 #pragma unroll
-        for (int e = 0; e < P; ++e) v[e] += bias[e];
-      if (ep.relu)
+            for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
+          store_pack16(out, v);
+          if constexpr (kSums != EpilogueSums::none)
 #pragma unroll
-        for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
-      store_pack16(out, v);
-      if constexpr (kSums != EpilogueSums::none)
+            for (int e = 0; e < P; ++e) v[e] = as_stored<CT>(v[e]);
+        }
+        if constexpr (kSums == EpilogueSums::moments) {
 #pragma unroll
-        for (int e = 0; e < P; ++e) v[e] = as_stored<CT>(v[e]);
-    }
-    if constexpr (kSums == EpilogueSums::moments) {
-#pragma unroll
-      for (int e = 0; e < P; ++e) {
-        if (e >= valid) continue;
-        sums[e] += v[e];
-        acc[e] = v[e];
-      }
-    }
-  }
+          for (int e = 0; e < P; ++e)
+            if (e < valid) sums[e] += v[e];
+          store_staged(slot(idx), v); // past N: never read out
+        }
+      });
 }
 
 // Puts each thread's two figures of its P columns into the staging tile, laid out as
@@ -1257,11 +1299,12 @@ __device__ __forceinline__ void store_tile_with_moments(float* staging, int stag
 #pragma unroll 4
   for (int r = g; r < rows; r += Columns::kGroups) {
     // This thread's own slots (no barrier); unrolled, so that 4 rows' loads are in flight together.
-    const float* slot = staging + r * staging_ld + col0;
+    float v[P];
+    load_staged(staging + r * staging_ld + col0, v);
 #pragma unroll
     for (int e = 0; e < P; ++e) {
-      const float centred = slot[e] - mean[e];
-      m2[e] = fmaf(centred, centred, m2[e]); // past N: slots never written, never read out
+      const float centred = v[e] - mean[e];
+      m2[e] = fmaf(centred, centred, m2[e]); // past N: slots never read out
     }
   }
   const float* figures = share_column_figures<BM, BN, kThreads, CT>(staging, mean, m2);
