@@ -1170,8 +1170,10 @@ template <int P> __device__ __forceinline__ void store_staged(float* at, const f
 
 // The staged packs a thread of the packed epilogue loads before it stores the first: one at a
 // time, each row's arithmetic waited for its shared loads, and one block per SM (the large v5
-// tile) had no other warps to cover that.
-constexpr int kEpiloguePacksInFlight = 4;
+// tile, 256 threads) had no other warps to cover that. Blocks of fewer threads run several per
+// SM and take one at a time (4 spill v3's 64x64 WMMA tiles, as normalize_tile_columns' unrolled
+// rows spill v2's).
+template <int kThreads> constexpr int kEpiloguePacksInFlight = kThreads >= 256 ? 4 : 1;
 
 // The packed store loop: writes the block's BM x BN tile of C at (m0, n0) from the fp32
 // accumulators staged in shared memory (staging [BM][staging_ld], staging_ld a multiple of 4),
@@ -1205,8 +1207,9 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
   const auto slot = [&](int64_t idx) {
     return staging + idx / Columns::kPacksPerRow * staging_ld + idx % Columns::kPacksPerRow * P;
   };
-  float staged[kEpiloguePacksInFlight][P]; // constant indices only (a runtime one: local memory)
-  for_each_batched<kEpiloguePacksInFlight>(
+  constexpr int kInFlight = kEpiloguePacksInFlight<kThreads>;
+  float staged[kInFlight][P]; // constant indices only (a runtime one: local memory)
+  for_each_batched<kInFlight>(
       threadIdx.x, kThreads, BM * Columns::kPacksPerRow,
       [&](int b, int64_t idx) { load_staged(slot(idx), staged[b]); },
       [&](int b, int64_t idx) {
