@@ -60,11 +60,14 @@ std::vector<GemmShape> all_shapes(const std::string& which) {
     shapes.push_back({"sine fwd", 262144, 256, 256, false, true, DType::f16, true});
     shapes.push_back({"sine dgrad", 262144, 256, 256, false, false, DType::f16, true});
     shapes.push_back({"sine wgrad", 256, 256, 262144, true, false, DType::f32});
-    // Its first and last 1x1 convs (2 -> 256 and 256 -> 1 channels) and the last one's input
-    // gradient: GEMMs too thin for tensor-core tiles (the library runs them on CUDA cores).
+    // Its first and last 1x1 convs (2 -> 256 and 256 -> 1 channels), the last one's input
+    // gradient and both weight gradients: GEMMs too thin for tensor-core tiles (the library runs
+    // them on CUDA cores).
     shapes.push_back({"sine conv in", 262144, 256, 2, false, true});
     shapes.push_back({"sine conv out", 262144, 1, 256, false, true});
     shapes.push_back({"sine conv out dgrad", 262144, 256, 1, false, false});
+    shapes.push_back({"sine conv in wgrad", 256, 2, 262144, true, false, DType::f32});
+    shapes.push_back({"sine conv out wgrad", 1, 256, 262144, true, false, DType::f32});
     // classify, batch 128 on 28x28: the forward im2col GEMMs M = N Ho Wo, N = Cout, K = 9 Cin.
     shapes.push_back({"classify conv1", 128 * 28 * 28, 32, 9, false, true});
     shapes.push_back({"classify conv2", 128 * 14 * 14, 32, 288, false, true});

@@ -20,7 +20,9 @@
 // lands in shared memory, so the batch norm's output is never written. The backward normalises x
 // again, into dx's storage (which the input gradient overwrites next) or a buffer of its own, for
 // a plain dw GEMM: normalising the B tiles in the GEMM made sine's weight gradients twice as slow
-// (each B element normalised by every row tile of dw, beside few MMAs a tile).
+// (each B element normalised by every row tile of dw, beside few MMAs a tile). A conv with few
+// output channels is the exception: its dw GEMM runs on CUDA cores as one pass over x
+// (gemm_thin_c.cu), which normalises each value as it loads it.
 // Operands of mixed dtypes (allowed, as on the CPU) are converted to f32 first, and so are 16-bit
 // operands whose 16-bit output is in the other format.
 #include <initializer_list>
@@ -220,17 +222,41 @@ void input_gradient(const Tensor& x, const Tensor& w, const Tensor& dy, const Co
     }
 }
 
-// dw[Cout, K] += dy^T @ im2col(x).
-void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw) {
+// The GEMM dw[Cout, K] += dy^T @ op(x), op(x) [N*Ho*Wo, K] being `input` (input_operand) in
+// `dtype`, dy's too.
+GemmArgs weight_gradient_args(const GemmOperand& input, const Tensor& dy, const ConvGeometry& g,
+                              Tensor& dw, DType dtype) {
   GemmArgs args;
   args.a = output_grad_operand(dy, true); // dy^T: [Cout, N*Ho*Wo]
-  args.b = input_operand(x, g);           // [N*Ho*Wo, K]
-  args.ab_dtype = x.dtype();
+  args.b = input;
+  args.ab_dtype = dtype;
   args.c = dw.raw();
   args.c_dtype = DType::f32;
   args.m = dw.shape()[0], args.n = g.patch(), args.k = g.out_pixels();
   args.epilogue.beta = 1.0f; // accumulate
-  run_gemm(args);
+  return args;
+}
+
+// dw[Cout, K] += dy^T @ im2col(x).
+void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw) {
+  run_gemm(weight_gradient_args(input_operand(x, g), dy, g, dw, x.dtype()));
+}
+
+// The same with x batch-normalised per `norm` (a pointwise conv that normalised x as it loaded
+// it), in `dtype`: by the thin-C GEMM as it loads x where that kernel runs the GEMM (few output
+// channels over many pixels: runs_thin_c_gemm), else normalised again into dx's storage when it
+// has x's dtype (the input gradient overwrites it next) or a buffer of its own, for a plain GEMM.
+void normalized_weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g,
+                                const InputNormalization& norm, DType dtype, Tensor& dx,
+                                Tensor& dw) {
+  const GemmArgs args = weight_gradient_args(input_operand(x, g, &norm), dy, g, dw, dtype);
+  if (x.dtype() == dtype && runs_thin_c_gemm(args)) return run_gemm(args);
+  Tensor normalized = dx.defined() && dx.dtype() == x.dtype()
+                          ? dx
+                          : Tensor::empty(x.shape(), x.dtype(), Device::cuda);
+  batchnorm_normalize(x.raw(), normalized.raw(), x.dtype(), x.shape().rows(), g.channels,
+                      batchnorm_channels(norm), "conv2d_backward");
+  weight_gradient(as_dtype(normalized, dtype), dy, g, dw);
 }
 
 } // namespace
@@ -244,7 +270,7 @@ bool conv2d_normalizes_on_load(const Tensor& x, const Tensor& w, const ConvParam
   // Thin GEMMs (a first or last layer's few channels) have their own kernels, which normalise
   // the A operand of a thin N only (a last layer's few output channels, thin_gemm_applies): a
   // conv with few input channels keeps its unfused input. (The weight gradient reads x
-  // normalised again and written out, whatever its shape.)
+  // normalised again and written out, or, for few output channels, normalised as it loads.)
   if (xs[3] <= kThinK) return false;
   if (!is_half_precision(x.dtype())) return true; // the SIMT kernel
   const GemmVersion version = plan_version(gemm_version(), compute_capability());
@@ -283,17 +309,10 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
   const DType dtype = common_dtype({&x, &w, &dy}, dx.defined() ? &dx : nullptr);
   const Tensor dy_in = as_dtype(dy, dtype);
   if (dw.defined()) {
-    if (input_norm) {
-      // x normalised again, into dx when it has x's dtype: the input gradient overwrites it next.
-      Tensor normalized = dx.defined() && dx.dtype() == x.dtype()
-                              ? dx
-                              : Tensor::empty(x.shape(), x.dtype(), Device::cuda);
-      batchnorm_normalize(x.raw(), normalized.raw(), x.dtype(), d.n * d.h * d.w, int(d.cin),
-                          batchnorm_channels(*input_norm), "conv2d_backward");
-      weight_gradient(as_dtype(normalized, dtype), dy_in, g, dw);
-    } else {
+    if (input_norm)
+      normalized_weight_gradient(x, dy_in, g, *input_norm, dtype, dx, dw);
+    else
       weight_gradient(as_dtype(x, dtype), dy_in, g, dw);
-    }
   }
   if (dx.defined()) input_gradient(x, as_dtype(w, dtype), dy_in, g, dx, input_norm);
 }

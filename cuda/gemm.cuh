@@ -90,8 +90,9 @@ enum class OperandKind {
   col2im,     // the col2im matrix [phase pixels, phase taps * Cout] of a conv output gradient dy,
               // gathered on the fly: dx = col2im(dy) @ w_phase [phase taps * Cout, Cin] (conv
               // input gradient, one stride phase at a time)
-  normalized, // row-major [rows, cols] used as is (A only), each column batch-normalised as its
-              // tiles land in shared memory (GemmOperand::normalization)
+  normalized, // row-major [rows, cols] used as is, each column batch-normalised as its tiles
+              // land in shared memory (GemmOperand::normalization): A, or the wide B of a thin-C
+              // GEMM (runs_thin_c_gemm)
 };
 
 // The largest M, N, K (and im2col extent) a GEMM takes: the kernels index in int, and their tile
@@ -194,7 +195,8 @@ struct GemmArgs {
 // pairs: any of matrix/transposed for both, (im2col, transposed) for the conv forward,
 // (transposed, im2col) for the conv weight gradient and (col2im, matrix) for its input gradient;
 // and for a pointwise conv whose input is batch-normalised as it loads, (normalized, transposed)
-// for the forward (not in v1 and v3).
+// for the forward (not in v1 and v3), and (transposed, normalized) for a weight gradient that
+// runs_thin_c_gemm takes.
 // tensor_core_gemm runs the version gemm_version() names, or the one the planner picks for
 // `automatic` (gemm_plan.h); a version that cannot run the GEMM (v1 and v3 take plain f16
 // matrices only; v4, v5 and bf16 need sm_80) is an error naming it.
@@ -246,13 +248,27 @@ inline bool thin_gemm_applies(const GemmArgs& args) {
 }
 void thin_gemm(const GemmArgs& args);
 
+// GEMMs whose C is a few rows or columns over a long K (gemm_thin_c.cu, is_thin_c_gemm in
+// gemm_plan.h), run when gemm_version() is automatic: A transposed, B untransposed; B may also be
+// normalised when it is the wide one (M thin: the weight gradient of a conv with few output
+// channels, whose input the conv batch-normalised as it loaded it).
+inline bool runs_thin_c_gemm(const GemmArgs& args) {
+  const bool b_ok = args.b.kind == OperandKind::matrix ||
+                    (args.b.kind == OperandKind::normalized && args.m <= kThinN);
+  return gemm_version() == GemmVersion::automatic && args.a.kind == OperandKind::transposed &&
+         b_ok && is_thin_c_gemm(args.m, args.n, args.k);
+}
+void thin_c_gemm(const GemmArgs& args);
+
 // Picks the kernel: a thin GEMM on CUDA cores (unless a tensor-core version is forced), else by
 // the operands' dtype.
 inline void run_gemm(const GemmArgs& args) {
   require(!args.batchnorm_grad.sums || (args.batchnorm_grad.x && !args.column_moments), "gemm",
           "batch norm gradient sums need the batch norm's input x, and no column moments beside "
           "them (internal error)");
-  if (gemm_version() == GemmVersion::automatic && thin_gemm_applies(args))
+  if (runs_thin_c_gemm(args))
+    thin_c_gemm(args);
+  else if (gemm_version() == GemmVersion::automatic && thin_gemm_applies(args))
     thin_gemm(args);
   else if (is_half_precision(args.ab_dtype))
     tensor_core_gemm(args);

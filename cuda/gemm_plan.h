@@ -118,6 +118,16 @@ inline bool is_thin_gemm(int64_t m, int64_t n, int64_t k) {
   return k <= kThinK || (n <= kThinN && m >= kThinNMinRows);
 }
 
+// GEMMs whose C is at most kThinN rows or columns (and at most kThinCMaxWide the other way)
+// summed over a K of at least kThinCMinK, which run on CUDA cores as a column reduction when A is
+// transposed and B not (cuda/gemm_thin_c.cu): a weight gradient dw = dy^T @ x over every pixel of
+// a batch, of a conv with few output or input channels. A tensor-core tile would pad the thin side
+// to 64 and split K, for what is one pass over the wide operand.
+constexpr int64_t kThinCMinK = 4096, kThinCMaxWide = 65536;
+inline bool is_thin_c_gemm(int64_t m, int64_t n, int64_t k) {
+  return std::min(m, n) <= kThinN && std::max(m, n) <= kThinCMaxWide && k >= kThinCMinK;
+}
+
 // The compute capability (major * 10 + minor) mma.sync.m16n8k16 needs.
 constexpr int kMmaSyncCapability = 80;
 

@@ -185,9 +185,17 @@ TEST(GemmPlan, VersionsRefuseWhatTheyCannotRunNamingWhy) {
 }
 
 // The sine net's first conv (K = 2), its last conv (N = 1) and that conv's input gradient (K = 1)
-// run on CUDA cores; its weight gradients over 262144 pixels (M = 256, N = 2; M = 1) stay on the
-// tensor cores, split over K, as do its hidden convs.
+// run on CUDA cores as thin GEMMs; its weight gradients over 262144 pixels (M = 256, N = 2;
+// M = 1, N = 256) as thin-C GEMMs; its hidden convs on the tensor cores.
 TEST(GemmPlan, ThinGemmsAreSinesFirstAndLastConvs) {
+  EXPECT_TRUE(is_thin_c_gemm(256, 2, 262144));
+  EXPECT_TRUE(is_thin_c_gemm(1, 256, 262144));
+  EXPECT_TRUE(is_thin_c_gemm(4, 4, kThinCMinK));
+  EXPECT_FALSE(is_thin_c_gemm(256, 2, kThinCMinK - 1)) << "a short K: split K keeps SMs busy";
+  EXPECT_FALSE(is_thin_c_gemm(256, 5, 262144)) << "5 columns: the tensor cores";
+  EXPECT_FALSE(is_thin_c_gemm(256, 256, 262144)) << "the hidden convs' weight gradients";
+  EXPECT_FALSE(is_thin_c_gemm(1, kThinCMaxWide + 1, 262144));
+  EXPECT_FALSE(is_thin_c_gemm(262144, 1, 256)) << "the last conv's forward: thin N";
   EXPECT_TRUE(is_thin_gemm(262144, 256, 2));
   EXPECT_TRUE(is_thin_gemm(262144, 1, 256));
   EXPECT_TRUE(is_thin_gemm(262144, 256, 1));

@@ -265,6 +265,35 @@ TEST(GpuGemm, ThinShapesOnCudaCores) {
     }
 }
 
+// GEMMs whose C is at most 4 rows or columns over K >= 4096, A transposed and B not, run on CUDA
+// cores as a column reduction (cuda/gemm_thin_c.cu; the weight gradients of a conv with few output
+// or input channels): one row of C (packed loads of B's 256 columns; 37 columns unpacked) or 2-4
+// columns (A's 64 or 130 columns), both output dtypes, the whole epilogue with beta accumulating;
+// a wide side of 1100 columns, more than one block's 256 packs; and K = 4095, one short of it, on
+// the tensor cores.
+TEST(GpuGemm, ThinCOnCudaCores) {
+  MINAMP_REQUIRE_GPU();
+  uint64_t seed = 7700;
+  for (const DTypePair& d : kDTypePairs) {
+    for (int64_t n : {256, 37})
+      expect_matches_cpu(GemmCase{1, n, 4100, true, false, d.ab, d.c, 0.5f, 1.0f, true, false},
+                         ++seed);
+    for (int64_t m : {64, 130})
+      for (int64_t n : {2, 3, 4})
+        expect_matches_cpu(
+            GemmCase{m, n, 5003, true, false, d.ab, d.c, 1.0f, n == 3 ? 0.0f : -1.0f, true, true},
+            ++seed);
+  }
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    expect_matches_cpu(
+        GemmCase{1100, 1, 4096, true, false, dtype, DType::f32, 1.0f, 1.0f, false, false}, ++seed);
+    expect_matches_cpu(
+        GemmCase{3, 1100, 4096, true, false, dtype, DType::f32, 1.0f, 1.0f, false, false}, ++seed);
+    expect_matches_cpu(
+        GemmCase{2, 256, 4095, true, false, dtype, DType::f32, 1.0f, 1.0f, false, false}, ++seed);
+  }
+}
+
 // Enough rows that the thin-K kernels' threads take several grid-stride steps (the grid stops at
 // 32 blocks of 256 threads per SM): a thread's columns move from step to step when N / 4 does not
 // divide 256 (N = 100, the walk wrapping past a row's end: its 25 groups do not divide the
