@@ -59,9 +59,10 @@ template <class... T> int pack_for(int channels, const BatchNormChannels& bn, co
 }
 
 // The parameters and statistics of kPack consecutive channels from c on, one 16-byte load each
-// for a pack.
+// for a pack (zeros when default-constructed: a thread with no channels).
 template <int kPack> struct ChannelValues {
-  float gamma[kPack], beta[kPack], mean[kPack], invstd[kPack];
+  float gamma[kPack] = {}, beta[kPack] = {}, mean[kPack] = {}, invstd[kPack] = {};
+  ChannelValues() = default;
   __device__ ChannelValues(const BatchNormChannels& bn, int c) {
     load_pack(bn.gamma, c, gamma);
     load_pack(bn.beta, c, beta);

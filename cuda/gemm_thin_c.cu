@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "channel_packs.cuh"
 #include "device.cuh"
 #include "gemm.cuh"
 #include "reduce.cuh"
@@ -88,19 +89,6 @@ __device__ __forceinline__ void load_thin(const T* t, int thin_cols, int64_t row
   for (int j = 0; j < kThinCols; ++j) values[j] = t[row * thin_cols + min(j, thin_cols - 1)];
 }
 
-// The batch norm parameters of a thread's kPack columns from col (none when not kNormalized or the
-// thread has no columns).
-template <int kPack, bool kNormalized> struct WideChannels {
-  float gamma[kPack] = {}, beta[kPack] = {}, mean[kPack] = {}, invstd[kPack] = {};
-  __device__ WideChannels(const BatchNormChannels& nz, int col, bool active) {
-    if (!kNormalized || !active) return;
-    load_pack<kPack>(nz.gamma, col, gamma);
-    load_pack<kPack>(nz.beta, col, beta);
-    load_pack<kPack>(nz.mean, col, mean);
-    load_pack<kPack>(nz.invstd, col, invstd);
-  }
-};
-
 // partials[blockIdx.x, j, c] = the sum over the block's rows of T[row, j] * W'[row, c] for its
 // columns c (W' = W, or W normalised per nz when kNormalized), j < s.thin_cols. kThinCols is 1
 // (t = 1) or kThinN (t up to kThinN).
@@ -114,7 +102,9 @@ __global__ void __launch_bounds__(kThreads,
   const bool active = lane < s.lane_rows && col < s.wide_cols;
   const int64_t row_begin = int64_t(blockIdx.x) * s.tile_rows;
   const int64_t row_end = active ? min(s.rows, row_begin + s.tile_rows) : row_begin;
-  const WideChannels<kPack, kNormalized> ch(nz, col, active);
+  ChannelValues<kPack> ch; // the batch norm vectors of the thread's columns, when it has any
+  if constexpr (kNormalized)
+    if (active) ch = ChannelValues<kPack>(nz, col);
   float sums[kThinCols][kPack] = {};
   WidePack<kPack, T> wide[kRowsInFlight];
   T thin[kRowsInFlight][kThinCols];
@@ -152,10 +142,10 @@ __global__ void __launch_bounds__(kThreads,
   __syncthreads();
   const int first_col = int(blockIdx.y) * width;
   for (int i = threadIdx.x; i < kThinCols * width; i += kThreads) {
-    const int j = i / width, c = first_col + i % width;
+    const int j = i / width, block_col = i % width, c = first_col + block_col;
     if (j >= s.thin_cols || c >= s.wide_cols) continue;
     float total = 0.0f;
-    for (int l = 0; l < s.lane_rows; ++l) total += staged[(l * kThinCols + j) * width + i % width];
+    for (int l = 0; l < s.lane_rows; ++l) total += staged[(l * kThinCols + j) * width + block_col];
     partials[(int64_t(blockIdx.x) * s.thin_cols + j) * s.wide_cols + c] = total;
   }
 }
@@ -196,7 +186,8 @@ ThinCShape thin_c_shape(int64_t rows, int wide_cols, int thin_cols, int pack, in
   const int64_t wanted =
       (int64_t(blocks_per_sm) * sm_count() + s.column_blocks - 1) / s.column_blocks;
   const int64_t most = std::max<int64_t>(1, rows / (kMinRowsPerThread * s.lane_rows));
-  const int64_t tile_rows = (rows + std::min(wanted, most) - 1) / std::min(wanted, most);
+  const int64_t row_blocks = std::min(wanted, most);
+  const int64_t tile_rows = (rows + row_blocks - 1) / row_blocks;
   s.tile_rows = (tile_rows + s.lane_rows - 1) / s.lane_rows * s.lane_rows;
   s.row_blocks = int((rows + s.tile_rows - 1) / s.tile_rows);
   return s;
