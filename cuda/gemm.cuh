@@ -1366,6 +1366,11 @@ __device__ __forceinline__ void store_tile_packed(float* staging, int staging_ld
 // ---------------------------------------------------------------------------------------------
 // Split-K: the sum of the fp32 partial C slices and the epilogue.
 
+// Slices whose partials a split_k_reduce_kernel thread loads before it adds the first: a thread
+// adds up to kMaxKSplits of them, and its loads taken a few at a time would wait an L2 latency
+// per few slices.
+constexpr int kSplitReduceBatch = 16;
+
 // C[row, col] = epilogue(partial[0, row, col] + ... + partial[splits - 1, row, col]), added in
 // slice order. partial [splits, M, N] f32, C [M, N].
 template <class CT>
@@ -1374,8 +1379,10 @@ __global__ void split_k_reduce_kernel(const float* __restrict__ partial, int spl
   const int64_t total = int64_t(m) * n;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < splits; ++s) acc += partial[s * total + idx];
+    float acc = 0.0f, values[kSplitReduceBatch];
+    for_each_batched<kSplitReduceBatch>(
+        0, 1, splits, [&](int b, int64_t s) { values[b] = partial[s * total + idx]; },
+        [&](int b, int64_t) { acc += values[b]; }); // in slice order
     store_output(c, n, int(idx / n), int(idx % n), acc, ep);
   }
 }
