@@ -1430,6 +1430,12 @@ inline void column_statistics_of_output(const GemmArgs& args) {
                         grad.channels, grad.sums, "gemm");
 }
 
+// The SM count the tile plans are made for: the GPU's, or the one set_gemm_planning_sms gives.
+inline int planning_sm_count() {
+  const int planned = gemm_planning_sms();
+  return planned > 0 ? planned : sm_count();
+}
+
 // The launch of one GEMM kernel family (WMMA or SIMT) for the operand pair OpA, OpB:
 // GemmLaunch<Family>::On<OpA, OpB>::run(args) launches the Large, Medium (if the family has one)
 // or Small configuration with K split or not as plan_gemm says, and picks C's storage type
@@ -1501,13 +1507,15 @@ template <class Family> struct GemmLaunch {
       if constexpr (HasMediumTiles<Family>::value) {
         using Medium = typename Family::Medium;
         plan = plan_gemm(args.m, args.n, args.k, tile<Large>(), tile<Medium>(), tile<Small>(),
-                         fits<Large>(), fits<Medium>(), sm_count());
+                         fits<Large>(), fits<Medium>(), planning_sm_count());
         if (plan.tiles == GemmTiles::medium) return whole_k<Medium>(args);
       } else {
         plan = plan_gemm(args.m, args.n, args.k, tile<Large>(), tile<Small>(), fits<Large>(),
-                         sm_count());
+                         planning_sm_count());
       }
-      if (plan.tiles == GemmTiles::large)
+      if (plan.tiles == GemmTiles::large && plan.split.splits > 1)
+        split_k<Large>(args, plan.split);
+      else if (plan.tiles == GemmTiles::large)
         whole_k<Large>(args);
       else if (plan.split.splits > 1)
         split_k<Small>(args, plan.split);

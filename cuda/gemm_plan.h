@@ -17,7 +17,9 @@
 // while C has only 16 tiles of 64x64 — would run on 16 of an H100's 132 SMs. Split-K cuts K
 // into `splits` slices of whole BK tiles: block z of the grid sums slice z into an fp32
 // partial C, and a second kernel adds the partials in slice order (deterministic: no atomics)
-// and applies the epilogue.
+// and applies the epilogue. The small tiles split to a few blocks per SM; v5's large tiles
+// (8 warps of 64x64) split to one block per SM where K is long enough that each slice walks as
+// many K tiles as a large GEMM's main loop does (plan_large_k_split).
 #pragma once
 
 #include <algorithm>
@@ -56,6 +58,23 @@ inline KSplit plan_k_split(int64_t tiles, int64_t k, int bk, int sm_count) {
   return {int((k_tiles + tiles_per_split - 1) / tiles_per_split), tiles_per_split * bk};
 }
 
+// The split of K over the large tiles of a three-tile kernel (v5: 8 warps of 64x64 a block, one
+// block per SM): about one block per SM, each slice at least kMinLargeTilesPerSplit BK tiles
+// (4096^3's blocks walk 64), else no split. A long K over a C of a few large tiles — sine's hidden
+// weight gradients, [256, 256] over 262144 pixels: 2 tiles of 128x256 split 66 ways — then runs
+// the warp tiles and main loop of the large GEMMs instead of the small tiles' 4 warps of 32x32.
+// Shorter K (ResNet-50's weight gradients at batch 64 would have at most 29 K tiles a slice) keeps
+// the small tiles' split.
+constexpr int64_t kMinLargeTilesPerSplit = 32;
+inline KSplit plan_large_k_split(int64_t tiles, int64_t k, int bk, int sm_count) {
+  const int64_t k_tiles = (k + bk - 1) / bk;
+  const int64_t splits = (sm_count + tiles - 1) / tiles;
+  if (tiles >= sm_count || splits > kMaxKSplits || k_tiles < splits * kMinLargeTilesPerSplit)
+    return {1, k};
+  const int64_t tiles_per_split = (k_tiles + splits - 1) / splits;
+  return {int((k_tiles + tiles_per_split - 1) / tiles_per_split), tiles_per_split * bk};
+}
+
 // The block tile of one kernel configuration: BM x BN of C, K walked BK at a time.
 struct BlockTile {
   int bm, bn, bk;
@@ -75,12 +94,20 @@ enum class GemmTiles { large, medium, small };
 
 struct GemmPlan {
   GemmTiles tiles = GemmTiles::small;
-  KSplit split; // always one slice with the large and medium tiles
+  KSplit split; // always one slice with the medium tiles
 };
 
 // The number of `tile`-sized blocks over C [m, n].
 inline int64_t tile_count(int64_t m, int64_t n, BlockTile tile) {
   return ((m + tile.bm - 1) / tile.bm) * ((n + tile.bn - 1) / tile.bn);
+}
+
+// Whether the large tiles pad C [m, n] by at most 25% more than the small tiles would.
+inline bool pads_little(int64_t m, int64_t n, BlockTile large, BlockTile small) {
+  const auto padded = [](int64_t size, int tile) { return (size + tile - 1) / tile * tile; };
+  const int64_t large_area = padded(m, large.bm) * padded(n, large.bn);
+  const int64_t small_area = padded(m, small.bm) * padded(n, small.bn);
+  return 4 * large_area <= 5 * small_area;
 }
 
 // The plan for C [m, n] summed over k on a GPU with `sm_count` SMs. The large tiles are taken
@@ -89,23 +116,26 @@ inline int64_t tile_count(int64_t m, int64_t n, BlockTile tile) {
 // otherwise the small tiles, with K split when they alone would leave SMs idle.
 inline GemmPlan plan_gemm(int64_t m, int64_t n, int64_t k, BlockTile large, BlockTile small,
                           bool large_fits, int sm_count) {
-  const auto padded = [](int64_t size, int tile) { return (size + tile - 1) / tile * tile; };
-  const int64_t large_area = padded(m, large.bm) * padded(n, large.bn);
-  const int64_t small_area = padded(m, small.bm) * padded(n, small.bn);
-  if (tile_count(m, n, large) >= sm_count && 4 * large_area <= 5 * small_area && large_fits)
+  if (tile_count(m, n, large) >= sm_count && pads_little(m, n, large, small) && large_fits)
     return {GemmTiles::large, KSplit{1, k}};
   return {GemmTiles::small, plan_k_split(tile_count(m, n, small), k, small.bk, sm_count)};
 }
 
 // The plan for a kernel with a third, medium configuration between the large and the small one:
 // the large tiles when plan_gemm takes them over the small ones, else the medium tiles when
-// plan_gemm would take those, else the small ones (with K split as plan_gemm says).
+// plan_gemm would take those; else, where the small tiles would split K, the large tiles with K
+// split when plan_large_k_split splits it (and they pad little and fit); else the small ones
+// (with K split as plan_gemm says).
 inline GemmPlan plan_gemm(int64_t m, int64_t n, int64_t k, BlockTile large, BlockTile medium,
                           BlockTile small, bool large_fits, bool medium_fits, int sm_count) {
   const GemmPlan with_large = plan_gemm(m, n, k, large, small, large_fits, sm_count);
   if (with_large.tiles == GemmTiles::large) return with_large;
   const GemmPlan with_medium = plan_gemm(m, n, k, medium, small, medium_fits, sm_count);
   if (with_medium.tiles == GemmTiles::large) return {GemmTiles::medium, KSplit{1, k}};
+  if (with_medium.split.splits > 1 && large_fits && pads_little(m, n, large, small)) {
+    const KSplit split = plan_large_k_split(tile_count(m, n, large), k, large.bk, sm_count);
+    if (split.splits > 1) return {GemmTiles::large, split};
+  }
   return with_medium;
 }
 

@@ -1,4 +1,5 @@
-// The process-wide choice of tensor-core GEMM version (see gemm_version.h).
+// The process-wide choice of tensor-core GEMM version and of the SM count its planner plans for
+// (see gemm_version.h).
 #include "kernels/gemm_version.h"
 
 #include <atomic>
@@ -28,6 +29,11 @@ std::atomic<GemmVersion>& selected() {
   return version;
 }
 
+std::atomic<int>& planning_sms() {
+  static std::atomic<int> sms{0};
+  return sms;
+}
+
 } // namespace
 
 const char* gemm_version_name(GemmVersion version) {
@@ -50,5 +56,11 @@ std::optional<GemmVersion> parse_gemm_version(const std::string& name) {
 
 GemmVersion gemm_version() { return selected().load(std::memory_order_relaxed); }
 void set_gemm_version(GemmVersion version) { selected().store(version, std::memory_order_relaxed); }
+
+int gemm_planning_sms() { return planning_sms().load(std::memory_order_relaxed); }
+void set_gemm_planning_sms(int sms) {
+  require(sms >= 0, "gemm", "the planning SM count must be 0 (the GPU's) or positive, got ", sms);
+  planning_sms().store(sms, std::memory_order_relaxed);
+}
 
 } // namespace minamp

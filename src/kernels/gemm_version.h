@@ -30,18 +30,25 @@ std::optional<GemmVersion> parse_gemm_version(const std::string& name);
 GemmVersion gemm_version();
 void set_gemm_version(GemmVersion version);
 
-// Sets a version for the lifetime of the object, then puts the previous one back.
-class ScopedGemmVersion {
+// The SM count the GEMM planner (cuda/gemm_plan.h) plans for: 0, the default, plans for the GPU's
+// own; a positive count plans as if the GPU had that many SMs, so that a small problem takes the
+// plan a larger GPU gives a large one (tests, and reading plans on the emulator). Process-wide.
+int gemm_planning_sms();
+void set_gemm_planning_sms(int sms);
+
+// Sets a process-wide GEMM setting (get, set) for the lifetime of the object, then puts the
+// previous value back.
+template <class T, T (*get)(), void (*set)(T)> class ScopedGemmSetting {
 public:
-  explicit ScopedGemmVersion(GemmVersion version) : previous_(gemm_version()) {
-    set_gemm_version(version);
-  }
-  ~ScopedGemmVersion() { set_gemm_version(previous_); }
-  ScopedGemmVersion(const ScopedGemmVersion&) = delete;
-  ScopedGemmVersion& operator=(const ScopedGemmVersion&) = delete;
+  explicit ScopedGemmSetting(T value) : previous_(get()) { set(value); }
+  ~ScopedGemmSetting() { set(previous_); }
+  ScopedGemmSetting(const ScopedGemmSetting&) = delete;
+  ScopedGemmSetting& operator=(const ScopedGemmSetting&) = delete;
 
 private:
-  GemmVersion previous_;
+  T previous_;
 };
+using ScopedGemmVersion = ScopedGemmSetting<GemmVersion, gemm_version, set_gemm_version>;
+using ScopedGemmPlanningSms = ScopedGemmSetting<int, gemm_planning_sms, set_gemm_planning_sms>;
 
 } // namespace minamp

@@ -4,6 +4,9 @@
 // SMs idle and K is long enough to share out; and which versions refuse which GEMMs on which GPUs.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <vector>
+
 #include "gemm_plan.h"
 
 namespace minamp::gpu {
@@ -128,12 +131,15 @@ TEST(GemmPlan, SineAndGemmBenchShapes) {
   EXPECT_EQ(square.split.splits, 1);
 }
 
+// v5's plan (three tiles) for one shape on a GPU with `sm_count` SMs.
+GemmPlan v5_plan(int64_t m, int64_t n, int64_t k, int sm_count = kH100Sms) {
+  return plan_gemm(m, n, k, kMultistageLargeTile, kMmaLargeTile, kMmaSmallTile, true, true,
+                   sm_count);
+}
+
 // v5 plans over three tiles: 128x256 where they fill the SMs, else 128x128, else 64x64.
 TEST(GemmPlan, MultistageTakesItsMediumTilesWhereTheLargeOnesLeaveSmsIdle) {
-  const auto v5 = [](int64_t m, int64_t n, int64_t k) {
-    return plan_gemm(m, n, k, kMultistageLargeTile, kMmaLargeTile, kMmaSmallTile, true, true,
-                     kH100Sms);
-  };
+  const auto v5 = [](int64_t m, int64_t n, int64_t k) { return v5_plan(m, n, k); };
   EXPECT_EQ(v5(4096, 4096, 4096).tiles, GemmTiles::large) << "512 tiles of 128x256";
   EXPECT_EQ(v5(262144, 256, 256).tiles, GemmTiles::large) << "sine's forward: 2048 tiles";
   EXPECT_EQ(v5(2048, 2048, 2048).tiles, GemmTiles::medium) << "128 large, 256 medium tiles";
@@ -152,6 +158,61 @@ TEST(GemmPlan, MultistageTakesItsMediumTilesWhereTheLargeOnesLeaveSmsIdle) {
   EXPECT_EQ(thin.tiles, GemmTiles::small);
   EXPECT_EQ(thin.split.splits,
             plan_gemm(256, 64, 262144, kMmaLargeTile, kMmaSmallTile, true, kH100Sms).split.splits);
+}
+
+// With few tiles over C and a long K, v5 splits K on its large tiles, about one block per SM, each
+// slice at least kMinLargeTilesPerSplit K tiles: sine's hidden weight gradients. Shorter K keeps
+// the small tiles' split: ResNet-50's weight gradients at batch 64, and sine's at 128^2.
+TEST(GemmPlan, MultistageSplitsKOnItsLargeTilesWhereKIsLong) {
+  const GemmPlan dw = v5_plan(256, 256, 512 * 512);
+  EXPECT_EQ(dw.tiles, GemmTiles::large);
+  EXPECT_EQ(dw.split.splits, 66) << "2 tiles of 128x256 on 132 SMs";
+  EXPECT_EQ(dw.split.k_per_split, 63 * 64) << "4096 K tiles of 64 in slices of 63";
+  const GemmPlan short_k = v5_plan(256, 256, 128 * 128);
+  EXPECT_EQ(short_k.tiles, GemmTiles::small) << "256 K tiles: 3.9 a slice of 66";
+  EXPECT_EQ(short_k.split.splits, plan_k_split(16, 128 * 128, kMmaSmallTile.bk, kH100Sms).splits);
+  EXPECT_EQ(v5_plan(256, 256, 512 * 512, 4).tiles, GemmTiles::medium)
+      << "4 medium tiles give 4 SMs a block: no split";
+  EXPECT_EQ(v5_plan(64, 256, 512 * 512).tiles, GemmTiles::small) << "M = 64 pads 128-high tiles";
+  // GpuGemmVersions.MultistageSplitsKOnLargeTiles' shape: one large tile on 9 SMs, 289 K tiles in 9
+  // slices.
+  const GemmPlan test = v5_plan(100, 200, 18469, 9);
+  EXPECT_EQ(test.tiles, GemmTiles::large);
+  EXPECT_EQ(test.split.splits, 9);
+  EXPECT_EQ(test.split.k_per_split, 33 * 64);
+
+  // ResNet-50 at batch 64: dw [Cout, Cin * kh * kw] over the batch's output pixels, every conv.
+  std::vector<std::array<int64_t, 3>> resnet = {{64, 3 * 49, 64 * 112 * 112}};
+  int64_t in = 64;
+  for (auto [blocks, width, size] :
+       {std::array<int64_t, 3>{3, 64, 56}, {4, 128, 28}, {6, 256, 14}, {3, 512, 7}})
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t size_in = b == 0 && width != 64 ? 2 * size : size; // stride 2 on the 3x3
+      resnet.push_back({width, in, 64 * size_in * size_in});
+      resnet.push_back({width, 9 * width, 64 * size * size});
+      resnet.push_back({4 * width, width, 64 * size * size});
+      if (b == 0) resnet.push_back({4 * width, in, 64 * size * size});
+      in = 4 * width;
+    }
+  for (const auto& [m, n, k] : resnet)
+    EXPECT_FALSE(v5_plan(m, n, k).tiles == GemmTiles::large && v5_plan(m, n, k).split.splits > 1)
+        << "ResNet-50 dw [" << m << ", " << n << "] over " << k;
+
+  // Every large-tile split: whole K tiles, long slices, none empty, covering K, about one
+  // block per SM.
+  for (int sm_count : {9, 80, kH100Sms})
+    for (int64_t m : {100, 256, 300})
+      for (int64_t k : {18469, 262144, 999999}) {
+        const GemmPlan plan = v5_plan(m, 256, k, sm_count);
+        if (plan.tiles != GemmTiles::large || plan.split.splits == 1) continue;
+        const int64_t tiles = tile_count(m, 256, kMultistageLargeTile);
+        SCOPED_TRACE(testing::Message() << "M " << m << ", K " << k << ", SMs " << sm_count);
+        EXPECT_EQ(plan.split.k_per_split % kMultistageLargeTile.bk, 0);
+        EXPECT_GE(plan.split.k_per_split, kMinLargeTilesPerSplit * kMultistageLargeTile.bk);
+        EXPECT_LT((plan.split.splits - 1) * plan.split.k_per_split, k);
+        EXPECT_GE(plan.split.splits * plan.split.k_per_split, k);
+        EXPECT_LE(tiles * plan.split.splits, sm_count + tiles);
+      }
 }
 
 // What each planned version refuses, by operand dtype and GPU: the launcher throws these words.

@@ -408,6 +408,23 @@ TEST(GpuGemmVersions, LargeTilesAndSplitK) {
       ++seed);
 }
 
+// v5 splits K on its large tiles where C has few of them and K is long (cuda/gemm_plan.h): sine's
+// hidden weight gradients, 2 tiles of 128x256 in 66 slices on 132 SMs. Planned for 9 SMs, one
+// ragged tile [100, 200] over K = 18469 takes that plan at a size the emulator runs: 9 slices of
+// 33 K tiles of 64, the last 25 and a partial one. A transposed and B not, as a weight gradient;
+// f32 C with beta and bias through the slices' sum, then f16 C from NaN poison.
+TEST(GpuGemmVersions, MultistageSplitsKOnLargeTiles) {
+  MINAMP_REQUIRE_GPU();
+  ScopedGemmVersion v5(GemmVersion::v5_multistage);
+  ScopedGemmPlanningSms sms(9);
+  expect_matches_cpu(
+      GemmCase{100, 200, 18469, true, false, DType::f16, DType::f32, 0.5f, -1.0f, true, false},
+      9200);
+  expect_matches_cpu(
+      GemmCase{100, 200, 18469, true, false, DType::f16, DType::f16, 1.0f, 0.0f, false, true},
+      9201);
+}
+
 // v1 and v3 take f16 only: bf16 operands are refused, naming the version and those that take them.
 TEST(GpuGemmVersions, F16OnlyVersionsRefuseBf16) {
   MINAMP_REQUIRE_GPU();
