@@ -23,11 +23,14 @@ __global__ void __launch_bounds__(kThreads)
   const FloatChunk chunk = list.chunk[blockIdx.x];
   const float inv_scale = float(1.0 / double(scale[0]));
   bool saw_nonfinite = false;
-  for (int i = chunk_begin(); i < chunk.numel; i += chunk_stride()) {
-    const float unscaled = chunk.data[i] * inv_scale;
-    saw_nonfinite = saw_nonfinite || !isfinite(unscaled);
-    chunk.data[i] = unscaled;
-  }
+  float grads[kChunkBatch];
+  for_each_chunk_value(
+      chunk.numel, [&](int b, int i) { grads[b] = chunk.data[i]; },
+      [&](int b, int i) {
+        const float unscaled = grads[b] * inv_scale;
+        saw_nonfinite = saw_nonfinite || !isfinite(unscaled);
+        chunk.data[i] = unscaled;
+      });
   if (saw_nonfinite) found_inf[0] = 1.0f;
 }
 

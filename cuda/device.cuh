@@ -103,6 +103,18 @@ inline dim3 chunk_grid(int chunks) { return dim3(unsigned(chunks), unsigned(kBlo
 __device__ __forceinline__ int chunk_begin() { return int(blockIdx.y * blockDim.x + threadIdx.x); }
 __device__ __forceinline__ int chunk_stride() { return int(gridDim.y * blockDim.x); }
 
+// Values of a chunk a thread loads before it uses the first (for_each_chunk_value). A thread has
+// up to 16 values of a chunk; one at a time, each waited a memory latency (an H200 took 14.5 µs
+// for Adam over the sine net's 135k parameters, 8.5 µs to unscale their gradients).
+constexpr int kChunkBatch = 4;
+
+// This thread's walk over its values of a chunk of `numel`: load(b, i) for kChunkBatch of them,
+// then use(b, i) for each (for_each_batched), the last few one at a time.
+template <class Load, class Use>
+__device__ __forceinline__ void for_each_chunk_value(int numel, Load&& load, Use&& use) {
+  for_each_batched<kChunkBatch>(chunk_begin(), chunk_stride(), numel, load, use);
+}
+
 // Up to kChunkElements consecutive values of one f32 tensor (gradients: unscale, zero).
 struct FloatChunk {
   float* data;

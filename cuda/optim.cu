@@ -66,18 +66,26 @@ __global__ void __launch_bounds__(kThreads)
     sgd_kernel(SgdChunkList list, SgdParams sgd, const float* found_inf) {
   if (step_skipped(found_inf)) return;
   const SgdChunk c = list.chunk[blockIdx.x];
-  for (int i = chunk_begin(); i < c.param.numel; i += chunk_stride()) {
-    float w = c.param.master[i];
-    const float d = c.param.grad[i] + sgd.weight_decay * w;
-    if (c.momentum_buffer) {
-      const float buf = sgd.momentum * c.momentum_buffer[i] + d;
-      c.momentum_buffer[i] = buf;
-      w -= sgd.lr * buf;
-    } else {
-      w -= sgd.lr * d;
-    }
-    store_master(c.param, i, w);
-  }
+  float master[kChunkBatch], grad[kChunkBatch], buffer[kChunkBatch];
+  for_each_chunk_value(
+      c.param.numel,
+      [&](int b, int i) {
+        master[b] = c.param.master[i];
+        grad[b] = c.param.grad[i];
+        buffer[b] = c.momentum_buffer ? c.momentum_buffer[i] : 0.0f;
+      },
+      [&](int b, int i) {
+        float w = master[b];
+        const float d = grad[b] + sgd.weight_decay * w;
+        if (c.momentum_buffer) {
+          const float buf = sgd.momentum * buffer[b] + d;
+          c.momentum_buffer[i] = buf;
+          w -= sgd.lr * buf;
+        } else {
+          w -= sgd.lr * d;
+        }
+        store_master(c.param, i, w);
+      });
 }
 
 // Blocks (b, *) update chunk b (PyTorch Adam with L2 weight decay, not AdamW). t = step[0] + 1: the
@@ -90,16 +98,25 @@ __global__ void __launch_bounds__(kThreads)
   // In double, as on the CPU (kernels/cpu/optim.cpp): the same two floats on both backends.
   const float bias_correction1 = float(1.0 - pow(double(adam.beta1), double(t)));
   const float bias_correction2 = float(1.0 - pow(double(adam.beta2), double(t)));
-  for (int i = chunk_begin(); i < c.param.numel; i += chunk_stride()) {
-    float w = c.param.master[i];
-    const float d = c.param.grad[i] + adam.weight_decay * w;
-    const float m = adam.beta1 * c.exp_avg[i] + (1.0f - adam.beta1) * d;
-    const float v = adam.beta2 * c.exp_avg_sq[i] + (1.0f - adam.beta2) * d * d;
-    c.exp_avg[i] = m;
-    c.exp_avg_sq[i] = v;
-    w -= adam.lr * (m / bias_correction1) / (sqrtf(v / bias_correction2) + adam.eps);
-    store_master(c.param, i, w);
-  }
+  float master[kChunkBatch], grad[kChunkBatch], exp_avg[kChunkBatch], exp_avg_sq[kChunkBatch];
+  for_each_chunk_value(
+      c.param.numel,
+      [&](int b, int i) {
+        master[b] = c.param.master[i];
+        grad[b] = c.param.grad[i];
+        exp_avg[b] = c.exp_avg[i];
+        exp_avg_sq[b] = c.exp_avg_sq[i];
+      },
+      [&](int b, int i) {
+        float w = master[b];
+        const float d = grad[b] + adam.weight_decay * w;
+        const float m = adam.beta1 * exp_avg[b] + (1.0f - adam.beta1) * d;
+        const float v = adam.beta2 * exp_avg_sq[b] + (1.0f - adam.beta2) * d * d;
+        c.exp_avg[i] = m;
+        c.exp_avg_sq[i] = v;
+        w -= adam.lr * (m / bias_correction1) / (sqrtf(v / bias_correction2) + adam.eps);
+        store_master(c.param, i, w);
+      });
 }
 
 __global__ void increment_step_kernel(float* step, const float* found_inf) {
