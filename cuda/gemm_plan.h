@@ -44,6 +44,13 @@ constexpr int kSplitBlocksPerSm = 4;
 // Each slice walks at least this many BK tiles, so the pipeline's prologue stays a small part.
 constexpr int64_t kMinTilesPerSplit = 8;
 
+// K's k_tiles BK tiles cut into about `splits` slices of whole tiles. Rounding the tiles a slice
+// takes up can leave the last slices empty: they are dropped.
+inline KSplit whole_tile_slices(int64_t k_tiles, int64_t splits, int bk) {
+  const int64_t tiles_per_split = (k_tiles + splits - 1) / splits;
+  return {int((k_tiles + tiles_per_split - 1) / tiles_per_split), tiles_per_split * bk};
+}
+
 // The split of K for a GEMM with `tiles` block tiles over C, on a GPU with `sm_count` SMs: no
 // split when the tiles alone give every SM a block; otherwise about kSplitBlocksPerSm blocks per
 // SM.
@@ -53,9 +60,7 @@ inline KSplit plan_k_split(int64_t tiles, int64_t k, int bk, int sm_count) {
   const int64_t wanted = (kSplitBlocksPerSm * int64_t(sm_count) + tiles - 1) / tiles;
   const int64_t splits = std::min({wanted, k_tiles / kMinTilesPerSplit, int64_t(kMaxKSplits)});
   if (splits <= 1) return {1, k};
-  const int64_t tiles_per_split = (k_tiles + splits - 1) / splits;
-  // Rounding tiles_per_split up can leave the last slices empty: drop them.
-  return {int((k_tiles + tiles_per_split - 1) / tiles_per_split), tiles_per_split * bk};
+  return whole_tile_slices(k_tiles, splits, bk);
 }
 
 // The split of K over the large tiles of a three-tile kernel (v5: 8 warps of 64x64 a block, one
@@ -71,8 +76,7 @@ inline KSplit plan_large_k_split(int64_t tiles, int64_t k, int bk, int sm_count)
   const int64_t splits = (sm_count + tiles - 1) / tiles;
   if (tiles >= sm_count || splits > kMaxKSplits || k_tiles < splits * kMinLargeTilesPerSplit)
     return {1, k};
-  const int64_t tiles_per_split = (k_tiles + splits - 1) / splits;
-  return {int((k_tiles + tiles_per_split - 1) / tiles_per_split), tiles_per_split * bk};
+  return whole_tile_slices(k_tiles, splits, bk);
 }
 
 // The block tile of one kernel configuration: BM x BN of C, K walked BK at a time.

@@ -139,22 +139,21 @@ GemmPlan v5_plan(int64_t m, int64_t n, int64_t k, int sm_count = kH100Sms) {
 
 // v5 plans over three tiles: 128x256 where they fill the SMs, else 128x128, else 64x64.
 TEST(GemmPlan, MultistageTakesItsMediumTilesWhereTheLargeOnesLeaveSmsIdle) {
-  const auto v5 = [](int64_t m, int64_t n, int64_t k) { return v5_plan(m, n, k); };
-  EXPECT_EQ(v5(4096, 4096, 4096).tiles, GemmTiles::large) << "512 tiles of 128x256";
-  EXPECT_EQ(v5(262144, 256, 256).tiles, GemmTiles::large) << "sine's forward: 2048 tiles";
-  EXPECT_EQ(v5(2048, 2048, 2048).tiles, GemmTiles::medium) << "128 large, 256 medium tiles";
-  EXPECT_EQ(v5(4099, 520, 72).tiles, GemmTiles::medium) << "99 large, 165 medium tiles";
-  EXPECT_EQ(v5(4099, 1040, 72).tiles, GemmTiles::large) << "165 large tiles";
-  EXPECT_EQ(v5(1024, 1024, 1024).tiles, GemmTiles::small) << "32 large, 64 medium tiles";
-  EXPECT_EQ(v5(1024, 1024, 1024).split.splits, 1) << "256 small tiles fill the SMs";
-  EXPECT_EQ(v5(4096, 4096, 4096).split.splits, 1);
+  EXPECT_EQ(v5_plan(4096, 4096, 4096).tiles, GemmTiles::large) << "512 tiles of 128x256";
+  EXPECT_EQ(v5_plan(262144, 256, 256).tiles, GemmTiles::large) << "sine's forward: 2048 tiles";
+  EXPECT_EQ(v5_plan(2048, 2048, 2048).tiles, GemmTiles::medium) << "128 large, 256 medium tiles";
+  EXPECT_EQ(v5_plan(4099, 520, 72).tiles, GemmTiles::medium) << "99 large, 165 medium tiles";
+  EXPECT_EQ(v5_plan(4099, 1040, 72).tiles, GemmTiles::large) << "165 large tiles";
+  EXPECT_EQ(v5_plan(1024, 1024, 1024).tiles, GemmTiles::small) << "32 large, 64 medium tiles";
+  EXPECT_EQ(v5_plan(1024, 1024, 1024).split.splits, 1) << "256 small tiles fill the SMs";
+  EXPECT_EQ(v5_plan(4096, 4096, 4096).split.splits, 1);
   // Too little shared memory for the large tiles (up to 166 KB): the medium ones.
   EXPECT_EQ(plan_gemm(4096, 4096, 4096, kMultistageLargeTile, kMmaLargeTile, kMmaSmallTile, false,
                       true, kH100Sms)
                 .tiles,
             GemmTiles::medium);
   // A thin N = 64 pads 128- and 256-wide tiles: the small ones, K split as the two-tile plan does.
-  const GemmPlan thin = v5(256, 64, 262144);
+  const GemmPlan thin = v5_plan(256, 64, 262144);
   EXPECT_EQ(thin.tiles, GemmTiles::small);
   EXPECT_EQ(thin.split.splits,
             plan_gemm(256, 64, 262144, kMmaLargeTile, kMmaSmallTile, true, kH100Sms).split.splits);
@@ -194,9 +193,11 @@ TEST(GemmPlan, MultistageSplitsKOnItsLargeTilesWhereKIsLong) {
       if (b == 0) resnet.push_back({4 * width, in, 64 * size * size});
       in = 4 * width;
     }
-  for (const auto& [m, n, k] : resnet)
-    EXPECT_FALSE(v5_plan(m, n, k).tiles == GemmTiles::large && v5_plan(m, n, k).split.splits > 1)
+  for (const auto& [m, n, k] : resnet) {
+    const GemmPlan plan = v5_plan(m, n, k);
+    EXPECT_FALSE(plan.tiles == GemmTiles::large && plan.split.splits > 1)
         << "ResNet-50 dw [" << m << ", " << n << "] over " << k;
+  }
 
   // Every large-tile split: whole K tiles, long slices, none empty, covering K, about one
   // block per SM.
