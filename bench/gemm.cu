@@ -2,15 +2,16 @@
 // (f16 in, fp32 accumulate) against cublasGemmEx (f16 in, CUBLAS_COMPUTE_32F), as the library
 // runs it and then each version of its ladder (cuda/gemm_v1_naive.cu ... gemm_v4_mma.cu) forced,
 // and the fp32 SIMT GEMM against cublasSgemm — on square shapes, on the GEMMs of the sine model
-// and of the classify benchmark, and on ResNet-50's convolution GEMMs. Before timing, every result is compared with cuBLAS's over the
-// whole matrix, and a few entries of both with an fp64 sum on the host. Times come from CUDA events
-// on minamp's stream (cuBLAS runs on it too): warm-up, then the median of many runs, the two
-// libraries interleaved in rounds, inputs rotated over enough buffers to leave the L2 cold when
-// one set would fit in it; a short spin kernel ahead of each timed series keeps the host's launch
-// rate out of the times. The JSON also records minamp's peak device bytes. With --sweep, other
-// tile configurations of v4 and v5 than the library's are checked and timed the same way on the
-// shapes that matter most (tuning data: which configuration the library should use). --kernels
-// prints, without a GPU, which kernel each version runs at 4096^3 (for bench/gemm_sass.py).
+// and of the classify benchmark, and on ResNet-50's convolution GEMMs. Before timing, every result
+// is compared with cuBLAS's over the whole matrix, and a few entries of both with an fp64 sum on
+// the host. Times come from CUDA events on minamp's stream (cuBLAS runs on it too): warm-up, then
+// the median of many runs, the two libraries interleaved in rounds, inputs rotated over enough
+// buffers to leave the L2 cold when one set would fit in it; a short spin kernel ahead of each
+// timed series keeps the host's launch rate out of the times. The JSON also records minamp's peak
+// device bytes. With --sweep, other tile configurations of v4 and v5 than the library's are checked
+// and timed the same way on the shapes that matter most (tuning data: which configuration the
+// library should use). --kernels prints, without a GPU, which kernel each version runs at 4096^3
+// (for bench/gemm_sass.py).
 #include <CLI/CLI.hpp>
 #include <cublas_v2.h>
 #include <nlohmann/json.hpp>
@@ -83,15 +84,15 @@ std::vector<GemmShape> all_shapes(const std::string& which) {
     shapes.push_back({"resnet50 layer1 1x1 256->64", p56, 64, 256, false, true});
     shapes.push_back({"resnet50 layer1 3x3 64->64", p56, 64, 576, false, true});
     shapes.push_back({"resnet50 layer1 1x1 64->256", p56, 256, 64, false, true, DType::f16, true});
-    shapes.push_back({"resnet50 layer2 3x3 128->128", p28, 128, 1152, false, true, DType::f16,
-                      true});
+    shapes.push_back(
+        {"resnet50 layer2 3x3 128->128", p28, 128, 1152, false, true, DType::f16, true});
     shapes.push_back({"resnet50 layer3 1x1 256->1024", p14, 1024, 256, false, true});
     shapes.push_back({"resnet50 layer4 3x3 512->512", p7, 512, 4608, false, true});
     shapes.push_back({"resnet50 layer1 1x1 64->256 dgrad", p56, 64, 256, false, false});
     shapes.push_back({"resnet50 layer1 3x3 wgrad", 64, 576, p56, true, false, DType::f32});
     shapes.push_back({"resnet50 layer1 1x1 64->256 wgrad", 256, 64, p56, true, false, DType::f32});
-    shapes.push_back({"resnet50 layer3 1x1 256->1024 wgrad", 1024, 256, p14, true, false,
-                      DType::f32});
+    shapes.push_back(
+        {"resnet50 layer3 1x1 256->1024 wgrad", 1024, 256, p14, true, false, DType::f32});
   }
   require(!shapes.empty(), "--shapes", "expected all, square, model, resnet50 or tiny, got '",
           which, "'");
@@ -478,8 +479,7 @@ int run(int argc, char** argv) {
                "cuBLAS (TFLOP/s)"};
   std::string shapes_name = "all", precisions = "f16,f32", json_path;
   bool with_sweep = false, kernels_only = false, versions = true;
-  app.add_option("--shapes", shapes_name,
-                 "all, square, model, resnet50 or tiny (a quick check)")
+  app.add_option("--shapes", shapes_name, "all, square, model, resnet50 or tiny (a quick check)")
       ->capture_default_str();
   app.add_option("--precisions", precisions,
                  "f16 (tensor cores vs cublasGemmEx), f32 (SIMT vs Sgemm)")
