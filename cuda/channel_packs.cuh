@@ -69,6 +69,19 @@ template <int kPack> struct ChannelValues {
     load_pack(bn.mean, c, mean);
     load_pack(bn.invstd, c, invstd);
   }
+  // Those of the channels from c on below n, one value at a time (any alignment; zeros past n).
+  __device__ static ChannelValues below(const BatchNormChannels& bn, int c, int n) {
+    ChannelValues ch;
+#pragma unroll
+    for (int e = 0; e < kPack; ++e)
+      if (c + e < n) {
+        ch.gamma[e] = bn.gamma[c + e];
+        ch.beta[e] = bn.beta[c + e];
+        ch.mean[e] = bn.mean[c + e];
+        ch.invstd[e] = bn.invstd[c + e];
+      }
+    return ch;
+  }
 };
 
 // The block's share of kValues sums per channel: each thread holds sums[v][j] of its kPack

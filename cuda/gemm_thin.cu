@@ -30,6 +30,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "channel_packs.cuh"
 #include "device.cuh"
 #include "gemm.cuh"
 #include "reduce.cuh"
@@ -127,22 +128,6 @@ __device__ __forceinline__ void store_four(CT* c, int n, int64_t row, int col, f
   store4(c, at, v);
 }
 
-// The batch norm vectors of a thread's 4 columns from col (ThinColumns' companion, when C is a
-// batch norm's output gradient).
-struct ThinGradColumns {
-  float gamma[4] = {}, beta[4] = {}, mean[4] = {}, invstd[4] = {};
-  __device__ ThinGradColumns(const BatchNormChannels& ch, int n, int col) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (col + e < n) {
-        gamma[e] = ch.gamma[col + e];
-        beta[e] = ch.beta[col + e];
-        mean[e] = ch.mean[col + e];
-        invstd[e] = ch.invstd[col + e];
-      }
-  }
-};
-
 // The batch norm input x at (row, col + e), e < 4, as stored (0 past N; C being that batch norm's
 // output gradient), read as one pack when `pack`; widen4 gives the values. Held as stored for the
 // reason load_thin_row's row is.
@@ -163,7 +148,7 @@ __device__ __forceinline__ Stored4<CT> load_grad_x(const BatchNormGradient& grad
 // Adds the batch norm gradient terms (batchnorm_grad_terms) of C[row, col + e] as stored (dy[e])
 // and of the batch norm's input there (xs[e]) to a thread's sums of its 4 columns.
 __device__ __forceinline__ void add_grad_terms(const BatchNormGradient& grad,
-                                               const ThinGradColumns& ch, int n, int col,
+                                               const ChannelValues<4>& ch, int n, int col,
                                                const float (&xs)[4], const float (&dy)[4],
                                                float (&sum)[4], float (&sum_xhat)[4]) {
 #pragma unroll
@@ -337,7 +322,8 @@ __global__ void __launch_bounds__(kThreads, thin_k_blocks_per_sm(kK, kFigures, i
   const int64_t row_begin = int64_t(blockIdx.x) * tile_rows;
   const int64_t rows = min(int64_t(m) - row_begin, tile_rows); // the block's
   const ThinColumns<kTransB, T> columns(b, k, n, col, ep);
-  const ThinGradColumns channels(grad.channels, grad_sums ? n : 0, col); // none: no loads
+  // The batch norm vectors of the thread's 4 columns (ThinColumns' companion); none: no loads.
+  const auto channels = ChannelValues<4>::below(grad.channels, col, grad_sums ? n : 0);
   constexpr int kRowsInFlight = thin_k_rows_in_flight(kFigures);
   T a_rows[kRowsInFlight][kThinK];
   Stored4<CT> xs[kRowsInFlight];
