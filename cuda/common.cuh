@@ -157,10 +157,17 @@ __device__ __forceinline__ void for_each_batched(int64_t first, int64_t step, in
 // invstd + beta with one rounding (fma), as the CPU reference; a NaN passes the ReLU. The batch
 // norm kernel writes it, and a GEMM that normalises an operand as it loads it (gemm.cuh,
 // GemmOperand::normalization) computes the same value bit for bit.
+// The ReLU is applied as a floor, relu_floor(relu): 0 with it, -inf without (nothing is below
+// -inf, so every value, NaN included, passes), one compare and select with no branch on `relu`.
+__device__ __forceinline__ float relu_floor(bool relu) { return relu ? 0.0f : -INFINITY; }
+__device__ __forceinline__ float batchnorm_normalized(float v, float gamma, float beta, float mean,
+                                                      float invstd, float floor) {
+  const float normalised = fmaf(gamma, (v - mean) * invstd, beta);
+  return normalised < floor ? floor : normalised;
+}
 __device__ __forceinline__ float batchnorm_normalized(float v, float gamma, float beta, float mean,
                                                       float invstd, bool relu) {
-  const float normalised = fmaf(gamma, (v - mean) * invstd, beta);
-  return relu && normalised < 0.0f ? 0.0f : normalised;
+  return batchnorm_normalized(v, gamma, beta, mean, invstd, relu_floor(relu));
 }
 
 // The batch norm backward's view of one element, from its input x and the gradient dy of its

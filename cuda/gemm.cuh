@@ -833,6 +833,40 @@ __device__ __forceinline__ void normalize_tile(T* tile, int tile_ld, const Norma
   }
 }
 
+// normalize_tile for a [ROWS, COLS] tile wholly inside a vectorizable matrix (InteriorTileLoader's,
+// in blocks of at least 256 threads): every row is there and a thread's chunks share their
+// channels, so the loop needs no bound and no branch. Unrolled whole it is one basic block, which
+// multistage_loop places among a k-step's MMAs rather than before the barrier where every warp
+// waits. A thread's chunk of V channels goes in kParts parts of V / kParts (a multiple of 4): this
+// call normalises part `part` of it (4 rows of 4 channels on v5's 128x64 f16 A tiles, in 2 parts;
+// `part` a constant once the caller's loop is unrolled).
+template <int ROWS, int COLS, int THREADS, int kParts, class T>
+__device__ __forceinline__ void
+normalize_interior_tile(T* tile, int tile_ld, const BatchNormChannels& nz, int col0, int part) {
+  constexpr int V = kChunkElems<T>;
+  constexpr int kChunksPerRow = COLS / V;
+  constexpr int kRowStep = THREADS / kChunksPerRow; // rows between a thread's chunks
+  static_assert(THREADS % kChunksPerRow == 0 && ROWS % kRowStep == 0,
+                "every thread normalises whole chunks of the same channels in every row");
+  static_assert(V % (4 * kParts) == 0, "parts of whole 4-channel groups");
+  const int c = int(threadIdx.x) % kChunksPerRow * V, col = col0 + c;
+  T* first = tile + int(threadIdx.x) / kChunksPerRow * tile_ld + c;
+  const float floor = relu_floor(nz.relu);
+#pragma unroll
+  for (int q = part * V / kParts; q < (part + 1) * V / kParts; q += 4) {
+    const Float4 gamma = load4(nz.gamma, col + q), beta = load4(nz.beta, col + q),
+                 mean = load4(nz.mean, col + q), invstd = load4(nz.invstd, col + q);
+#pragma unroll
+    for (int r = 0; r < ROWS; r += kRowStep) {
+      Float4 v = load4(first + r * tile_ld, q);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        v.v[e] = batchnorm_normalized(v.v[e], gamma.v[e], beta.v[e], mean.v[e], invstd.v[e], floor);
+      store4(first + r * tile_ld, q, v);
+    }
+  }
+}
+
 // What a loader does to the tile of one operand for the k-step at k0 once this thread's copies of
 // it have landed, before the barrier that lets the warps read it: a normalised operand is
 // normalised in place (normalize_tile); the other views are used as copied.
@@ -910,6 +944,7 @@ template <class Tile, int kThreads, class View> struct PlainTileLoader {
   template <class T> __device__ __forceinline__ void operator()(T* tile, int k_tile) const {
     load_operand_tile<Tile, kThreads>(tile, view, outer0, k_begin + k_tile * Tile::kBK);
   }
+  static constexpr bool kFinishesInStep = false;
   template <class T> __device__ __forceinline__ void finish(T* tile, int k_tile) const {
     finish_operand_tile<Tile, kThreads>(tile, view, outer0, k_begin + k_tile * Tile::kBK);
   }
@@ -966,8 +1001,24 @@ template <class Tile, int kThreads, class T, class View = MatrixView<T>> struct 
     for (int p = 0; p < kPasses; ++p)
       cp_async16(tile + tile_first + p * kRowsPerPass * Tile::kLd, src + p * pass_stride);
   }
+  // Whether finish is normalize_interior_tile, branch-free, in kFinishParts parts that
+  // multistage_loop runs among the MMAs of successive k-steps (finish_part): a normalised operand
+  // in a block of at least 256 threads (v5's 128x256 tiles; the blocks of 128 threads, v4's and
+  // v5's smaller tiles, keep normalize_tile before the barrier).
+  static constexpr bool kFinishesInStep =
+      std::is_same_v<View, NormalizedView<T>> && kThreads >= 256;
+  static constexpr int kFinishParts = kChunkElems<T> / 4; // 4 channels a part
+  __device__ __forceinline__ void finish_part(T* tile, int k_tile, int part) const {
+    static_assert(kFinishesInStep && Tile::kKContiguous, "a normalised operand is A, [M][K]");
+    normalize_interior_tile<Tile::kRows, Tile::kCols, kThreads, kFinishParts>(
+        tile, Tile::kLd, view.normalization, k_begin + k_tile * Tile::kBK, part);
+  }
   __device__ __forceinline__ void finish(T* tile, int k_tile) const {
-    finish_operand_tile<Tile, kThreads>(tile, view, outer0, k_begin + k_tile * Tile::kBK);
+    if constexpr (kFinishesInStep) {
+#pragma unroll
+      for (int part = 0; part < kFinishParts; ++part) finish_part(tile, k_tile, part);
+    } else
+      finish_operand_tile<Tile, kThreads>(tile, view, outer0, k_begin + k_tile * Tile::kBK);
   }
 };
 
@@ -1038,6 +1089,7 @@ template <class Tile, int kThreads, class T, class View> struct GatheredTileLoad
                    tap);
     }
   }
+  static constexpr bool kFinishesInStep = false;
   __device__ __forceinline__ void finish(T*, int) const {}
 };
 

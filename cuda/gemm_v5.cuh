@@ -22,7 +22,12 @@ using MultistageMedium = MmaConfig<kMmaLargeTile.bm, kMmaLargeTile.bn, kMmaLarge
 using MultistageSmall = MmaConfig<kMmaSmallTile.bm, kMmaSmallTile.bn, kMmaSmallTile.bk, 2, 2, 4>;
 
 // The main loop over `k_tiles` tiles (see the top of gemm_v5_multistage.cu); load_a(tile, kt) and
-// load_b(tile, kt) issue the copies of K tile kt.
+// load_b(tile, kt) issue the copies of K tile kt. A loader whose finish is branch-free
+// (kFinishesInStep: the interior tiles of a normalised operand) has tile kt + 1 finished during
+// tile kt's first k-step, in the same basic block as that step's MMAs, so that ptxas interleaves
+// the two, rather than just before the barrier, where every warp waits for the slowest and the
+// tensor pipes idle; the last tile, which has no next one, then runs as a loop of its own, so that
+// no test of kt + 1 splits the block.
 template <class Cfg, class Smem, class LoadA, class LoadB>
 __device__ __forceinline__ void
 multistage_loop(typename Smem::T* smem, int k_tiles, const LoadA& load_a, const LoadB& load_b,
@@ -31,6 +36,7 @@ multistage_loop(typename Smem::T* smem, int k_tiles, const LoadA& load_a, const 
   using TileB = typename Smem::TileB;
   constexpr int kStages = Cfg::STAGES, kSteps = Cfg::BK / 16;
   static_assert(kSteps % 2 == 0, "the fragment buffers alternate across tiles");
+  constexpr bool kFinishInStep = LoadA::kFinishesInStep || LoadB::kFinishesInStep;
   const auto stage_a = [&](int s) { return smem + s * Smem::kStageElems; };
   const auto stage_b = [&](int s) { return smem + s * Smem::kStageElems + TileA::kElems; };
   const auto load_stage = [&](int s, int k_tile) {
@@ -41,41 +47,73 @@ multistage_loop(typename Smem::T* smem, int k_tiles, const LoadA& load_a, const 
     cp_async_commit(); // one group per tile, empty past the end: the count stays uniform
   };
 
-  // After this thread's copies of tile k_tile have landed (a normalised operand is normalised).
+  // After this thread's copies of tile k_tile (< k_tiles) have landed: a normalised operand is
+  // normalised; no warp reads them before the next barrier. finish_in_step(s, k_tile, step) is
+  // k-step `step`'s share when the loaders finish in step: part i of a loader's finish at step
+  // min(i, kSteps - 2), the last before the barrier's (a loader that does not finish in parts
+  // finishes whole at step 0).
   const auto finish_stage = [&](int s, int k_tile) {
-    if (k_tile >= k_tiles) return;
     load_a.finish(stage_a(s), k_tile);
     load_b.finish(stage_b(s), k_tile);
+  };
+  const auto finish_in_step = [&](int s, int k_tile, int step) {
+    const auto finish_parts = [&](const auto& load, auto* tile) {
+      using Load = std::decay_t<decltype(load)>;
+      if constexpr (Load::kFinishesInStep) {
+#pragma unroll
+        for (int part = step; part < Load::kFinishParts; ++part)
+          if (part == step || step == kSteps - 2) load.finish_part(tile, k_tile, part);
+      } else if (step == 0) {
+        load.finish(tile, k_tile);
+      }
+    };
+    finish_parts(load_a, stage_a(s));
+    finish_parts(load_b, stage_b(s));
   };
 
   // Tiles 0 .. STAGES-1 in flight; wait for tile 0 and load its first fragments.
 #pragma unroll
   for (int s = 0; s < kStages; ++s) load_stage(s, s);
   cp_async_wait<kStages - 1>();
-  finish_stage(0, 0);
+  if (k_tiles > 0) finish_stage(0, 0);
   __syncthreads();
   Fragments<Cfg, typename Smem::T> frags[2];
   load_fragments<Cfg, TileA, TileB>(frags[0], stage_a(0), stage_b(0), a_lane, b_lane, 0);
 
-  for (int kt = 0; kt < k_tiles; ++kt) {
+  // The k-steps of tile kt; has_next (a std::bool_constant) says whether tile kt + 1 is known to
+  // exist at compile time (kFinishInStep), else it is tested.
+  const auto run_tile = [&](int kt, auto has_next) {
+    constexpr bool kHasNext = decltype(has_next)::value;
     const int s = kt % kStages;
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       Fragments<Cfg, typename Smem::T>& next = frags[(step + 1) % 2];
       if (step + 1 < kSteps) {
+        if constexpr (kFinishInStep && kHasNext) {     // before the next fragments' loads, whose
+          if (step == 0) cp_async_wait<kStages - 2>(); // registers it can use; tile kt + 1's
+          finish_in_step((kt + 1) % kStages, kt + 1, step); // copies (this thread's) have landed
+        }
         load_fragments<Cfg, TileA, TileB>(next, stage_a(s), stage_b(s), a_lane, b_lane,
                                           (step + 1) * 16);
       } else {
         const int s_next = (kt + 1) % kStages;
-        cp_async_wait<kStages - 2>(); // this thread's copies of tile kt + 1 have landed
-        finish_stage(s_next, kt + 1);
-        __syncthreads(); // everyone's have, and every warp is done with tile kt
+        if constexpr (!kFinishInStep) {
+          cp_async_wait<kStages - 2>(); // this thread's copies of tile kt + 1 have landed
+          if (kt + 1 < k_tiles) finish_stage(s_next, kt + 1);
+        }
+        __syncthreads(); // everyone's have (and are finished), and every warp is done with tile kt
         load_stage(s, kt + kStages);
         load_fragments<Cfg, TileA, TileB>(next, stage_a(s_next), stage_b(s_next), a_lane, b_lane,
                                           0);
       }
       mma_step(frags[step % 2], acc);
     }
+  };
+  if constexpr (kFinishInStep) {
+    for (int kt = 0; kt + 1 < k_tiles; ++kt) run_tile(kt, std::true_type{});
+    if (k_tiles > 0) run_tile(k_tiles - 1, std::false_type{});
+  } else {
+    for (int kt = 0; kt < k_tiles; ++kt) run_tile(kt, std::true_type{});
   }
   cp_async_wait<0>(); // only empty groups can remain
 }

@@ -159,6 +159,18 @@ TEST(GpuNormalizedConv, MatchesTheNormalisedInputOnEveryVersion) {
   }
 }
 
+// v5's 128x256 tiles (blocks of 256 threads), planned as for one SM so that a small C takes them:
+// their interior blocks normalise their tiles without a bound or a branch
+// (normalize_interior_tile), each next K tile among the MMAs of the one before (multistage_loop, 4
+// K tiles here); the last row of blocks an edge (the plain loaders); with the ReLU and without.
+TEST(GpuNormalizedConv, LargeBlocksNormaliseInteriorTiles) {
+  MINAMP_REQUIRE_GPU();
+  ScopedGemmPlanningSms sms(1);
+  uint64_t seed = 800;
+  for (bool relu : {true, false})
+    check_normalized_conv({1, 16, 18, 256, 256, relu}, DType::f16, ++seed);
+}
+
 TEST(GpuNormalizedConv, Bf16AndF32) {
   MINAMP_REQUIRE_GPU();
   uint64_t seed = 720;
