@@ -30,6 +30,8 @@ set -uo pipefail
 # -h/--help prints the comment above; the script takes no arguments.
 # shellcheck source=scripts/args.sh
 source "$(dirname "$0")/../scripts/args.sh"
+# shellcheck source=scripts/run-names.sh
+source "$(dirname "$0")/../scripts/run-names.sh"
 no_arguments run-gpu "$@"
 cd "$(dirname "$0")/.." || exit 1
 
@@ -39,9 +41,8 @@ out=${OUT:-/tmp}
 results=${RESULTS:-bench/results}
 gtest_prefix=/tmp/prefix
 export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin"
-device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 |
-  tr '[:upper:]' '[:lower:]' | sed -e 's/^nvidia //' -e 's/[^a-z0-9]\+/-/g' -e 's/-$//')
-commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+device=$(gpu_device)
+commit=$(measured_commit)
 name="gpu-${device:-unknown}-$(date -u +%Y%m%d-%H%M)-$commit"
 log=$results/$name.log
 work=/tmp/$name-parts
