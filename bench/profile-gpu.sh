@@ -113,7 +113,10 @@ table() {
 main() {
   echo "minamp GPU profile $name"
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
-  ncu --version | tail -n 1
+  local gpu ncu_version
+  gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1)
+  ncu_version=$(ncu --version | tail -n 1)
+  echo "$ncu_version"
   if [ ! -x "$build/bench_train" ] || [ ! -x "$build/bench_gemm" ]; then
     [ -f "$build/build.ninja" ] || {
       echo "profile-gpu: no build in $build: run scripts/gpu-check.sh or bench/run-gpu.sh first"
@@ -124,8 +127,7 @@ main() {
   {
     echo "# Nsight Compute profiles, $name"
     echo
-    echo "Device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1);" \
-      "$(ncu --version | tail -n 1); commit $commit; $(date -u +%Y-%m-%dT%H:%MZ)."
+    echo "Device: $gpu; $ncu_version; commit $commit; $(date -u +%Y-%m-%dT%H:%MZ)."
     echo "ncu --clock-control none --cache-control none; times in µs."
     echo
   } >"$work/$name.md"
