@@ -113,18 +113,63 @@ __global__ void __launch_bounds__(kPackThreads)
 
 // merge_column_partials_kernel's block: kMergeWarps warps over kMergeColumns consecutive columns
 // (32-byte loads of a tile's row), each lane merging one contiguous run of row tiles of its
-// column, kMergeBatch tiles' partials loaded before they are merged, so that the loads are in
-// flight together rather than one per dependent merge.
+// column, kMergeBatch tiles' partials loaded before any is used, so that the loads are in flight
+// together rather than one per dependent merge.
 constexpr int kMergeColumns = 8;
 constexpr int kMergeLanesPerColumn = 32 / kMergeColumns;
 constexpr int kMergeWarps = 32;
 constexpr int kMergeRuns = kMergeWarps * kMergeLanesPerColumn;
 constexpr int kMergeBatch = 8;
+// Warps whose moments one lane of warp 0 merges in the last stage (then across lanes).
+constexpr int kMergeWarpsPerLane = kMergeWarps / kMergeLanesPerColumn;
+
+// The moments of up to kMergeBatch consecutive row tiles of one column, those with a count of 0
+// left out: Chan's formula for k sets at once, in two passes over the tiles' means, shifted by
+// the first tile's (present: count[0] > 0) so that their differences keep their digits when the
+// mean is far from zero:
+//   mean = shift + sum(count_i (mean_i - shift)) / count,
+//   M2   = sum(M2_i) + sum(count_i (mean_i - mean)^2).
+// One division a batch, where merging the tiles one by one took one a tile.
+__device__ __forceinline__ Moments batch_moments(const float (&count)[kMergeBatch],
+                                                 const float (&mean)[kMergeBatch],
+                                                 const float (&m2)[kMergeBatch], long long total) {
+  const float shift = mean[0];
+  float shifted[kMergeBatch], weighted = 0.0f, total_f = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) {
+    shifted[i] = count[i] > 0.0f ? mean[i] - shift : 0.0f;
+    weighted = fmaf(count[i], shifted[i], weighted);
+    total_f += count[i];
+  }
+  const float offset = weighted / total_f;
+  float sum_m2 = 0.0f, spread = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) {
+    const float deviation = shifted[i] - offset;
+    sum_m2 += count[i] > 0.0f ? m2[i] : 0.0f;
+    spread = fmaf(count[i] * deviation, deviation, spread);
+  }
+  return Moments{total, shift + offset, sum_m2 + spread};
+}
+
+// The merge of the moments of lanes lane and lane ^ offset for offset = kMergeColumns, 2
+// kMergeColumns, ... < 32 (pairs first, as in a tree, the lower lane's first): every lane of the
+// warp takes part, and each lane of the lowest kMergeColumns ends with its column's merge.
+__device__ __forceinline__ Moments merge_across_lanes(Moments own, int lane) {
+  for (int offset = kMergeColumns; offset < 32; offset *= 2) {
+    const Moments other{__shfl_xor_sync(kFullWarp, own.count, offset),
+                        __shfl_xor_sync(kFullWarp, own.mean, offset),
+                        __shfl_xor_sync(kFullWarp, own.m2, offset)};
+    own = (lane & offset) != 0 ? merge_moments(other, own) : merge_moments(own, other);
+  }
+  return own;
+}
 
 // Run r = warp * kMergeLanesPerColumn + lane / kMergeColumns holds the row tiles
-// [r * per_run, (r + 1) * per_run) of its column, merged in tile order; a warp's runs are merged
-// in run order through shuffles (pairs first, as in a tree, the lower run first), then warp 0
-// merges the warps' in warp order: a fixed order, the same on every run.
+// [r * per_run, (r + 1) * per_run) of its column, combined a batch at a time (batch_moments) and
+// the batches merged in tile order; a warp's runs are merged in run order across its lanes, then
+// warp 0 merges the warps': each of its lanes kMergeWarpsPerLane warps in warp order, then across
+// its lanes. A fixed order, the same on every run.
 __global__ void __launch_bounds__(32 * kMergeWarps)
     merge_column_partials_kernel(const float* __restrict__ partials, int64_t rows, int tile_rows,
                                  int row_tiles, int cols, float* __restrict__ moments) {
@@ -134,32 +179,35 @@ __global__ void __launch_bounds__(32 * kMergeWarps)
   const int run = warp * kMergeLanesPerColumn + sub;
   const int per_run = (row_tiles + kMergeRuns - 1) / kMergeRuns;
   const int first = run * per_run, last = min(row_tiles, first + per_run);
+  // Every tile holds tile_rows rows but the last, which holds what is left.
+  const int last_tile_rows = int(rows - int64_t(row_tiles - 1) * tile_rows);
+  const float* column = partials + col;
+  const int tile_stride = 2 * cols;
   Moments own{0, 0.0f, 0.0f};
   for (int t0 = first; col < cols && t0 < last; t0 += kMergeBatch) {
-    float mean[kMergeBatch], m2[kMergeBatch];
+    float count[kMergeBatch], mean[kMergeBatch], m2[kMergeBatch];
+    int total = 0;
 #pragma unroll
-    for (int i = 0; i < kMergeBatch; ++i) { // past the run: its last tile again, not merged
-      const float* tile = partials + int64_t(min(t0 + i, last - 1)) * 2 * cols;
-      mean[i] = tile[col];
-      m2[i] = tile[cols + col];
+    for (int i = 0; i < kMergeBatch; ++i) { // past the run: its last tile again, counted 0
+      const int t = min(t0 + i, last - 1);
+      const float* tile = column + int64_t(t) * tile_stride;
+      mean[i] = tile[0];
+      m2[i] = tile[cols];
+      const int tile_count = t0 + i >= last ? 0 : t == row_tiles - 1 ? last_tile_rows : tile_rows;
+      count[i] = float(tile_count);
+      total += tile_count;
     }
-#pragma unroll
-    for (int i = 0; i < kMergeBatch && t0 + i < last; ++i) {
-      const int64_t tile_first_row = int64_t(t0 + i) * tile_rows;
-      const long long count = min(int64_t(tile_rows), rows - tile_first_row);
-      own = merge_moments(own, Moments{count, mean[i], m2[i]});
-    }
+    own = merge_moments(own, batch_moments(count, mean, m2, total));
   }
-  for (int offset = kMergeColumns; offset < 32; offset *= 2) { // every lane: full-warp shuffles
-    const Moments other{__shfl_xor_sync(kFullWarp, own.count, offset),
-                        __shfl_xor_sync(kFullWarp, own.mean, offset),
-                        __shfl_xor_sync(kFullWarp, own.m2, offset)};
-    own = (lane & offset) != 0 ? merge_moments(other, own) : merge_moments(own, other);
-  }
+  own = merge_across_lanes(own, lane);
   if (sub == 0) warp_moments[warp][lane] = own;
   __syncthreads();
-  if (warp != 0 || sub != 0 || col >= cols) return;
-  for (int w = 1; w < kMergeWarps; ++w) own = merge_moments(own, warp_moments[w][lane]);
+  if (warp != 0) return;
+  own = warp_moments[sub * kMergeWarpsPerLane][lane % kMergeColumns];
+  for (int w = 1; w < kMergeWarpsPerLane; ++w)
+    own = merge_moments(own, warp_moments[sub * kMergeWarpsPerLane + w][lane % kMergeColumns]);
+  own = merge_across_lanes(own, lane);
+  if (sub != 0 || col >= cols) return;
   moments[col] = own.mean;
   moments[cols + col] = own.m2 / float(rows);
 }

@@ -24,8 +24,8 @@ void column_moments(const void* x, DType dtype, int64_t rows, int cols, float* m
 
 // moments [2, cols] from partials [row_tiles, 2, cols] f32, where row tile t covers rows
 // [t * tile_rows, min(rows, (t + 1) * tile_rows)) and holds each column's mean (row 0) and M2, the
-// sum of squared deviations from it (row 1). Chan's parallel merge, in tile order; bit-identical
-// from run to run.
+// sum of squared deviations from it (row 1). Chan et al.'s formula for merging sets, over runs of
+// consecutive tiles and then across the runs in a fixed order: bit-identical from run to run.
 void merge_column_partials(const float* partials, int64_t rows, int tile_rows, int cols,
                            float* moments);
 
