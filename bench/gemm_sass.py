@@ -6,7 +6,11 @@ matrices into f16 C, with its threads and dynamic shared memory per block), this
 in the version's object file (cuda/gemm_v<N>_*.cu.o of a build), disassembles it for one
 architecture with cuobjdump -sass, and reports for its main loop (the loop with the most HMMA
 instructions): the HMMA count, the other instructions per HMMA, the shared-memory loads (LDSM,
-LDS), the cp.async copies (LDGSTS) and the global loads (LDG); and for the kernel: registers per
+LDS), the cp.async copies (LDGSTS) and the global loads (LDG), and the fixed stalls: the cycles
+ptxas makes the warp wait after each instruction before it issues the next (the stall count of
+each instruction's control bits, bits 41-44 of its second 64-bit word), added up over the loop
+and per HMMA, the least a warp can take per HMMA before any variable-latency wait (memory,
+barrier) or another warp's turn; and for the kernel: registers per
 thread (cuobjdump -res-usage), local memory (spills), and the blocks per SM that registers,
 shared memory and threads allow on an sm_90 SM (65536 registers, 228 KB of shared memory with
 1 KB reserved per block, 2048 threads, 32 blocks). These are the static figures a GPU run checks.
@@ -94,15 +98,23 @@ def registers(cuobjdump, obj, arch):
 
 
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
+# A 128-bit instruction is printed as two 64-bit words, the second on the line after it; the stall
+# count is 4 bits of that second word (the control bits of Volta and later).
+ENCODING_WORD = re.compile(r"^\s*/\*\s*0x([0-9a-f]{16})\s*\*/\s*$")  # a line of its own
+STALL_SHIFT, STALL_MASK = 41, 0xF
 
 
 def instructions(lines):
-    """[(address, opcode, operands)] of a function's SASS."""
+    """[(address, opcode, operands, stall cycles)] of a function's SASS (stall None where the
+    second word of the encoding is missing)."""
     out = []
-    for line in lines:
+    for i, line in enumerate(lines):
         m = INSTRUCTION.search(line)
-        if m:
-            out.append((int(m.group(1), 16), m.group(3), m.group(4)))
+        if not m:
+            continue
+        word = ENCODING_WORD.search(lines[i + 1]) if i + 1 < len(lines) else None
+        stall = (int(word.group(1), 16) >> STALL_SHIFT) & STALL_MASK if word else None
+        out.append((int(m.group(1), 16), m.group(3), m.group(4), stall))
     return out
 
 
@@ -110,7 +122,7 @@ def main_loop(code):
     """The body of the loop (a backward branch) with the most HMMA, the shortest of those: a
     kernel with an interior main loop and an edge one reports the interior one."""
     best, best_key = [], (0, 0)
-    for i, (address, opcode, operands) in enumerate(code):
+    for i, (address, opcode, operands, _) in enumerate(code):
         if not opcode.startswith("BRA"):
             continue
         m = re.search(r"0x([0-9a-f]+)", operands)
@@ -125,7 +137,13 @@ def main_loop(code):
 
 
 def count(body, prefix):
-    return sum(opcode.split(".")[0] == prefix for _, opcode, _ in body)
+    return sum(opcode.split(".")[0] == prefix for _, opcode, _, _ in body)
+
+
+def stall_cycles(body):
+    """The fixed stalls of the instructions of body, added up (None if one is unknown)."""
+    stalls = [stall for _, _, _, stall in body]
+    return None if None in stalls else sum(stalls)
 
 
 def blocks_per_sm(regs, threads, smem):
@@ -152,6 +170,7 @@ def analyse(info, objects, arch, cuobjdump):
     code = instructions(sass[mangled])
     loop = main_loop(code)
     hmma = count(loop, "HMMA")
+    stalls = stall_cycles(loop)
     regs, local = registers(cuobjdump, obj, arch).get(mangled, (0, 0))
     return {
         "version": version, "kernel": info["kernel"], "object": os.path.basename(obj),
@@ -161,6 +180,8 @@ def analyse(info, objects, arch, cuobjdump):
         "loop_ldsm": count(loop, "LDSM"), "loop_lds": count(loop, "LDS"),
         "loop_ldgsts": count(loop, "LDGSTS"), "loop_ldg": count(loop, "LDG"),
         "loop_bar": count(loop, "BAR"),
+        "loop_stall_cycles": stalls,
+        "loop_stall_cycles_per_hmma": stalls / hmma if hmma and stalls is not None else None,
         "kernel_local_memory": count(code, "LDL") + count(code, "STL"),
         "registers": regs, "local_bytes": local, "threads": info["threads"],
         "smem_bytes": info["smem_bytes"],
@@ -170,17 +191,19 @@ def analyse(info, objects, arch, cuobjdump):
 
 def print_table(rows):
     head = ("version", "regs", "smem KB", "blocks/SM", "warps/SM", "loop HMMA", "other/HMMA",
-            "LDSM", "LDS", "LDGSTS", "LDG", "LDL/STL")
+            "LDSM", "LDS", "LDGSTS", "LDG", "stalls", "stall/HMMA", "LDL/STL")
     print("  ".join(f"{h:>10}" for h in head))
     for r in rows:
         if "error" in r:
             print(f"{r['version']:>10}  {r['error']}")
             continue
-        other = r["loop_other_per_hmma"]
+        other, stall = r["loop_other_per_hmma"], r["loop_stall_cycles_per_hmma"]
         cells = (r["version"], r["registers"], f"{r['smem_bytes'] / 1024:.1f}", r["blocks_per_sm"],
                  r["blocks_per_sm"] * r["threads"] // 32, r["loop_hmma"],
                  "n/a" if other is None else f"{other:.2f}", r["loop_ldsm"], r["loop_lds"],
-                 r["loop_ldgsts"], r["loop_ldg"], r["kernel_local_memory"])
+                 r["loop_ldgsts"], r["loop_ldg"],
+                 "n/a" if r["loop_stall_cycles"] is None else r["loop_stall_cycles"],
+                 "n/a" if stall is None else f"{stall:.2f}", r["kernel_local_memory"])
         print("  ".join(f"{c:>10}" for c in cells))
 
 
