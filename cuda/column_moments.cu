@@ -123,35 +123,6 @@ constexpr int kMergeBatch = 8;
 // Warps whose moments one lane of warp 0 merges in the last stage (then across lanes).
 constexpr int kMergeWarpsPerLane = kMergeWarps / kMergeLanesPerColumn;
 
-// The moments of up to kMergeBatch consecutive row tiles of one column, those with a count of 0
-// left out: Chan's formula for k sets at once, in two passes over the tiles' means, shifted by
-// the first tile's (present: count[0] > 0) so that their differences keep their digits when the
-// mean is far from zero:
-//   mean = shift + sum(count_i (mean_i - shift)) / count,
-//   M2   = sum(M2_i) + sum(count_i (mean_i - mean)^2).
-// One division a batch, where merging the tiles one by one took one a tile.
-__device__ __forceinline__ Moments batch_moments(const float (&count)[kMergeBatch],
-                                                 const float (&mean)[kMergeBatch],
-                                                 const float (&m2)[kMergeBatch], long long total) {
-  const float shift = mean[0];
-  float shifted[kMergeBatch], weighted = 0.0f, total_f = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kMergeBatch; ++i) {
-    shifted[i] = count[i] > 0.0f ? mean[i] - shift : 0.0f;
-    weighted = fmaf(count[i], shifted[i], weighted);
-    total_f += count[i];
-  }
-  const float offset = weighted / total_f;
-  float sum_m2 = 0.0f, spread = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kMergeBatch; ++i) {
-    const float deviation = shifted[i] - offset;
-    sum_m2 += count[i] > 0.0f ? m2[i] : 0.0f;
-    spread = fmaf(count[i] * deviation, deviation, spread);
-  }
-  return Moments{total, shift + offset, sum_m2 + spread};
-}
-
 // The merge of the moments of lanes lane and lane ^ offset for offset = kMergeColumns, 2
 // kMergeColumns, ... < 32 (pairs first, as in a tree, the lower lane's first): every lane of the
 // warp takes part, and each lane of the lowest kMergeColumns ends with its column's merge.
@@ -166,7 +137,7 @@ __device__ __forceinline__ Moments merge_across_lanes(Moments own, int lane) {
 }
 
 // Run r = warp * kMergeLanesPerColumn + lane / kMergeColumns holds the row tiles
-// [r * per_run, (r + 1) * per_run) of its column, combined a batch at a time (batch_moments) and
+// [r * per_run, (r + 1) * per_run) of its column, combined a batch at a time (combine_moments) and
 // the batches merged in tile order; a warp's runs are merged in run order across its lanes, then
 // warp 0 merges the warps': each of its lanes kMergeWarpsPerLane warps in warp order, then across
 // its lanes. A fixed order, the same on every run.
@@ -185,19 +156,17 @@ __global__ void __launch_bounds__(32 * kMergeWarps)
   const int tile_stride = 2 * cols;
   Moments own{0, 0.0f, 0.0f};
   for (int t0 = first; col < cols && t0 < last; t0 += kMergeBatch) {
-    float count[kMergeBatch], mean[kMergeBatch], m2[kMergeBatch];
-    int total = 0;
+    int count[kMergeBatch];
+    float mean[kMergeBatch], m2[kMergeBatch];
 #pragma unroll
     for (int i = 0; i < kMergeBatch; ++i) { // past the run: its last tile again, counted 0
       const int t = min(t0 + i, last - 1);
       const float* tile = column + int64_t(t) * tile_stride;
       mean[i] = tile[0];
       m2[i] = tile[cols];
-      const int tile_count = t0 + i >= last ? 0 : t == row_tiles - 1 ? last_tile_rows : tile_rows;
-      count[i] = float(tile_count);
-      total += tile_count;
+      count[i] = t0 + i >= last ? 0 : t == row_tiles - 1 ? last_tile_rows : tile_rows;
     }
-    own = merge_moments(own, batch_moments(count, mean, m2, total));
+    own = merge_moments(own, combine_moments(count, mean, m2));
   }
   own = merge_across_lanes(own, lane);
   if (sub == 0) warp_moments[warp][lane] = own;

@@ -24,6 +24,7 @@
 #include "common.cuh"
 #include "device.cuh"
 #include "gemm_plan.h"
+#include "reduce.cuh"
 
 namespace minamp::gpu {
 
@@ -1344,16 +1345,16 @@ share_column_figures(float* staging, const float (&first)[kPackElems<CT>],
 // the mean and M2 (sum of squared deviations from that mean) of column col over the block's rows
 // of C as stored. Each thread adds up its own values of its columns as it stores them, then, from
 // their staging slots, their squared deviations from its own mean; the kGroups (count, mean, M2)
-// of a column are merged in group order with Chan's formula.
+// of a column are combined with Chan's formula for several sets (combine_moments, reduce.cuh).
 //
 // Why (count, mean, M2) and Chan's parallel merge (here and across blocks in
 // merge_column_partials), not (sum, sum of squares): E[x^2] - E[x]^2 subtracts two numbers of
 // size mean^2 to get var, so in fp32 it loses about log2(mean^2 / var) of float's 24 bits, and all
 // of them once |mean| is ~4000 std (a conv output with a large bias, or a ReLU'd one far from
 // zero). Centred sums never form mean^2: each thread centres its own values at its own mean, and
-// a merge adds delta^2 n_a n_b / n for the difference of two means — every term non-negative, no
-// cancellation — so the variance keeps fp32 precision whatever the mean (tested with
-// |mean| = 1e4 std). The count of a block is implied by its rows and is not stored.
+// a merge adds n_i (mean_i - mean)^2 for the differences of the sets' means — every term
+// non-negative, no cancellation — so the variance keeps fp32 precision whatever the mean (tested
+// with |mean| = 1e4 std). The count of a block is implied by its rows and is not stored.
 template <int BM, int BN, int kThreads, class CT>
 __device__ __forceinline__ void store_tile_with_moments(float* staging, int staging_ld, CT* c,
                                                         int m, int n, int m0, int n0,
@@ -1382,22 +1383,17 @@ __device__ __forceinline__ void store_tile_with_moments(float* staging, int stag
   float* means = ep.column_partials + int64_t(blockIdx.x) * 2 * n; // [2, N] of this row tile
   float* m2s = means + n;
   for (int col = threadIdx.x; col < BN && n0 + col < n; col += kThreads) {
-    float merged_mean = 0.0f, merged_m2 = 0.0f;
-    int merged = 0;
+    int group_count[Columns::kGroups];
+    float group_mean[Columns::kGroups], group_m2[Columns::kGroups];
+#pragma unroll
     for (int group = 0; group < Columns::kGroups; ++group) {
-      const int more = Columns::group_rows(group, rows);
-      if (more == 0) continue;
-      const float group_mean = figures[group * BN + col];
-      const float group_m2 = figures[(Columns::kGroups + group) * BN + col];
-      const int total = merged + more;
-      const float delta = group_mean - merged_mean;
-      const float share = float(more) / float(total);
-      merged_mean += delta * share;
-      merged_m2 += group_m2 + delta * delta * (float(merged) * share);
-      merged = total;
+      group_count[group] = Columns::group_rows(group, rows);
+      group_mean[group] = figures[group * BN + col];
+      group_m2[group] = figures[(Columns::kGroups + group) * BN + col];
     }
-    means[n0 + col] = merged_mean;
-    m2s[n0 + col] = merged_m2;
+    const Moments merged = combine_moments(group_count, group_mean, group_m2);
+    means[n0 + col] = merged.mean;
+    m2s[n0 + col] = merged.m2;
   }
 }
 

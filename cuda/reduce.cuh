@@ -63,6 +63,38 @@ __device__ __forceinline__ Moments merge_moments(const Moments& a, const Moments
   return {count, a.mean + delta * b_share, a.m2 + b.m2 + delta * delta * float(a.count) * b_share};
 }
 
+// The moments of K disjoint sets of rows at once, those with a count of 0 left out (count[0] > 0):
+// Chan et al.'s formula for K sets, in two passes over their means, shifted by the first set's so
+// that their differences keep their digits when the mean is far from zero:
+//   mean = shift + sum(count_i (mean_i - shift)) / count,
+//   M2   = sum(M2_i) + sum(count_i (mean_i - mean)^2),
+// every term of M2 non-negative. One division, where merge_moments one set at a time takes K - 1
+// in a dependent chain.
+template <int K>
+__device__ __forceinline__ Moments combine_moments(const int (&count)[K], const float (&mean)[K],
+                                                   const float (&m2)[K]) {
+  const float shift = mean[0];
+  float weight[K], shifted[K], weighted = 0.0f, total_f = 0.0f;
+  long long total = 0;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    weight[i] = float(count[i]);
+    shifted[i] = count[i] > 0 ? mean[i] - shift : 0.0f;
+    weighted = fmaf(weight[i], shifted[i], weighted);
+    total_f += weight[i];
+    total += count[i];
+  }
+  const float offset = weighted / total_f;
+  float sum_m2 = 0.0f, spread = 0.0f;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    const float deviation = shifted[i] - offset;
+    sum_m2 += count[i] > 0 ? m2[i] : 0.0f;
+    spread = fmaf(weight[i] * deviation, deviation, spread);
+  }
+  return Moments{total, shift + offset, sum_m2 + spread};
+}
+
 // ---- Whole-tensor sums: stage 1 writes one partial per block, stage 2 (one block) adds them.
 
 constexpr int kReduceThreads = 256;
