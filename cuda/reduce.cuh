@@ -74,17 +74,16 @@ template <int K>
 __device__ __forceinline__ Moments combine_moments(const int (&count)[K], const float (&mean)[K],
                                                    const float (&m2)[K]) {
   const float shift = mean[0];
-  float weight[K], shifted[K], weighted = 0.0f, total_f = 0.0f;
+  float weight[K], shifted[K], weighted = 0.0f;
   long long total = 0;
 #pragma unroll
   for (int i = 0; i < K; ++i) {
     weight[i] = float(count[i]);
     shifted[i] = count[i] > 0 ? mean[i] - shift : 0.0f;
     weighted = fmaf(weight[i], shifted[i], weighted);
-    total_f += weight[i];
     total += count[i];
   }
-  const float offset = weighted / total_f;
+  const float offset = weighted / float(total);
   float sum_m2 = 0.0f, spread = 0.0f;
 #pragma unroll
   for (int i = 0; i < K; ++i) {
