@@ -72,10 +72,6 @@ __device__ __forceinline__ float2 half_pair_to_float2(uint32_t bits) {
   return __half22float2(
       __halves2half2(__ushort_as_half(uint16_t(bits)), __ushort_as_half(uint16_t(bits >> 16))));
 }
-template <class Pair>
-__device__ __forceinline__ void store_pairs(void* at, const Pair& lo, const Pair& hi) {
-  *static_cast<uint2*>(at) = make_uint2(pair_bits(lo), pair_bits(hi));
-}
 // Four values as stored, as one access moves them: two pairs' 32 bits (f16, bf16) or four floats.
 // load4_stored reads them, widen4 turns them into floats, load4 does both. A kernel that has
 // several loads in flight before it uses the first holds them as stored: half the registers for
@@ -100,14 +96,27 @@ template <> __device__ __forceinline__ Float4 widen4<__nv_bfloat16>(const uint2&
 template <class T> __device__ __forceinline__ Float4 load4(const T* p, int64_t i) {
   return widen4<T>(load4_stored(p, i));
 }
-__device__ __forceinline__ void store4(float* p, int64_t i, const Float4& f) {
-  *reinterpret_cast<float4*>(p + i) = make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
+// round4 rounds four floats to T as store4 stores them (round to nearest even), store4_stored
+// writes values so rounded, store4 does both: a kernel that also uses the values as stored
+// (widen4 of round4's) rounds each once.
+template <class T> __device__ Stored4<T> round4(const Float4& f);
+template <> __device__ __forceinline__ float4 round4<float>(const Float4& f) {
+  return make_float4(f.v[0], f.v[1], f.v[2], f.v[3]);
 }
-__device__ __forceinline__ void store4(__half* p, int64_t i, const Float4& f) {
-  store_pairs(p + i, __floats2half2_rn(f.v[0], f.v[1]), __floats2half2_rn(f.v[2], f.v[3]));
+template <> __device__ __forceinline__ uint2 round4<__half>(const Float4& f) {
+  return make_uint2(pair_bits(__floats2half2_rn(f.v[0], f.v[1])),
+                    pair_bits(__floats2half2_rn(f.v[2], f.v[3])));
 }
-__device__ __forceinline__ void store4(__nv_bfloat16* p, int64_t i, const Float4& f) {
-  store_pairs(p + i, __floats2bfloat162_rn(f.v[0], f.v[1]), __floats2bfloat162_rn(f.v[2], f.v[3]));
+template <> __device__ __forceinline__ uint2 round4<__nv_bfloat16>(const Float4& f) {
+  return make_uint2(pair_bits(__floats2bfloat162_rn(f.v[0], f.v[1])),
+                    pair_bits(__floats2bfloat162_rn(f.v[2], f.v[3])));
+}
+template <class T>
+__device__ __forceinline__ void store4_stored(T* p, int64_t i, const Stored4<T>& stored) {
+  *reinterpret_cast<Stored4<T>*>(p + i) = stored;
+}
+template <class T> __device__ __forceinline__ void store4(T* p, int64_t i, const Float4& f) {
+  store4_stored(p, i, round4<T>(f));
 }
 
 // kPack (1 or 4) consecutive values from p + i into v, and back: for kernels templated on how

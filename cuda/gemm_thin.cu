@@ -52,15 +52,9 @@ __device__ __forceinline__ float b_at(const T* b, int k, int n, int kk, int j) {
   return load_f(b, kTransB ? int64_t(j) * k + kk : int64_t(kk) * n + j);
 }
 
-// bias[e] = the bias of column col + e (0 past N, or without a bias).
-__device__ __forceinline__ void load_bias(const EpilogueArgs& ep, int n, int col,
-                                          float (&bias)[4]) {
-#pragma unroll
-  for (int e = 0; e < 4; ++e) bias[e] = col + e < n && ep.bias ? ep.bias[col + e] : 0.0f;
-}
-
-// The values a thread keeps for its 4 columns from col when they are the same in every step: op(B)
-// at (kk, col + e) and the bias (0 past N or K; only those before N and K are used).
+// The values of a thread's 4 columns from col, which the fixed-columns kernel reads once and the
+// other kernel once a step: op(B) at (kk, col + e) and the bias, 0 past N or K (and the bias
+// without one), so that the products and the packed store use them with no test.
 template <bool kTransB, class T> struct ThinColumns {
   float b[4][kThinK];
   float bias[4];
@@ -70,7 +64,8 @@ template <bool kTransB, class T> struct ThinColumns {
 #pragma unroll
       for (int kk = 0; kk < kThinK; ++kk)
         b[e][kk] = col + e < n && kk < k ? b_at<kTransB>(b_data, k, n, kk, col + e) : 0.0f;
-    load_bias(ep, n, col, bias);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) bias[e] = col + e < n && ep.bias ? ep.bias[col + e] : 0.0f;
   }
 };
 
@@ -84,10 +79,10 @@ __device__ __forceinline__ void load_thin_row(const T* a, int m, int k, int64_t 
   for (int kk = 0; kk < kThinK; ++kk) a_row[kk] = kk < k ? a[a_index<kTransA>(m, k, row, kk)] : T{};
 }
 
-// acc[e] = sum over kk < k of a_row[kk] * b_value(e, kk), in k order, for the columns before N
-// (a_row as load_thin_row stores it; b_value(e, kk): op(B) at (kk, col + e)).
+// acc[e] = sum over kk < k of a_row[kk] * b_value(e, kk), in k order (a_row as load_thin_row
+// stores it; b_value(e, kk): op(B) at (kk, col + e), 0 past N, so that no column is tested here).
 template <class T, class BValue>
-__device__ __forceinline__ void thin_row_products(const T (&a_row)[kThinK], int k, int n, int col,
+__device__ __forceinline__ void thin_row_products(const T (&a_row)[kThinK], int k,
                                                   const BValue& b_value, float (&acc)[4]) {
   float a_values[kThinK];
 #pragma unroll
@@ -95,37 +90,38 @@ __device__ __forceinline__ void thin_row_products(const T (&a_row)[kThinK], int 
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     acc[e] = 0.0f;
-    if (col + e < n)
 #pragma unroll
-      for (int kk = 0; kk < kThinK; ++kk)
-        if (kk < k) acc[e] += a_values[kk] * b_value(e, kk);
+    for (int kk = 0; kk < kThinK; ++kk)
+      if (kk < k) acc[e] += a_values[kk] * b_value(e, kk);
   }
 }
 
-// v = relu(alpha * acc + beta * C_old + bias), for the 4 columns from col of one row of C, stored
-// as one pack when `pack` (N a multiple of 4, C aligned), else element by element up to N; acc
-// becomes the values as stored.
+// v = relu(alpha * acc + beta * C_old + bias), for the 4 columns from col of one row of C (row <
+// M, an int), stored as one pack when `pack` (N a multiple of 4, C aligned) and beta is 0, else
+// element by element up to N; acc becomes the values as stored (those past N are left as they
+// were). In the pack, the bias is added as the 0 that bias[] holds without one and the ReLU is a
+// floor (relu_floor): store_output's values, with no branch on either.
 template <class CT>
-__device__ __forceinline__ void store_four(CT* c, int n, int64_t row, int col, float (&acc)[4],
+__device__ __forceinline__ void store_four(CT* c, int n, int row, int col, float (&acc)[4],
                                            const float (&bias)[4], const EpilogueArgs& ep,
                                            bool pack) {
-  if (!pack) {
+  if (!pack || ep.beta != 0.0f) {
     for (int e = 0; e < 4 && col + e < n; ++e)
-      acc[e] = store_output(c, n, int(row), col + e, acc[e], ep);
+      acc[e] = store_output(c, n, row, col + e, acc[e], ep);
     return;
   }
-  const int64_t at = row * n + col;
+  const float floor = relu_floor(ep.relu);
   Float4 v;
-  const Float4 old = ep.beta != 0.0f ? load4(c, at) : Float4{};
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    v.v[e] = ep.alpha * acc[e];
-    if (ep.beta != 0.0f) v.v[e] += ep.beta * old.v[e];
-    if (ep.bias) v.v[e] += bias[e];
-    if (ep.relu) v.v[e] = v.v[e] < 0.0f ? 0.0f : v.v[e]; // NaN propagates
-    acc[e] = as_stored<CT>(v.v[e]);
+    const float x = ep.alpha * acc[e] + bias[e];
+    v.v[e] = x < floor ? floor : x; // a NaN passes, as in torch.relu
   }
-  store4(c, at, v);
+  const Stored4<CT> stored = round4<CT>(v);
+  store4_stored(c, int64_t(row) * n + col, stored);
+  const Float4 values = widen4<CT>(stored);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) acc[e] = values.v[e];
 }
 
 // The batch norm input x at (row, col + e), e < 4, as stored (0 past N; C being that batch norm's
@@ -146,36 +142,51 @@ __device__ __forceinline__ Stored4<CT> load_grad_x(const BatchNormGradient& grad
 }
 
 // Adds the batch norm gradient terms (batchnorm_grad_terms) of C[row, col + e] as stored (dy[e])
-// and of the batch norm's input there (xs[e]) to a thread's sums of its 4 columns.
+// and of the batch norm's input there (xs[e]) to a thread's sums of its 4 columns. Columns past N
+// get sums too, never stored.
 __device__ __forceinline__ void add_grad_terms(const BatchNormGradient& grad,
-                                               const ChannelValues<4>& ch, int n, int col,
-                                               const float (&xs)[4], const float (&dy)[4],
-                                               float (&sum)[4], float (&sum_xhat)[4]) {
+                                               const ChannelValues<4>& ch, const float (&xs)[4],
+                                               const float (&dy)[4], float (&sum)[4],
+                                               float (&sum_xhat)[4]) {
 #pragma unroll
-  for (int e = 0; e < 4; ++e)
-    if (col + e < n) {
-      float xhat, dy_hat;
-      batchnorm_grad_terms(xs[e], dy[e], ch.gamma[e], ch.beta[e], ch.mean[e], ch.invstd[e],
-                           grad.channels.relu, xhat, dy_hat);
-      sum[e] += dy_hat;
-      sum_xhat[e] += dy_hat * xhat;
-    }
+  for (int e = 0; e < 4; ++e) {
+    float xhat, dy_hat;
+    batchnorm_grad_terms(xs[e], dy[e], ch.gamma[e], ch.beta[e], ch.mean[e], ch.invstd[e],
+                         grad.channels.relu, xhat, dy_hat);
+    sum[e] += dy_hat;
+    sum_xhat[e] += dy_hat * xhat;
+  }
+}
+
+// 1 / count, a count of rows: the reciprocal instruction (rcp.approx, MUFU.RCP) refined by one
+// Newton step. That is the compiler's IEEE division of 1 by count without its test for operands
+// near the ends of the float range (an int's float never is), and gives the same value in 4
+// instructions a row, where the division's 16 were a fifth of the moments kernel's. The emulator
+// starts from the quotient itself, which the step leaves as it is.
+__device__ __forceinline__ float reciprocal_of_count(int count) {
+  const float x = float(count);
+#if defined(MINAMP_CUDA_EMULATOR)
+  const float estimate = 1.0f / x;
+#else
+  float estimate;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(x));
+#endif
+  return fmaf(estimate, fmaf(-x, estimate, 1.0f), estimate);
 }
 
 // Adds C[row, col + e] as stored (v[e]) to a thread's running moments of its 4 columns over the
 // `count` rows it has stored, this one included (Welford's update: each value moves the mean by
 // its deviation over the count, and M2 by that deviation times the one from the moved mean; no
-// sum of squares, no cancellation).
-__device__ __forceinline__ void add_moments(int n, int col, int count, const float (&v)[4],
-                                            float (&mean)[4], float (&m2)[4]) {
-  const float share = 1.0f / float(count);
+// sum of squares, no cancellation). Columns past N get figures too, never stored.
+__device__ __forceinline__ void add_moments(int count, const float (&v)[4], float (&mean)[4],
+                                            float (&m2)[4]) {
+  const float share = reciprocal_of_count(count);
 #pragma unroll
-  for (int e = 0; e < 4; ++e)
-    if (col + e < n) {
-      const float delta = v[e] - mean[e];
-      mean[e] = fmaf(delta, share, mean[e]);
-      m2[e] = fmaf(delta, v[e] - mean[e], m2[e]);
-    }
+  for (int e = 0; e < 4; ++e) {
+    const float delta = v[e] - mean[e];
+    mean[e] = fmaf(delta, share, mean[e]);
+    m2[e] = fmaf(delta, v[e] - mean[e], m2[e]);
+  }
 }
 
 // Bytes of shared memory the thin-K kernel's per-block figures (gradient sums or moments) need:
@@ -251,21 +262,21 @@ __global__ void __launch_bounds__(kThreads)
                        bool pack) {
   const int groups = (n + 3) / 4;
   // The thread's (row, group of 4 columns) in a grid-stride walk over [M, groups], moved on by
-  // the stride's rows and groups at each step (no division in the loop).
-  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t row_step = stride / groups;
-  const int group_step = int(stride % groups);
+  // the stride's rows and groups at each step (no division in the loop; the grid's threads, fewer
+  // than 2^31, are divided in 32 bits, with no call to the 64-bit division).
+  const int first = int(blockIdx.x * blockDim.x + threadIdx.x);
+  const int stride = int(gridDim.x * blockDim.x);
+  const int row_step = stride / groups, group_step = stride % groups;
   int64_t row = first / groups;
-  for (int group = int(first % groups); row < m;) {
+  for (int group = first % groups; row < m;) {
     const int col = group * 4;
     T a_row[kThinK];
-    float acc[4], bias[4];
+    float acc[4];
     load_thin_row<kTransA>(a, m, k, row, a_row);
+    const ThinColumns<kTransB, T> columns(b, k, n, col, ep);
     thin_row_products(
-        a_row, k, n, col, [&](int e, int kk) { return b_at<kTransB>(b, k, n, kk, col + e); }, acc);
-    load_bias(ep, n, col, bias);
-    store_four(c, n, row, col, acc, bias, ep, pack);
+        a_row, k, [&](int e, int kk) { return columns.b[e][kk]; }, acc);
+    store_four(c, n, int(row), col, acc, columns.bias, ep, pack);
     row += row_step;
     group += group_step;
     if (group >= groups) {
@@ -338,11 +349,10 @@ __global__ void __launch_bounds__(kThreads, thin_k_blocks_per_sm(kK, kFigures, i
       [&](int r, int64_t row) {
         float acc[4];
         thin_row_products(
-            a_rows[r], k, n, col, [&](int e, int kk) { return columns.b[e][kk]; }, acc);
-        store_four(c, n, row, col, acc, columns.bias, ep, pack); // acc: the values as stored
-        if (grad_sums)
-          add_grad_terms(grad, channels, n, col, widen4<CT>(xs[r]).v, acc, first, second);
-        if (moments) add_moments(n, col, ++count, acc, first, second);
+            a_rows[r], k, [&](int e, int kk) { return columns.b[e][kk]; }, acc);
+        store_four(c, n, int(row), col, acc, columns.bias, ep, pack); // acc: the values as stored
+        if (grad_sums) add_grad_terms(grad, channels, widen4<CT>(xs[r]).v, acc, first, second);
+        if (moments) add_moments(++count, acc, first, second);
       });
   if (grad_sums) store_thin_grad_partials(first, second, n, grad.sums);
   if (moments) store_thin_moment_partials(first, second, n, rows, ep.column_partials);

@@ -301,7 +301,8 @@ TEST(GpuColumnMoments, MeanFarFromZeroKeepsTheVariance) {
 // keep their columns (N / 4 dividing 256): each thread's Welford moments over its rows, merged per
 // block, then across blocks. Every K it compiles for (1, 2, and the run-time K up to 8, and a
 // transposed A), N a multiple of 4 or not (packed or element-by-element stores), one row, a last
-// block of a few rows, bf16 and f32; and N = 12, whose threads change columns (the unfused pass).
+// block of a few rows, with and without a bias or the ReLU, bf16 and f32; and N = 12, whose
+// threads change columns (the unfused pass).
 TEST(GpuColumnMoments, ThinKKernel) {
   MINAMP_REQUIRE_GPU();
   uint64_t seed = 950;
@@ -313,6 +314,7 @@ TEST(GpuColumnMoments, ThinKKernel) {
     expect_moments_match(MomentsCase{1000, 3, 3, dtype, dtype}, ++seed);
     expect_moments_match(MomentsCase{777, 32, 5, dtype, dtype, true, true}, ++seed);
     expect_moments_match(MomentsCase{300, 12, 2, dtype, dtype}, ++seed);
+    expect_moments_match(MomentsCase{2050, 64, 2, dtype, dtype, false, true, false, true}, ++seed);
   }
   expect_moments_match(MomentsCase{2000, 64, 2, DType::f16, DType::f32}, ++seed);
 }
