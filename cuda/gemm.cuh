@@ -1324,7 +1324,9 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
 
 // Puts each thread's two figures of its P columns into the staging tile, laid out as
 // [2][kGroups][BN], once every thread is done with the tile; returns that layout's start, readable
-// by the whole block.
+// by the whole block. Each figure's P values go as store_staged writes a pack (16-byte stores
+// without bank conflicts; one at a time, a warp's 32 threads on consecutive packs put 8 values
+// on each bank).
 template <int BM, int BN, int kThreads, class CT>
 __device__ __forceinline__ const float*
 share_column_figures(float* staging, const float (&first)[kPackElems<CT>],
@@ -1332,11 +1334,8 @@ share_column_figures(float* staging, const float (&first)[kPackElems<CT>],
   using Columns = EpilogueColumns<BM, BN, kThreads, CT>;
   const int g = Columns::group(), col0 = Columns::first_column();
   __syncthreads(); // every thread is done with the staging tile
-#pragma unroll
-  for (int e = 0; e < Columns::P; ++e) {
-    staging[g * BN + col0 + e] = first[e];
-    staging[(Columns::kGroups + g) * BN + col0 + e] = second[e];
-  }
+  store_staged(staging + g * BN + col0, first);
+  store_staged(staging + (Columns::kGroups + g) * BN + col0, second);
   __syncthreads();
   return staging;
 }
