@@ -1276,26 +1276,30 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
   const auto slot = [&](int64_t idx) {
     return staging + idx / Columns::kPacksPerRow * staging_ld + idx % Columns::kPacksPerRow * P;
   };
+  // The thread's pack in the tile's first row of C, moved down by whole rows (its columns are the
+  // same in every row: no column arithmetic, and one 32 x 32-bit product a pack).
+  CT* const own_c = c + int64_t(m0) * n + own_column;
   constexpr int kInFlight = kEpiloguePacksInFlight<kThreads>;
   float staged[kInFlight][P]; // constant indices only (a runtime one: local memory)
   for_each_batched<kInFlight>(
       threadIdx.x, kThreads, BM * Columns::kPacksPerRow,
       [&](int b, int64_t idx) { load_staged(slot(idx), staged[b]); },
       [&](int b, int64_t idx) {
-        const int row = m0 + int(idx / Columns::kPacksPerRow);
-        const int column = n0 + int(idx % Columns::kPacksPerRow) * P;
-        if (row >= m || column >= n) return;
+        const int tile_row = int(idx / Columns::kPacksPerRow);
+        if (m0 + tile_row >= m || own_column >= n) return;
         float(&v)[P] = staged[b]; // becomes the pack as stored
-        int valid = P;
         if (!packable) {
-          valid = min(P, n - column);
+          const int valid = min(P, n - own_column);
 #pragma unroll
           for (int e = 0; e < P; ++e)
-            if (e < valid) v[e] = store_output(c, n, row, column + e, v[e], ep);
+            if (e < valid) {
+              v[e] = store_output(c, n, m0 + tile_row, own_column + e, v[e], ep);
+              if constexpr (kSums == EpilogueSums::moments) sums[e] += v[e];
+            }
         } else {
 #pragma unroll
           for (int e = 0; e < P; ++e) v[e] *= ep.alpha;
-          CT* out = c + int64_t(row) * n + column;
+          CT* out = own_c + int64_t(tile_row) * n;
           if (ep.beta != 0.0f) {
             float old[P];
             load_pack16(out, old);
@@ -1309,14 +1313,15 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
 #pragma unroll
             for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
           store_pack16(out, v);
-          if constexpr (kSums != EpilogueSums::none)
+          if constexpr (kSums == EpilogueSums::moments) {
 #pragma unroll
-            for (int e = 0; e < P; ++e) v[e] = as_stored<CT>(v[e]);
+            for (int e = 0; e < P; ++e) {
+              v[e] = as_stored<CT>(v[e]);
+              sums[e] += v[e];
+            }
+          }
         }
         if constexpr (kSums == EpilogueSums::moments) {
-#pragma unroll
-          for (int e = 0; e < P; ++e)
-            if (e < valid) sums[e] += v[e];
           store_staged(slot(idx), v); // past N: never read out
         }
       });
