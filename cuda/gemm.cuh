@@ -1276,9 +1276,6 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
   const auto slot = [&](int64_t idx) {
     return staging + idx / Columns::kPacksPerRow * staging_ld + idx % Columns::kPacksPerRow * P;
   };
-  // The thread's pack in the tile's first row of C, moved down by whole rows (its columns are the
-  // same in every row: no column arithmetic, and one 32 x 32-bit product a pack).
-  CT* const own_c = c + int64_t(m0) * n + own_column;
   constexpr int kInFlight = kEpiloguePacksInFlight<kThreads>;
   float staged[kInFlight][P]; // constant indices only (a runtime one: local memory)
   for_each_batched<kInFlight>(
@@ -1299,7 +1296,9 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
         } else {
 #pragma unroll
           for (int e = 0; e < P; ++e) v[e] *= ep.alpha;
-          CT* out = own_c + int64_t(tile_row) * n;
+          // The thread's columns are the same in every row (own_column): its pack's offset is one
+          // 32 x 32-bit product a row.
+          CT* out = c + (int64_t(m0 + tile_row) * n + own_column);
           if (ep.beta != 0.0f) {
             float old[P];
             load_pack16(out, old);
