@@ -79,11 +79,11 @@ __device__ __forceinline__ void load_thin_row(const T* a, int m, int k, int64_t 
   for (int kk = 0; kk < kThinK; ++kk) a_row[kk] = kk < k ? a[a_index<kTransA>(m, k, row, kk)] : T{};
 }
 
-// acc[e] = sum over kk < k of a_row[kk] * b_value(e, kk), in k order (a_row as load_thin_row
-// stores it; b_value(e, kk): op(B) at (kk, col + e), 0 past N, so that no column is tested here).
-template <class T, class BValue>
+// acc[e] = sum over kk < k of a_row[kk] * b[e][kk], in k order (a_row as load_thin_row stores it;
+// b: ThinColumns' values, 0 past N, so that no column is tested here).
+template <class T>
 __device__ __forceinline__ void thin_row_products(const T (&a_row)[kThinK], int k,
-                                                  const BValue& b_value, float (&acc)[4]) {
+                                                  const float (&b)[4][kThinK], float (&acc)[4]) {
   float a_values[kThinK];
 #pragma unroll
   for (int kk = 0; kk < kThinK; ++kk) a_values[kk] = load_f(a_row, kk);
@@ -92,7 +92,7 @@ __device__ __forceinline__ void thin_row_products(const T (&a_row)[kThinK], int 
     acc[e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < kThinK; ++kk)
-      if (kk < k) acc[e] += a_values[kk] * b_value(e, kk);
+      if (kk < k) acc[e] += a_values[kk] * b[e][kk];
   }
 }
 
@@ -274,8 +274,7 @@ __global__ void __launch_bounds__(kThreads)
     float acc[4];
     load_thin_row<kTransA>(a, m, k, row, a_row);
     const ThinColumns<kTransB, T> columns(b, k, n, col, ep);
-    thin_row_products(
-        a_row, k, [&](int e, int kk) { return columns.b[e][kk]; }, acc);
+    thin_row_products(a_row, k, columns.b, acc);
     store_four(c, n, int(row), col, acc, columns.bias, ep, pack);
     row += row_step;
     group += group_step;
@@ -348,8 +347,7 @@ __global__ void __launch_bounds__(kThreads, thin_k_blocks_per_sm(kK, kFigures, i
       },
       [&](int r, int64_t row) {
         float acc[4];
-        thin_row_products(
-            a_rows[r], k, [&](int e, int kk) { return columns.b[e][kk]; }, acc);
+        thin_row_products(a_rows[r], k, columns.b, acc);
         store_four(c, n, int(row), col, acc, columns.bias, ep, pack); // acc: the values as stored
         if (grad_sums) add_grad_terms(grad, channels, widen4<CT>(xs[r]).v, acc, first, second);
         if (moments) add_moments(++count, acc, first, second);
