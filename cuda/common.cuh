@@ -146,10 +146,14 @@ __device__ __forceinline__ void store_pack(T* p, int64_t i, const float (&v)[kPa
 // whose loads are few bytes a thread leaves each warp waiting a whole memory latency per step.
 // Whole batches carry no bounds test per load: a load under its own predicate is converted as soon
 // as it arrives, and the compiler then issues the batch's loads one after another's wait.
-template <int kBatch, class Load, class Use>
-__device__ __forceinline__ void for_each_batched(int64_t first, int64_t step, int64_t end,
-                                                 Load&& load, Use&& use) {
-  int64_t i = first;
+// Index is the indices' type: 64 bits unless the caller names a narrower one for a walk that fits
+// (not deduced from the arguments, which mix types).
+template <class T> struct NotDeduced { using type = T; };
+template <int kBatch, class Index = int64_t, class Load, class Use>
+__device__ __forceinline__ void
+for_each_batched(typename NotDeduced<Index>::type first, typename NotDeduced<Index>::type step,
+                 typename NotDeduced<Index>::type end, Load&& load, Use&& use) {
+  Index i = first;
   for (; i + (kBatch - 1) * step < end; i += kBatch * step) {
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) load(b, i + b * step);
@@ -160,6 +164,33 @@ __device__ __forceinline__ void for_each_batched(int64_t first, int64_t step, in
     load(0, i);
     use(0, i);
   }
+}
+
+// 1 / count, a count of rows (a positive integer, as a float): the reciprocal instruction
+// (rcp.approx, MUFU.RCP) refined by one Newton step. That is the compiler's IEEE division of 1 by
+// count without its test for operands near the ends of the float range (a count's float never
+// is), and gives the same value in 4 instructions, where the division takes 16 (the thin-K
+// moments kernel divides once a row). The emulator starts from the quotient itself, which the
+// step leaves as it is.
+__device__ __forceinline__ float reciprocal_of_count(float count) {
+#if defined(MINAMP_CUDA_EMULATOR)
+  const float estimate = 1.0f / count;
+#else
+  float estimate;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(count));
+#endif
+  return fmaf(estimate, fmaf(-count, estimate, 1.0f), estimate);
+}
+// x / count, x a sum over `count` rows: x times reciprocal_of_count, corrected once by the
+// residual. That is the compiler's own fast path of IEEE division, with the same value wherever x
+// and x / count are normal floats (else within an ulp). The compiler's range test sends the other
+// operands to a slow path that is a function call, and registers live across a call are kept in
+// local memory around it; the GEMM epilogues divide once per column of a tile
+// (store_tile_with_moments).
+__device__ __forceinline__ float divide_by_count(float x, float count) {
+  const float inverse = reciprocal_of_count(count);
+  const float quotient = x * inverse;
+  return fmaf(fmaf(-count, quotient, x), inverse, quotient);
 }
 
 // Batch norm's normalisation of one value of a channel, then ReLU when asked: gamma (v - mean)

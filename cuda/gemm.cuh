@@ -556,26 +556,39 @@ __device__ __forceinline__ void load_pack16(const __nv_bfloat16* p, float (&v)[8
     v[2 * i] = f.x, v[2 * i + 1] = f.y;
   }
 }
-__device__ __forceinline__ void store_pack16(float* p, const float (&v)[4]) {
-  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ __forceinline__ void store_pack16(__half* p, const float (&v)[8]) {
-  uint32_t words[4];
+// A pack of C's dtype rounded from its fp32 values (round4: round to nearest even), as the Stored4
+// quarters of the 16 bytes one access moves: round_pack rounds, store_rounded_pack writes,
+// widen_pack gives the values as stored, store_pack16 rounds and writes. A kernel that also uses
+// the values as stored rounds each once.
+template <class T> struct RoundedPack { Stored4<T> quarter[kPackElems<T> / 4]; };
+template <class T>
+__device__ __forceinline__ RoundedPack<T> round_pack(const float (&v)[kPackElems<T>]) {
+  RoundedPack<T> pack;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __half2_raw raw = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
-    words[i] = uint32_t(raw.x) | (uint32_t(raw.y) << 16);
-  }
-  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+  for (int q = 0; q < kPackElems<T> / 4; ++q)
+    pack.quarter[q] = round4<T>(Float4{{v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]}});
+  return pack;
 }
-__device__ __forceinline__ void store_pack16(__nv_bfloat16* p, const float (&v)[8]) {
-  uint32_t words[4];
+template <class T>
+__device__ __forceinline__ void widen_pack(const RoundedPack<T>& pack, float (&v)[kPackElems<T>]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162_raw raw = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    words[i] = uint32_t(raw.x) | (uint32_t(raw.y) << 16);
+  for (int q = 0; q < kPackElems<T> / 4; ++q) {
+    const Float4 values = widen4<T>(pack.quarter[q]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[4 * q + e] = values.v[e];
   }
-  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+__device__ __forceinline__ void store_rounded_pack(float* p, const RoundedPack<float>& pack) {
+  store4_stored(p, 0, pack.quarter[0]);
+}
+template <class T>
+__device__ __forceinline__ void store_rounded_pack(T* p, const RoundedPack<T>& pack) {
+  const uint2 low = pack.quarter[0], high = pack.quarter[1];
+  *reinterpret_cast<uint4*>(p) = make_uint4(low.x, low.y, high.x, high.y);
+}
+template <class T>
+__device__ __forceinline__ void store_pack16(T* p, const float (&v)[kPackElems<T>]) {
+  store_rounded_pack(p, round_pack<T>(v));
 }
 
 // Shared-memory tiles. A tile keeps the orientation the operand has in global memory, so every
@@ -1203,38 +1216,46 @@ enum class EpilogueSums { none, moments };
 // is two 16-byte halves, and a quarter warp's 8 lanes on consecutive packs of a row would start
 // two by two on the same banks (lane i at bank 8 i mod 32): lanes 4-7 of each quarter take their
 // upper half first, so that each of the two accesses is one conflict-free wavefront.
+// load_staged_unordered leaves the halves in that order; swap_staged_halves turns values in
+// column order into it and back (it is its own inverse), 8 selects.
 template <int P> __device__ __forceinline__ bool upper_half_first() {
   return P == 8 && threadIdx.x / 4 % 2 == 1;
 }
-template <int P> __device__ __forceinline__ void load_staged(const float* at, float (&v)[P]) {
-  if constexpr (P == 4) {
-    load_pack16(at, v);
-  } else {
+template <int P> __device__ __forceinline__ void swap_staged_halves(float (&v)[P]) {
+  if constexpr (P == 8) {
     const bool swap = upper_half_first<P>();
-    float first[4], second[4];
-    load_pack16(at + (swap ? 4 : 0), first);
-    load_pack16(at + (swap ? 0 : 4), second);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      v[e] = swap ? second[e] : first[e];
-      v[4 + e] = swap ? first[e] : second[e];
+      const float low = v[e], high = v[4 + e];
+      v[e] = swap ? high : low;
+      v[4 + e] = swap ? low : high;
     }
   }
 }
-template <int P> __device__ __forceinline__ void store_staged(float* at, const float (&v)[P]) {
-  if constexpr (P == 4) {
-    store_pack16(at, v);
-  } else {
-    const bool swap = upper_half_first<P>();
-    float first[4], second[4];
+template <int P>
+__device__ __forceinline__ void load_staged_unordered(const float* at, float (&v)[P]) {
+  const int first = upper_half_first<P>() ? 4 : 0;
+  float half[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      first[e] = swap ? v[4 + e] : v[e];
-      second[e] = swap ? v[e] : v[4 + e];
-    }
-    store_pack16(at + (swap ? 4 : 0), first);
-    store_pack16(at + (swap ? 0 : 4), second);
+  for (int q = 0; q < P; q += 4) {
+    load_pack16(at + (q ^ first), half);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[q + e] = half[e];
   }
+}
+template <int P> __device__ __forceinline__ void load_staged(const float* at, float (&v)[P]) {
+  load_staged_unordered(at, v);
+  swap_staged_halves(v);
+}
+template <int P> __device__ __forceinline__ void store_staged(float* at, const float (&v)[P]) {
+  float w[P];
+#pragma unroll
+  for (int e = 0; e < P; ++e) w[e] = v[e];
+  swap_staged_halves(w);
+  const int first = upper_half_first<P>() ? 4 : 0;
+#pragma unroll
+  for (int q = 0; q < P; q += 4)
+    store_pack16(at + (q ^ first), {w[q], w[q + 1], w[q + 2], w[q + 3]});
 }
 
 // The staged packs a thread of the packed epilogue loads before it stores the first: one at a
@@ -1246,7 +1267,7 @@ template <int kThreads> constexpr int kEpiloguePacksInFlight = kThreads >= 256 ?
 
 // The packed store loop: writes the block's BM x BN tile of C at (m0, n0) from the fp32
 // accumulators staged in shared memory (staging [BM][staging_ld], staging_ld a multiple of 4),
-// 16 bytes of C per thread and step: alpha/beta/bias/ReLU in fp32 on the pack, C read (beta != 0)
+// 16 bytes of C per thread and row: alpha/beta/bias/ReLU in fp32 on the pack, C read (beta != 0)
 // and written as one 16-byte access each. Where C's rows are not 16-byte aligned (N not a multiple
 // of the pack) or the bias is not, and in a pack that crosses N, element by element. Each thread
 // also adds up, for its P columns (EpilogueColumns) over the rows it stores, from the values as
@@ -1273,23 +1294,23 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
       for (int e = 0; e < 4; ++e) bias[q + e] = part[e];
     }
   }
-  const auto slot = [&](int64_t idx) {
-    return staging + idx / Columns::kPacksPerRow * staging_ld + idx % Columns::kPacksPerRow * P;
+  const auto slot = [&](int tile_row) {
+    return staging + tile_row * staging_ld + Columns::first_column();
   };
   constexpr int kInFlight = kEpiloguePacksInFlight<kThreads>;
   float staged[kInFlight][P]; // constant indices only (a runtime one: local memory)
-  for_each_batched<kInFlight>(
-      threadIdx.x, kThreads, BM * Columns::kPacksPerRow,
-      [&](int b, int64_t idx) { load_staged(slot(idx), staged[b]); },
-      [&](int b, int64_t idx) {
-        const int tile_row = int(idx / Columns::kPacksPerRow);
+  // The thread's rows of the tile, group(), group() + kGroups, ...: 32-bit indices, as the slot
+  // addresses are.
+  for_each_batched<kInFlight, int>(
+      Columns::group(), Columns::kGroups, BM,
+      [&](int b, int tile_row) { load_staged(slot(tile_row), staged[b]); },
+      [&](int b, int tile_row) {
         if (m0 + tile_row >= m || own_column >= n) return;
         float(&v)[P] = staged[b]; // becomes the pack as stored
         if (!packable) {
-          const int valid = min(P, n - own_column);
 #pragma unroll
           for (int e = 0; e < P; ++e)
-            if (e < valid) {
+            if (own_column + e < n) {
               v[e] = store_output(c, n, m0 + tile_row, own_column + e, v[e], ep);
               if constexpr (kSums == EpilogueSums::moments) sums[e] += v[e];
             }
@@ -1311,17 +1332,16 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
           if (ep.relu)
 #pragma unroll
             for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
-          store_pack16(out, v);
+          const RoundedPack<CT> stored = round_pack<CT>(v);
+          store_rounded_pack(out, stored);
           if constexpr (kSums == EpilogueSums::moments) {
+            widen_pack(stored, v); // the values as stored, rounded once
 #pragma unroll
-            for (int e = 0; e < P; ++e) {
-              v[e] = as_stored<CT>(v[e]);
-              sums[e] += v[e];
-            }
+            for (int e = 0; e < P; ++e) sums[e] += v[e];
           }
         }
         if constexpr (kSums == EpilogueSums::moments) {
-          store_staged(slot(idx), v); // past N: never read out
+          store_staged(slot(tile_row), v); // past N: never read out
         }
       });
 }
@@ -1370,18 +1390,23 @@ __device__ __forceinline__ void store_tile_with_moments(float* staging, int stag
   const int rows = min(BM, m - m0), g = Columns::group(), col0 = Columns::first_column();
   const int count = Columns::group_rows(g, rows);
 #pragma unroll
-  for (int e = 0; e < P; ++e) mean[e] = count > 0 ? mean[e] / float(count) : 0.0f;
+  for (int e = 0; e < P; ++e) mean[e] = count > 0 ? divide_by_count(mean[e], float(count)) : 0.0f;
+  // The deviations in the order the loads return each row's halves (load_staged_unordered): the
+  // mean put in that order once and M2 put back once, rather than each row's values.
+  swap_staged_halves(mean);
 #pragma unroll 4
   for (int r = g; r < rows; r += Columns::kGroups) {
     // This thread's own slots (no barrier); unrolled, so that 4 rows' loads are in flight together.
     float v[P];
-    load_staged(staging + r * staging_ld + col0, v);
+    load_staged_unordered(staging + r * staging_ld + col0, v);
 #pragma unroll
     for (int e = 0; e < P; ++e) {
       const float centred = v[e] - mean[e];
       m2[e] = fmaf(centred, centred, m2[e]); // past N: slots never read out
     }
   }
+  swap_staged_halves(mean);
+  swap_staged_halves(m2);
   const float* figures = share_column_figures<BM, BN, kThreads, CT>(staging, mean, m2);
   float* means = ep.column_partials + int64_t(blockIdx.x) * 2 * n; // [2, N] of this row tile
   float* m2s = means + n;

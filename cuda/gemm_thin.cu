@@ -158,22 +158,6 @@ __device__ __forceinline__ void add_grad_terms(const BatchNormGradient& grad,
   }
 }
 
-// 1 / count, a count of rows: the reciprocal instruction (rcp.approx, MUFU.RCP) refined by one
-// Newton step. That is the compiler's IEEE division of 1 by count without its test for operands
-// near the ends of the float range (an int's float never is), and gives the same value in 4
-// instructions a row, where the division's 16 were a fifth of the moments kernel's. The emulator
-// starts from the quotient itself, which the step leaves as it is.
-__device__ __forceinline__ float reciprocal_of_count(int count) {
-  const float x = float(count);
-#if defined(MINAMP_CUDA_EMULATOR)
-  const float estimate = 1.0f / x;
-#else
-  float estimate;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(estimate) : "f"(x));
-#endif
-  return fmaf(estimate, fmaf(-x, estimate, 1.0f), estimate);
-}
-
 // Adds C[row, col + e] as stored (v[e]) to a thread's running moments of its 4 columns over the
 // `count` rows it has stored, this one included (Welford's update: each value moves the mean by
 // its deviation over the count, and M2 by that deviation times the one from the moved mean; no

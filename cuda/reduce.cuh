@@ -68,8 +68,8 @@ __device__ __forceinline__ Moments merge_moments(const Moments& a, const Moments
 // that their differences keep their digits when the mean is far from zero:
 //   mean = shift + sum(count_i (mean_i - shift)) / count,
 //   M2   = sum(M2_i) + sum(count_i (mean_i - mean)^2),
-// every term of M2 non-negative. One division, where merge_moments one set at a time takes K - 1
-// in a dependent chain.
+// every term of M2 non-negative. One division (divide_by_count), where merge_moments one set at a
+// time takes K - 1 in a dependent chain.
 template <int K>
 __device__ __forceinline__ Moments combine_moments(const int (&count)[K], const float (&mean)[K],
                                                    const float (&m2)[K]) {
@@ -83,7 +83,7 @@ __device__ __forceinline__ Moments combine_moments(const int (&count)[K], const 
     weighted = fmaf(weight[i], shifted[i], weighted);
     total += count[i];
   }
-  const float offset = weighted / float(total);
+  const float offset = divide_by_count(weighted, float(total));
   float sum_m2 = 0.0f, spread = 0.0f;
 #pragma unroll
   for (int i = 0; i < K; ++i) {
