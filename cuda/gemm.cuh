@@ -1265,6 +1265,29 @@ template <int P> __device__ __forceinline__ void store_staged(float* at, const f
 // rows spill v2's).
 template <int kThreads> constexpr int kEpiloguePacksInFlight = kThreads >= 256 ? 4 : 1;
 
+// The terms of the fused epilogue (store_output's) on a pack v of P accumulators whose C is at
+// `out`, 16-byte aligned: v = relu(alpha * v + beta * out + bias), the bias of the pack's columns
+// given (bias, as loaded once per thread).
+template <int P, class CT>
+__device__ __forceinline__ void
+apply_epilogue_terms(float (&v)[P], const CT* out, const float (&bias)[P], const EpilogueArgs& ep) {
+  if (ep.alpha != 1.0f) // layers leave it at 1: one test, not P FMUL
+#pragma unroll
+    for (int e = 0; e < P; ++e) v[e] *= ep.alpha;
+  if (ep.beta != 0.0f) {
+    float old[P];
+    load_pack16(out, old);
+#pragma unroll
+    for (int e = 0; e < P; ++e) v[e] += ep.beta * old[e];
+  }
+  if (ep.bias)
+#pragma unroll
+    for (int e = 0; e < P; ++e) v[e] += bias[e];
+  if (ep.relu)
+#pragma unroll
+    for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
+}
+
 // The packed store loop: writes the block's BM x BN tile of C at (m0, n0) from the fp32
 // accumulators staged in shared memory (staging [BM][staging_ld], staging_ld a multiple of 4),
 // 16 bytes of C per thread and row: alpha/beta/bias/ReLU in fp32 on the pack, C read (beta != 0)
@@ -1294,6 +1317,9 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
       for (int e = 0; e < 4; ++e) bias[q + e] = part[e];
     }
   }
+  // Whether the packed path stores the accumulators as they are (alpha 1, no beta, bias or ReLU,
+  // as in an input gradient's GEMM): one test a pack rather than one a term.
+  const bool identity = ep.alpha == 1.0f && ep.beta == 0.0f && !ep.bias && !ep.relu;
   const auto slot = [&](int tile_row) {
     return staging + tile_row * staging_ld + Columns::first_column();
   };
@@ -1315,23 +1341,10 @@ __device__ __forceinline__ void store_tile_summing(float* staging, int staging_l
               if constexpr (kSums == EpilogueSums::moments) sums[e] += v[e];
             }
         } else {
-#pragma unroll
-          for (int e = 0; e < P; ++e) v[e] *= ep.alpha;
           // The thread's columns are the same in every row (own_column): its pack's offset is one
           // 32 x 32-bit product a row.
           CT* out = c + (int64_t(m0 + tile_row) * n + own_column);
-          if (ep.beta != 0.0f) {
-            float old[P];
-            load_pack16(out, old);
-#pragma unroll
-            for (int e = 0; e < P; ++e) v[e] += ep.beta * old[e];
-          }
-          if (ep.bias)
-#pragma unroll
-            for (int e = 0; e < P; ++e) v[e] += bias[e];
-          if (ep.relu)
-#pragma unroll
-            for (int e = 0; e < P; ++e) v[e] = v[e] < 0.0f ? 0.0f : v[e]; // NaN propagates
+          if (!identity) apply_epilogue_terms(v, out, bias, ep);
           const RoundedPack<CT> stored = round_pack<CT>(v);
           store_rounded_pack(out, stored);
           if constexpr (kSums == EpilogueSums::moments) {

@@ -334,6 +334,18 @@ void check_version_edges_and_epilogues(GemmVersion version, DType ab) {
   for (DType c : {ab, DType::f32})
     for (float beta : {0.0f, -0.75f})
       expect_matches_cpu(GemmCase{33, 70, 45, false, true, ab, c, 0.5f, beta, true, true}, ++seed);
+  // Each term alone and none, where C's rows take the packed store (N = 72, whole 16-byte packs),
+  // which skips the terms when none applies.
+  struct Terms {
+    float alpha, beta;
+    bool bias, relu;
+  };
+  for (DType c : {ab, DType::f32})
+    for (const Terms& t : {Terms{1.0f, 0.0f, false, false}, Terms{0.5f, 0.0f, false, false},
+                           Terms{1.0f, -0.75f, false, false}, Terms{1.0f, 0.0f, true, false},
+                           Terms{1.0f, 0.0f, false, true}})
+      expect_matches_cpu(GemmCase{33, 72, 45, false, true, ab, c, t.alpha, t.beta, t.bias, t.relu},
+                         ++seed);
 }
 
 TEST(GpuGemmVersions, EdgeShapesAndEpilogues) {
