@@ -84,7 +84,9 @@ struct StoreSums { // sums[0, c] and sums[1, c]; dbeta[c] += the first, dgamma[c
 // The gradient sums' per-block partials [gridDim.x, 2, C] over x and dy [rows, C] of one dtype,
 // C / 4 dividing kPackThreads: each thread adds up the terms of its 4 channels (pinned_grid's
 // launch keeps them), the x and dy packs of 4 steps loaded before it adds any (64 bytes a thread
-// in flight, ~75 registers); the block adds its threads' in thread order (store_pinned_partials).
+// in flight for 16-bit x and dy), held as loaded and widened a pack at a time (62 registers for
+// f16, 4 blocks an SM; widened as they arrived, 74 and 3); the block adds its threads' in thread
+// order (store_pinned_partials).
 // The column reduction it replaces (GradTerms) gave each thread one column and read 2 bytes of
 // each tensor at a time.
 template <class T>
@@ -93,17 +95,19 @@ __global__ void __launch_bounds__(kPackThreads)
                               int channels, BatchNormChannels bn, float* __restrict__ partials) {
   const PinnedPacks<4, 4> packs(size, channels);
   const ChannelValues<4> ch(bn, packs.channel);
-  float xs[4][4], dys[4][4], sums[2][4] = {};
+  Stored4<T> xs[4], dys[4]; // as loaded: widened one pack at a time, when used
+  float sums[2][4] = {};
   packs.for_each(
       [&](int b, int64_t i) {
-        load_pack(x, i, xs[b]);
-        load_pack(dy, i, dys[b]);
+        xs[b] = load4_stored(x, i);
+        dys[b] = load4_stored(dy, i);
       },
       [&](int b, int64_t) {
+        const Float4 x4 = widen4<T>(xs[b]), dy4 = widen4<T>(dys[b]);
         for (int j = 0; j < 4; ++j) {
           float xhat, dy_hat;
-          batchnorm_grad_terms(xs[b][j], dys[b][j], ch.gamma[j], ch.beta[j], ch.mean[j],
-                               ch.invstd[j], bn.relu, xhat, dy_hat);
+          batchnorm_grad_terms(x4.v[j], dy4.v[j], ch.gamma[j], ch.beta[j], ch.mean[j], ch.invstd[j],
+                               bn.relu, xhat, dy_hat);
           sums[0][j] += dy_hat;
           sums[1][j] = fmaf(dy_hat, xhat, sums[1][j]);
         }
