@@ -336,16 +336,16 @@ void check_version_edges_and_epilogues(GemmVersion version, DType ab) {
       expect_matches_cpu(GemmCase{33, 70, 45, false, true, ab, c, 0.5f, beta, true, true}, ++seed);
   // Each term alone and none, where C's rows take the packed store (N = 72, whole 16-byte packs),
   // which skips the terms when none applies.
-  struct Terms {
-    float alpha, beta;
-    bool bias, relu;
-  };
-  for (DType c : {ab, DType::f32})
-    for (const Terms& t : {Terms{1.0f, 0.0f, false, false}, Terms{0.5f, 0.0f, false, false},
-                           Terms{1.0f, -0.75f, false, false}, Terms{1.0f, 0.0f, true, false},
-                           Terms{1.0f, 0.0f, false, true}})
-      expect_matches_cpu(GemmCase{33, 72, 45, false, true, ab, c, t.alpha, t.beta, t.bias, t.relu},
-                         ++seed);
+  for (DType c : {ab, DType::f32}) {
+    const GemmCase none{33, 72, 45, false, true, ab, c};
+    GemmCase scaled = none, accumulated = none, biased = none, rectified = none;
+    scaled.alpha = 0.5f;
+    accumulated.beta = -0.75f;
+    biased.bias = true;
+    rectified.relu = true;
+    for (const GemmCase& g : {none, scaled, accumulated, biased, rectified})
+      expect_matches_cpu(g, ++seed);
+  }
 }
 
 TEST(GpuGemmVersions, EdgeShapesAndEpilogues) {
