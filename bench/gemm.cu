@@ -1,8 +1,10 @@
 // bench_gemm: TFLOP/s of minamp's GEMMs beside cuBLAS in the same process — the tensor-core GEMM
 // (f16 in, fp32 accumulate) against cublasGemmEx (f16 in, CUBLAS_COMPUTE_32F), as the library
-// runs it and then each version of its ladder (cuda/gemm_v1_naive.cu ... gemm_v4_mma.cu) forced,
-// and the fp32 SIMT GEMM against cublasSgemm — on square shapes, on the GEMMs of the sine model
-// and of the classify benchmark, and on ResNet-50's convolution GEMMs. Before timing, every result
+// runs it and then each version of its ladder (cuda/gemm_v1_naive.cu ... gemm_v5_multistage.cu)
+// forced, and the fp32 SIMT GEMM against cublasSgemm — on square shapes, on the GEMMs of the sine
+// model and of the classify benchmark, on ResNet-50's convolution GEMMs, and on sine's forward
+// GEMM at growing K with and without the batch norm hooks of a fused layer (the statistics
+// epilogue, the normalised operand; --shapes depth). Before timing, every result
 // is compared with cuBLAS's over the whole matrix, and a few entries of both with an fp64 sum on
 // the host. Times come from CUDA events on minamp's stream (cuBLAS runs on it too): warm-up, then
 // the median of many runs, the two libraries interleaved in rounds, inputs rotated over enough
@@ -43,6 +45,7 @@ struct GemmShape {
   bool ta = false, tb = false;
   DType c16 = DType::f16; // C's dtype in the f16 runs (f32 runs always write f32)
   bool sweep = false;     // --sweep times the other v4 and v5 configurations on it too
+  bool hooks = false;     // f16 only: also timed with the batch norm hooks of a fused layer
 };
 
 std::vector<GemmShape> all_shapes(const std::string& which) {
@@ -51,6 +54,7 @@ std::vector<GemmShape> all_shapes(const std::string& which) {
     shapes.push_back({"square 64", 64, 64, 64, false, false, DType::f16, true});
     shapes.push_back({"edges, B transposed", 100, 36, 40, false, true, DType::f16, true});
     shapes.push_back({"edges, A transposed", 72, 130, 24, true, false, DType::f32});
+    shapes.push_back({"hooks", 64, 32, 32, false, true, DType::f16, false, true});
   }
   if (which == "all" || which == "square")
     for (int64_t s : {512, 1024, 2048, 4096, 8192})
@@ -75,6 +79,14 @@ std::vector<GemmShape> all_shapes(const std::string& which) {
     shapes.push_back({"classify conv3", 128 * 14 * 14, 64, 288, false, true});
     shapes.push_back({"classify conv4", 128 * 7 * 7, 64, 576, false, true});
   }
+  if (which == "depth") {
+    // sine's forward GEMM at growing K, plain and with the batch norm hooks: time against K splits
+    // a kernel's time into what each of its 2048 tiles costs whatever K (prologue, epilogue,
+    // launch) and what each K tile of 64 adds.
+    for (int64_t k : {64, 128, 256, 512, 1024})
+      shapes.push_back(
+          {cat("sine fwd K=", k), 262144, 256, k, false, true, DType::f16, false, true});
+  }
   if (which == "all" || which == "resnet50") {
     // ResNet-50 at batch 64, 224x224 (bench_train's resnet50): forward im2col GEMMs M = N Ho Wo,
     // N = Cout, K = kh kw Cin, from the stem to layer4; an input gradient dx = dy @ W; and weight
@@ -94,8 +106,8 @@ std::vector<GemmShape> all_shapes(const std::string& which) {
     shapes.push_back(
         {"resnet50 layer3 1x1 256->1024 wgrad", 1024, 256, p14, true, false, DType::f32});
   }
-  require(!shapes.empty(), "--shapes", "expected all, square, model, resnet50 or tiny, got '",
-          which, "'");
+  require(!shapes.empty(), "--shapes",
+          "expected all, square, model, resnet50, depth or tiny, got '", which, "'");
   return shapes;
 }
 
@@ -131,11 +143,12 @@ void cublas_gemm(cublasHandle_t handle, const GemmShape& s, const Operands& x) {
                "cublasGemmEx");
 }
 
-// One way minamp computes a shape: the library's gemm, a version forced, or a configuration of
-// the sweep.
+// One way minamp computes a shape: the library's gemm, a version forced, a configuration of the
+// sweep, or the library's with batch norm hooks.
 struct MinampGemm {
-  std::string config; // "library", a version ("v1" ... "v4"), or a sweep configuration
+  std::string config; // "library", a version ("v1" ... "v5"), a sweep configuration or hooks
   std::function<void(const GemmShape&, Operands&)> run;
+  Tensor column_moments = {}; // f32 [2, N] the run writes (a hook's), checked against C's; or none
 };
 
 const MinampGemm kLibraryGemm{"library", [](const GemmShape& s, Operands& x) {
@@ -147,6 +160,40 @@ MinampGemm forced_version(GemmVersion version) {
             ScopedGemmVersion scope(version);
             kernels::gemm(x.a, s.ta, x.b, s.tb, x.c, GemmEpilogue{});
           }};
+}
+
+// The forward GEMM of a 1x1 conv that follows a batch norm, as a fused layer runs it (GemmShape::
+// hooks, B transposed: the conv's weight): with the column statistics of C in its epilogue (what
+// the next batch norm needs), with A normalised as it loads (the conv's input, the batch norm's
+// output, never written), and both. The normalisation is the identity (gamma 1, beta 0, mean 0,
+// invstd 1, no ReLU): the kernel does the same work whatever the values, and C stays the plain
+// product, comparable with cuBLAS's.
+std::vector<MinampGemm> hook_variants(const GemmShape& s) {
+  const auto channel_figure = [&](float value) {
+    return Tensor::full({s.k}, value, DType::f32, Device::cuda);
+  };
+  const Tensor zero = channel_figure(0.0f), one = channel_figure(1.0f);
+  const auto variant = [&](const char* config, bool moments, bool normalized) {
+    MinampGemm gemm{config, nullptr, {}};
+    if (moments) gemm.column_moments = Tensor::empty({2, s.n}, DType::f32, Device::cuda);
+    Tensor stats = gemm.column_moments;
+    gemm.run = [zero, one, stats, normalized](const GemmShape& shape, Operands& x) mutable {
+      GemmEpilogue epilogue;
+      if (stats.defined()) epilogue.column_moments = &stats;
+      if (!normalized) return kernels::gemm(x.a, false, x.b, true, x.c, epilogue);
+      // [M, K] as a [1, M, 1, K] image, the weight [N, K] as [N, 1, 1, K], C [M, N] as [1, M, 1, N]
+      const Tensor input = x.a.reshape({1, shape.m, 1, shape.k});
+      const Tensor weight = x.b.reshape({shape.n, 1, 1, shape.k});
+      Tensor output = x.c.reshape({1, shape.m, 1, shape.n});
+      require(kernels::conv2d_normalizes_on_load(input, weight, ConvParams{}), "--shapes", "'",
+              shape.name, "': the conv does not normalise its input as it loads it");
+      const InputNormalization identity{&one, &zero, &zero, &one, false, nullptr};
+      kernels::conv2d_forward(input, weight, output, ConvParams{}, epilogue, &identity);
+    };
+    return gemm;
+  };
+  return {variant("+ column moments", true, false), variant("normalized A", false, true),
+          variant("normalized A + column moments", true, true)};
 }
 
 // Every version of the ladder that the device runs (v4 and v5 need sm_80).
@@ -259,10 +306,39 @@ double max_relative_difference(const std::vector<float>& x, const std::vector<fl
   return diff / std::max(scale, 1e-30);
 }
 
-// Checks minamp against cuBLAS on the first operand set, both outputs poisoned with NaN first.
+// The largest error of the column moments a hook wrote (f32 [2, N]: mean, biased variance) against
+// those of C [M, N] in fp64: the means' relative to the largest standard deviation, the
+// variances' to the largest variance (NaN for a NaN).
+double moments_error(const std::vector<float>& moments, const std::vector<float>& c, int64_t m,
+                     int64_t n) {
+  std::vector<double> mean(size_t(n), 0.0), var(size_t(n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) mean[size_t(j)] += c[size_t(i * n + j)];
+  for (double& v : mean) v /= double(m);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const double centred = c[size_t(i * n + j)] - mean[size_t(j)];
+      var[size_t(j)] += centred * centred / double(m);
+    }
+  double mean_diff = 0, var_diff = 0, largest_var = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const float got_mean = moments[size_t(j)], got_var = moments[size_t(n + j)];
+    if (std::isnan(got_mean) || std::isnan(got_var)) return NAN;
+    mean_diff = std::max(mean_diff, std::abs(got_mean - mean[size_t(j)]));
+    var_diff = std::max(var_diff, std::abs(got_var - var[size_t(j)]));
+    largest_var = std::max(largest_var, var[size_t(j)]);
+  }
+  largest_var = std::max(largest_var, 1e-30);
+  return std::max(mean_diff / std::sqrt(largest_var), var_diff / largest_var);
+}
+
+// Checks minamp against cuBLAS on the first operand set, both outputs poisoned with NaN first
+// (and a hook's column moments against cuBLAS's C's).
 json check(cublasHandle_t handle, const GemmShape& s, const MinampGemm& minamp, Operands& x,
            const std::vector<float>& a, const std::vector<float>& b) {
   kernels::fill(x.c, NAN);
+  Tensor moments = minamp.column_moments;
+  if (moments.defined()) kernels::fill(moments, NAN);
   minamp.run(s, x);
   const std::vector<float> ours = x.c.to_vector();
   kernels::fill(x.c, NAN);
@@ -273,12 +349,18 @@ json check(cublasHandle_t handle, const GemmShape& s, const MinampGemm& minamp, 
   // f16 outputs round to 2^-11 relative; fp32 outputs differ only by the order of the sums.
   const bool c16 = x.c.dtype() == DType::f16;
   const double diff_tol = c16 ? 5e-3 : 1e-3, spot_tol = c16 ? 2e-3 : 1e-4;
-  const bool ok = diff <= diff_tol && ours_spot <= spot_tol && theirs_spot <= spot_tol;
-  return {{"max_rel_diff_vs_cublas", diff},
-          {"minamp_fp64_spot_error", ours_spot},
-          {"cublas_fp64_spot_error", theirs_spot},
-          {"tolerances", {diff_tol, spot_tol}},
-          {"ok", ok}};
+  bool ok = diff <= diff_tol && ours_spot <= spot_tol && theirs_spot <= spot_tol;
+  json result = {{"max_rel_diff_vs_cublas", diff},
+                 {"minamp_fp64_spot_error", ours_spot},
+                 {"cublas_fp64_spot_error", theirs_spot},
+                 {"tolerances", {diff_tol, spot_tol}}};
+  if (moments.defined()) { // from C as stored, which may differ from cuBLAS's by C's rounding
+    const double moments_diff = moments_error(moments.to_vector(), theirs, s.m, s.n);
+    result["column_moments_error"] = moments_diff;
+    ok = ok && moments_diff <= diff_tol;
+  }
+  result["ok"] = ok;
+  return result;
 }
 
 // Keeps the GPU busy for `ns` nanoseconds while the host queues the timed runs behind it, so
@@ -433,12 +515,14 @@ void bench_shape(cublasHandle_t handle, const GemmShape& s, DType ab, size_t l2_
   }
 }
 
-void print_row(const json& row) {
+// A row: the library's under its shape's name, the others indented under it (a sweep's rows,
+// which come after every shape's, under a line with the shape's name: new_shape).
+void print_row(const json& row, bool new_shape) {
   const std::string config = row["config"].get<std::string>();
-  const std::string what =
-      config == "library" ? cat(row["shape"].get<std::string>(), " (", row["m"].get<int64_t>(), "x",
-                                row["n"].get<int64_t>(), "x", row["k"].get<int64_t>(), ")")
-                          : cat("  ", config);
+  const std::string shape = cat(row["shape"].get<std::string>(), " (", row["m"].get<int64_t>(), "x",
+                                row["n"].get<int64_t>(), "x", row["k"].get<int64_t>(), ")");
+  if (new_shape && config != "library") std::printf("%s\n", shape.c_str());
+  const std::string what = config == "library" ? shape : cat("  ", config);
   if (!row.contains("ratio")) {
     std::printf("%-48s %-4s CHECK FAILED: %s\n", what.c_str(),
                 row["ab_dtype"].get<std::string>().c_str(), row["check"].dump().c_str());
@@ -479,7 +563,10 @@ int run(int argc, char** argv) {
                "cuBLAS (TFLOP/s)"};
   std::string shapes_name = "all", precisions = "f16,f32", json_path;
   bool with_sweep = false, kernels_only = false, versions = true;
-  app.add_option("--shapes", shapes_name, "all, square, model, resnet50 or tiny (a quick check)")
+  app.add_option("--shapes", shapes_name,
+                 "all (square, model and resnet50), square, model, resnet50, depth (sine's "
+                 "forward GEMM at K = 64 to 1024, also with the batch norm hooks) or tiny (a "
+                 "quick check)")
       ->capture_default_str();
   app.add_option("--precisions", precisions,
                  "f16 (tensor cores vs cublasGemmEx), f32 (SIMT vs Sgemm)")
@@ -520,8 +607,8 @@ int run(int argc, char** argv) {
   std::printf("%-48s %-4s %10s %10s %8s\n", "shape (MxNxK)", "in", "minamp", "cuBLAS", "ratio");
   json rows = json::array(), sweep_skipped = json::array();
   // The JSON so far, written after every row: a kernel that faults or hangs (killed by the
-  // caller's time limit) keeps the rows before it, the library's ahead of the versions' and the
-  // sweep's.
+  // caller's time limit) keeps the rows before it, each shape's library row ahead of its hooks'
+  // and versions', and every shape's ahead of the sweep's.
   const auto save = [&] {
     if (json_path.empty()) return;
     const json result = {{"framework", "minamp"},
@@ -537,21 +624,29 @@ int run(int argc, char** argv) {
     io::write_file_atomically(json_path, result.dump(2) + "\n");
   };
   bool all_ok = true;
+  std::string last_shape;
+  const auto emit = [&](json row) {
+    all_ok = all_ok && row["check"]["ok"].get<bool>();
+    const std::string shape = row["shape"].get<std::string>();
+    print_row(row, shape != last_shape);
+    last_shape = shape;
+    rows.push_back(std::move(row));
+    save();
+  };
+  const size_t l2_bytes = size_t(device["l2_bytes"].get<int>());
   for (DType ab : dtypes) {
     for (const GemmShape& s : shapes) {
       std::vector<MinampGemm> minamp{kLibraryGemm};
+      if (s.hooks && ab == DType::f16)
+        for (MinampGemm& hook : hook_variants(s)) minamp.push_back(std::move(hook));
       if (versions && ab == DType::f16)
         for (MinampGemm& version : every_version()) minamp.push_back(std::move(version));
-      if (with_sweep && s.sweep && ab == DType::f16)
-        for (MinampGemm& candidate : sweep(s, sweep_skipped))
-          minamp.push_back(std::move(candidate));
-      bench_shape(handle, s, ab, size_t(device["l2_bytes"].get<int>()), minamp, [&](json row) {
-        all_ok = all_ok && row["check"]["ok"].get<bool>();
-        print_row(row);
-        rows.push_back(std::move(row));
-        save();
-      });
+      bench_shape(handle, s, ab, l2_bytes, minamp, emit);
     }
+    // The sweep's tuning rows after every shape's own, so that a time limit cuts them first.
+    if (with_sweep && ab == DType::f16)
+      for (const GemmShape& s : shapes)
+        if (s.sweep) bench_shape(handle, s, ab, l2_bytes, sweep(s, sweep_skipped), emit);
   }
   cublasDestroy(handle);
   save();

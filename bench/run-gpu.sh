@@ -128,12 +128,15 @@ stage() {
   return "$rc"
 }
 
-# bench_gemm PART (square-f16, model-f16, resnet50-f16 or all-f32): one process per part, so that a failure
-# in one keeps the others (bench_gemm rewrites its JSON after every row, so a fault or a time
-# limit keeps the rows before it; each shape's library row comes before its versions' and sweep
-# rows). The f16 parts time each version of the tensor-core GEMM too, and the sweep's tile
-# configurations (square 4096, sine fwd and dgrad, two of ResNet-50's): tuning data.
-gemm_parts=(square-f16 model-f16 resnet50-f16 all-f32)
+# bench_gemm PART (square-f16, model-f16, resnet50-f16, depth-f16 or all-f32): one process per
+# part, so that a failure in one keeps the others (bench_gemm rewrites its JSON after every row, so
+# a fault or a time limit keeps the rows before it; each shape's library row comes before its
+# hooks' and versions' rows, and every shape's before the sweep's). The f16 parts time each
+# version of the tensor-core GEMM too, and the sweep's tile configurations (square 4096, sine fwd
+# and dgrad, two of ResNet-50's): tuning data; depth-f16, sine's forward GEMM at K = 64 to 1024
+# with and without the batch norm hooks, splits its time into a tile's fixed cost and its main
+# loop's.
+gemm_parts=(square-f16 model-f16 resnet50-f16 depth-f16 all-f32)
 run_gemm() {
   local sweep=()
   [ "${1#*-}" = f16 ] && sweep=(--sweep)
@@ -200,6 +203,7 @@ main() {
   run_model resnet50
   run_model resnet50-frozen
   run_gemm resnet50-f16
+  run_gemm depth-f16
   run_gemm all-f32
   run_examples
   run_seeds

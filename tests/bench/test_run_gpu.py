@@ -50,7 +50,7 @@ OPTIONS = {
                     "--infer-steps": count, "--profile": count, "--cuda-graph": None,
                     "--unfused": None,
                     "--size": count, "--seed": count, "--json": str},
-    "bench_gemm": {"--shapes": one_of("all", "square", "model", "resnet50", "tiny"),
+    "bench_gemm": {"--shapes": one_of("all", "square", "model", "resnet50", "depth", "tiny"),
                    "--precisions": one_of("f16", "f32", "f16,f32", "f32,f16"),
                    "--json": str, "--sweep": None},
     "example": {"--compare": None, "--compare-dtypes": None,
@@ -170,7 +170,7 @@ class RunGpuScript(unittest.TestCase):
         process, out, results = self.run_script()
         self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
         self.assertNotIn("time limit is spent", process.stdout)
-        self.assertEqual(process.stdout.count(": exit 0,"), 32, process.stdout[-3000:])
+        self.assertEqual(process.stdout.count(": exit 0,"), 33, process.stdout[-3000:])
 
         files = sorted(os.path.relpath(os.path.join(folder, f), out)
                        for folder, _, names in os.walk(out) for f in names)

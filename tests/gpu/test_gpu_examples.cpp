@@ -206,9 +206,10 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
   }
 }
 
-// bench_gemm's quick shapes (square and edge tiles, both transposes, f16 and f32 outputs): every
-// result — the library's, each GEMM version's and each sweep configuration's — passes its check
-// against cuBLAS and an fp64 sum, and gets a time for both libraries.
+// bench_gemm's quick shapes (square and edge tiles, both transposes, f16 and f32 outputs, the
+// batch norm hooks): every result — the library's, each GEMM version's, each hook's and each sweep
+// configuration's — passes its check against cuBLAS and an fp64 sum (a hook's column moments
+// against cuBLAS's C's), and gets a time for both libraries.
 TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
   MINAMP_REQUIRE_GPU();
   const std::string json = fresh_dir("bench_gemm_cuda.json");
@@ -216,17 +217,20 @@ TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
                                      "--shapes tiny --sweep --json " + json);
   ASSERT_EQ(run.status, 0) << run.output;
   const nlohmann::json report = read_output_json(json);
-  // 3 shapes x f16, f32 with the library's kernels, the f16 ones also with each of the 5 versions;
-  // the first two f16 shapes also with each of the sweep's 6 configurations, less those the
-  // device has too little shared memory for (none on sm_80+ or on the emulator).
+  // 4 shapes x f16, f32 with the library's kernels, the f16 ones also with each of the 5 versions;
+  // the hooks shape in f16 with its 3 hooks; the first two f16 shapes also with each of the sweep's
+  // 6 configurations, less those the device has too little shared memory for (none on sm_80+ or
+  // on the emulator).
   ASSERT_EQ(field(report, "rows").size(),
-            6u + 3u * 5u + 2u * 6u - field(report, "sweep_skipped").size());
+            8u + 4u * 5u + 3u + 2u * 6u - field(report, "sweep_skipped").size());
   std::set<std::string> configs;
+  int moments_checked = 0;
   for (const nlohmann::json& row : report.at("rows")) {
     const std::string what = row.at("shape").get<std::string>() + " " + row.at("ab_dtype").dump() +
                              " " + row.at("config").get<std::string>();
     configs.insert(row.at("config").get<std::string>());
     EXPECT_TRUE(row.at("check").at("ok").get<bool>()) << what << ": " << row.at("check").dump();
+    if (row.at("check").contains("column_moments_error")) ++moments_checked;
     ASSERT_TRUE(row.contains("ratio")) << what;
     // TFLOP/s is 2 M N K over the median time; the ratio is minamp's over cuBLAS's.
     const double flops =
@@ -244,8 +248,9 @@ TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
         row.at("minamp").at("tflops").get<double>() / row.at("cublas").at("tflops").get<double>();
     EXPECT_NEAR(row.at("ratio").get<double>(), ratio, 1e-12 * ratio) << what;
   }
+  EXPECT_EQ(moments_checked, 2) << "the two hooks with the column moments";
   if (report.at("sweep_skipped").empty()) {
-    EXPECT_EQ(configs.size(), 12u) << "library + 5 versions + 6 swept configurations";
+    EXPECT_EQ(configs.size(), 15u) << "library + 5 versions + 3 hooks + 6 swept configurations";
   }
 }
 
