@@ -10,10 +10,10 @@
 // the median of many runs, the two libraries interleaved in rounds, inputs rotated over enough
 // buffers to leave the L2 cold when one set would fit in it; a short spin kernel ahead of each
 // timed series keeps the host's launch rate out of the times. The JSON also records minamp's peak
-// device bytes. With --sweep, other tile configurations of v4 and v5 than the library's are checked
-// and timed the same way on the shapes that matter most (tuning data: which configuration the
-// library should use). --kernels prints, without a GPU, which kernel each version runs at 4096^3
-// (for bench/gemm_sass.py).
+// device bytes. With --sweep, other configurations of v4 and v5 than the library's (tile shapes,
+// and v5's large tile on a persistent grid) are checked and timed the same way on the shapes that
+// matter most (tuning data: which configuration the library should use). --kernels prints, without
+// a GPU, which kernel each version runs at 4096^3 (for bench/gemm_sass.py).
 #include <CLI/CLI.hpp>
 #include <cublas_v2.h>
 #include <nlohmann/json.hpp>
@@ -85,7 +85,7 @@ std::vector<GemmShape> all_shapes(const std::string& which) {
     // launch) and what each K tile of 64 adds.
     for (int64_t k : {64, 128, 256, 512, 1024})
       shapes.push_back(
-          {cat("sine fwd K=", k), 262144, 256, k, false, true, DType::f16, false, true});
+          {cat("sine fwd K=", k), 262144, 256, k, false, true, DType::f16, k == 256, true});
   }
   if (which == "all" || which == "resnet50") {
     // ResNet-50 at batch 64, 224x224 (bench_train's resnet50): forward im2col GEMMs M = N Ho Wo,
@@ -575,9 +575,10 @@ int run(int argc, char** argv) {
   app.add_flag("!--no-versions", versions,
                "time only the library's GEMM, not also each version of the ladder (f16)");
   app.add_flag("--sweep", with_sweep,
-               "also time other v4 and v5 tile configurations than the library's (f16 square 4096, "
-               "sine fwd and dgrad, ResNet-50's layer1 1x1 64->256 and layer2 3x3; in tiny, the "
-               "first two shapes)");
+               "also time other v4 and v5 configurations than the library's (tile shapes, and "
+               "v5's large tile on a persistent grid; f16 square 4096, "
+               "sine fwd and dgrad, ResNet-50's layer1 1x1 64->256 and layer2 3x3; in depth, K = "
+               "256; in tiny, the first two shapes)");
   app.add_flag("--kernels", kernels_only,
                "print, as JSON, the kernel each version runs at 4096^3 (its name, threads and "
                "shared memory; for bench/gemm_sass.py) and exit; needs no GPU");

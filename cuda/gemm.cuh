@@ -163,7 +163,7 @@ struct BatchNormGradient {
 
 // The fused epilogue, applied per element in fp32: v = alpha * acc (+ beta * C_old when beta
 // != 0; C_old is never read otherwise) (+ bias[col]), then ReLU; stored rounded to C's dtype.
-// The packed epilogue (store_tile_packed) also writes per block, with column_partials set, the
+// The packed epilogue (store_tile_packed) also writes for each tile, with column_partials set, the
 // (mean, M2) of each column over the block's rows of the values as stored in C. batchnorm_grad is
 // the thin-K kernel's (gemm_thin.cu), which adds up those sums as it stores C.
 struct EpilogueArgs {
@@ -1377,7 +1377,7 @@ share_column_figures(float* staging, const float (&first)[kPackElems<CT>],
   return staging;
 }
 
-// The statistics hook of the packed epilogue: partials[blockIdx.x, 0, col] and [.., 1, col] =
+// The statistics hook of the packed epilogue: partials[m0 / BM, 0, col] and [.., 1, col] =
 // the mean and M2 (sum of squared deviations from that mean) of column col over the block's rows
 // of C as stored. Each thread adds up its own values of its columns as it stores them, then, from
 // their staging slots, their squared deviations from its own mean; the kGroups (count, mean, M2)
@@ -1421,7 +1421,7 @@ __device__ __forceinline__ void store_tile_with_moments(float* staging, int stag
   swap_staged_halves(mean);
   swap_staged_halves(m2);
   const float* figures = share_column_figures<BM, BN, kThreads, CT>(staging, mean, m2);
-  float* means = ep.column_partials + int64_t(blockIdx.x) * 2 * n; // [2, N] of this row tile
+  float* means = ep.column_partials + int64_t(m0 / BM) * 2 * n; // [2, N] of this row tile
   float* m2s = means + n;
   for (int col = threadIdx.x; col < BN && n0 + col < n; col += kThreads) {
     int group_count[Columns::kGroups];

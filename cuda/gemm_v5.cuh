@@ -27,8 +27,10 @@ using MultistageSmall = MmaConfig<kMmaSmallTile.bm, kMmaSmallTile.bn, kMmaSmallT
 // tile kt's first k-step, in the same basic block as that step's MMAs, so that ptxas interleaves
 // the two, rather than just before the barrier, where every warp waits for the slowest and the
 // tensor pipes idle; the last tile, which has no next one, then runs as a loop of its own, so that
-// no test of kt + 1 splits the block.
-template <class Cfg, class Smem, class LoadA, class LoadB>
+// no test of kt + 1 splits the block. kFirstInFlight: K tile 0's copies into stage 0 were issued
+// (and committed as one group) before the call, as the persistent kernel does during the epilogue
+// of the tile before.
+template <class Cfg, class Smem, bool kFirstInFlight = false, class LoadA, class LoadB>
 __device__ __forceinline__ void
 multistage_loop(typename Smem::T* smem, int k_tiles, const LoadA& load_a, const LoadB& load_b,
                 int a_lane, int b_lane, float (&acc)[Cfg::MMA_M][Cfg::MMA_N][4]) {
@@ -73,7 +75,7 @@ multistage_loop(typename Smem::T* smem, int k_tiles, const LoadA& load_a, const 
 
   // Tiles 0 .. STAGES-1 in flight; wait for tile 0 and load its first fragments.
 #pragma unroll
-  for (int s = 0; s < kStages; ++s) load_stage(s, s);
+  for (int s = kFirstInFlight ? 1 : 0; s < kStages; ++s) load_stage(s, s);
   cp_async_wait<kStages - 1>();
   if (k_tiles > 0) finish_stage(0, 0);
   __syncthreads();
@@ -149,6 +151,75 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   __syncthreads();
   store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
                                                      share.n0, ep);
+}
+
+// The persistent form of gemm_v5_kernel, without split K: a grid of at most one block an SM
+// (launch_persistent) walks C's tiles (tile, tile +
+// gridDim.x, ...: the row tiles of one column tile of C in turn, as consecutive blocks of
+// gemm_v5_kernel's grid are) and puts each next tile's first K tile in flight before its epilogue.
+// The fp32 staging tile lies past pipeline stage 0 (PersistentSmem), so those copies land while
+// the epilogue runs; in gemm_v5_kernel, one block an SM on the large tiles, every tile waits for
+// its first K tile with nothing to overlap it.
+template <class Cfg, class OpA, class OpB> struct PersistentSmem {
+  using Smem = GemmSmem<Cfg, OpA, OpB>;
+  static constexpr int kStageBytes = Smem::kStageElems * int(sizeof(typename Smem::T));
+  static constexpr int kRestBytes = (Cfg::STAGES - 1) * kStageBytes;
+  static constexpr int kBytes =
+      kStageBytes + (kRestBytes > Smem::kStagingBytes ? kRestBytes : Smem::kStagingBytes);
+  static_assert(kStageBytes % 16 == 0, "the staging tile's packs are 16-byte aligned");
+};
+
+template <class Cfg, class OpA, class OpB, class CT>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    gemm_v5_persistent_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n,
+                              int k, EpilogueArgs ep) {
+  using Smem = GemmSmem<Cfg, OpA, OpB>;
+  using TileA = typename Smem::TileA;
+  using TileB = typename Smem::TileB;
+  using T = typename Smem::T;
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  T* smem = reinterpret_cast<T*>(smem_bytes);
+  float* staging = reinterpret_cast<float*>(smem + Smem::kStageElems); // past stage 0
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
+  const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
+  const int a_lane = LdmatrixLane<TileA, true>::offset(lane, warp_row, 0);
+  const int b_lane = LdmatrixLane<TileB, false>::offset(lane, warp_col, 0);
+
+  const int row_tiles = (m + Cfg::BM - 1) / Cfg::BM;
+  const int tiles = row_tiles * ((n + Cfg::BN - 1) / Cfg::BN);
+  const auto share_of = [&](int tile) {
+    return BlockShare{tile % row_tiles * Cfg::BM, tile / row_tiles * Cfg::BN, 0, k};
+  };
+  // K tile 0 of `tile` (if any) into stage 0, as one commit group.
+  const auto issue_first = [&](int tile) {
+    if (tile < tiles && k > 0)
+      with_tile_loaders<Cfg, Smem>(a, b, share_of(tile),
+                                   [&](const auto& load_a, const auto& load_b) {
+                                     load_a(smem, 0);
+                                     load_b(smem + TileA::kElems, 0);
+                                   });
+    cp_async_commit();
+  };
+
+  issue_first(blockIdx.x);
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const BlockShare share = share_of(tile);
+    float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
+    with_tile_loaders<Cfg, Smem>(a, b, share, [&](const auto& load_a, const auto& load_b) {
+      multistage_loop<Cfg, Smem, true>(smem, share_k_tiles<Cfg>(share), load_a, load_b, a_lane,
+                                       b_lane, acc);
+    });
+    __syncthreads(); // every warp is done reading the pipeline buffers
+    issue_first(tile + gridDim.x);
+    store_accumulators<Cfg>(staging, warp_row, warp_col, lane, acc);
+    __syncthreads();
+    store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
+                                                       share.n0, ep);
+    __syncthreads(); // every thread is done with the staging tile, which stages 1.. overlap
+  }
+  cp_async_wait<0>(); // the last, empty group
 }
 
 // v5 for GemmLaunch.

@@ -25,6 +25,13 @@
 // GEMM 212.8 against v4's 197.5. On an H100, BK = 64 on those tiles took sine's forward and
 // input-gradient GEMMs from 202 to 215 TFLOP/s (0.63 of cuBLAS), 4096^3 unchanged. See
 // bench/NOTES.md.
+//
+// On the large tiles one block fills an SM, so nothing covers a tile's start (the wait for its
+// first K tile) or its epilogue; at K = 256 (sine's GEMMs, 4 K tiles) those are a large share of
+// each tile. The sweep also times the large configuration on a persistent grid
+// (gemm_v5_persistent_kernel: one block an SM walks the tiles, and each next tile's first K tile
+// is in flight during the epilogue), which the library takes only once a GPU says it wins.
+#include <algorithm>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -46,11 +53,60 @@ void gemm_v5_multistage(const GemmArgs& args) {
   });
 }
 
+namespace {
+
+// The large configuration on gemm_v5_persistent_kernel, f16 A untransposed and f16 C, whole K:
+// one block for each SM the planner plans for (planning_sm_count), or one a tile where C has
+// fewer.
+template <class OpB> void launch_persistent(const GemmArgs& args) {
+  using Cfg = MultistageLarge;
+  using OpA = OperandTraits<__half, OperandKind::matrix>;
+  constexpr int kSmemBytes = PersistentSmem<Cfg, OpA, OpB>::kBytes;
+  const auto kernel = gemm_v5_persistent_kernel<Cfg, OpA, OpB, __half>;
+  static const bool smem_ready = (allow_dynamic_smem(kernel, kSmemBytes), true);
+  (void)smem_ready;
+  const int64_t tiles = (args.m + Cfg::BM - 1) / Cfg::BM * ((args.n + Cfg::BN - 1) / Cfg::BN);
+  const int blocks = int(std::min<int64_t>(tiles, planning_sm_count()));
+  if (blocks == 0) return;
+  kernel<<<blocks, Cfg::kThreads, kSmemBytes, stream()>>>(OpA::view(args.a), OpB::view(args.b),
+                                                          static_cast<__half*>(args.c), int(args.m),
+                                                          int(args.n), int(args.k), args.epilogue);
+  CUDA_CHECK_LAUNCH(V5Family::kName);
+}
+
+// The sweep's configuration of it (GemmCandidate).
+GemmCandidate persistent_candidate() {
+  using Cfg = MultistageLarge;
+  using OpA = OperandTraits<__half, OperandKind::matrix>;
+  using OpB = OperandTraits<__half, OperandKind::transposed>;
+  using OpBPlain = OperandTraits<__half, OperandKind::matrix>;
+  GemmCandidate out;
+  out.name =
+      cat("v5 persistent ", Cfg::BM, "x", Cfg::BN, "x", Cfg::BK, ", ", Cfg::WARPS_M * Cfg::WARPS_N,
+          " warps of ", Cfg::kWarpM, "x", Cfg::kWarpN, ", ", Cfg::STAGES, " stages");
+  out.smem_bytes =
+      std::max(PersistentSmem<Cfg, OpA, OpB>::kBytes, PersistentSmem<Cfg, OpA, OpBPlain>::kBytes);
+  out.run = [](const GemmArgs& args) {
+    require(args.a.kind == OperandKind::matrix &&
+                (args.b.kind == OperandKind::matrix || args.b.kind == OperandKind::transposed) &&
+                args.ab_dtype == DType::f16 && args.c_dtype == DType::f16,
+            V5Family::kName, "a sweep configuration takes f16 A untransposed and f16 C");
+    if (args.b.kind == OperandKind::transposed)
+      launch_persistent<OpB>(args);
+    else
+      launch_persistent<OpBPlain>(args);
+  };
+  return out;
+}
+
+} // namespace
+
 std::vector<GemmCandidate> gemm_v5_sweep() {
   return {sweep_candidate<V5Family, MmaConfig<128, 128, 64, 2, 2, 3>>("v5"),
           sweep_candidate<V5Family, MmaConfig<128, 128, 32, 2, 2, 4>>("v5"),
           sweep_candidate<V5Family, MmaConfig<128, 256, 32, 2, 4, 3>>("v5"),
-          sweep_candidate<V5Family, MmaConfig<256, 128, 32, 4, 2, 3>>("v5")};
+          sweep_candidate<V5Family, MmaConfig<256, 128, 32, 4, 2, 3>>("v5"),
+          persistent_candidate()};
 }
 
 } // namespace minamp::gpu
