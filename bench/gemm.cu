@@ -616,6 +616,7 @@ int run(int argc, char** argv) {
                          {"device", device},
                          {"cublas_version", cublas_version},
                          {"cublas_math_mode", "default (Sgemm is plain fp32, no TF32)"},
+                         {"gemm_persistent_tiles", gemm_persistent_tiles()},
                          {"minamp_peak_device_bytes", allocator_for(Device::cuda).peak_bytes()},
                          {"timing",
                           "CUDA events per run on one stream, queued behind a spin kernel, median; "

@@ -622,13 +622,15 @@ int run(int argc, char** argv) {
   if (cfg.resnet_size == 0) cfg.resnet_size = gpu ? 224 : emulated ? 32 : 64;
   if (cfg.resnet_batch == 0) cfg.resnet_batch = gpu ? 64 : emulated ? 2 : 4;
   if (cfg.resnet_width == 0) cfg.resnet_width = emulated ? 8 : 64;
-  gemm_version(); // an unknown MINAMP_GEMM_VERSION is refused before any model runs
+  // An unknown MINAMP_GEMM_VERSION or MINAMP_GEMM_PERSISTENT is refused before any model runs.
+  const std::string gemm = cat(gemm_version_name(gemm_version()),
+                               gemm_persistent_tiles() ? ", v5's large tiles persistent" : "");
 
   const bool sine = std::find(model_names.begin(), model_names.end(), "sine") != model_names.end();
-  std::printf("bench_train on %s (%d threads): %lld warm-up + %lld timed steps%s\n",
+  std::printf("bench_train on %s (%d threads): %lld warm-up + %lld timed steps%s; GEMM %s\n",
               device_description(cfg.device).c_str(), cpu_threads(),
               static_cast<long long>(cfg.warmup), static_cast<long long>(cfg.steps),
-              sine ? cat(", sine ", cfg.size, "x", cfg.size).c_str() : "");
+              sine ? cat(", sine ", cfg.size, "x", cfg.size).c_str() : "", gemm.c_str());
   json result = {
       {"framework", "minamp"},
       {"device", device_name(cfg.device)},
@@ -638,6 +640,7 @@ int run(int argc, char** argv) {
       {"resnet",
        {{"size", cfg.resnet_size}, {"batch", cfg.resnet_batch}, {"width", cfg.resnet_width}}},
       {"seed", cfg.seed},
+      {"gemm", gemm},
       {"timing", "wall clock per step, device synchronised before each clock read"},
       {"peak_memory", "allocator peak over the timed steps, minus the resident batches"},
       {"models", json::object()},

@@ -1506,6 +1506,13 @@ template <class Family, class = void> struct HasMediumTiles : std::false_type {}
 template <class Family>
 struct HasMediumTiles<Family, std::void_t<typename Family::Medium>> : std::true_type {};
 
+// Whether a kernel family can run its large tiles on a persistent grid (v5: Family::
+// kPersistentTiles and Family::run_persistent_tiles).
+template <class Family, class = void> struct HasPersistentTiles : std::false_type {};
+template <class Family>
+struct HasPersistentTiles<Family, std::void_t<decltype(Family::kPersistentTiles)>>
+    : std::bool_constant<Family::kPersistentTiles> {};
+
 // args.column_moments and args.batchnorm_grad.sums from C after the GEMM: the unfused passes over
 // C, for the launches without the epilogue hook (v1, v2, the SIMT kernel, split K, whose
 // reduction kernel runs the epilogue element by element and has no tile to reduce, and the thin
@@ -1537,6 +1544,11 @@ inline int planning_sm_count() {
 //                                                           statistics hooks (store_tile_packed)
 //   template <class Cfg, class OpA, class OpB> static constexpr int smem_bytes();
 //   template <class Cfg, class OpA, class OpB, class CT> static auto kernel();
+//   static constexpr bool kPersistentTiles;                 (optional) with
+//   template <class Cfg, class OpA, class OpB, class CT>
+//   static bool run_persistent_tiles(args, c, epilogue);    the large tiles' whole-K launch where
+//                                                           gemm_persistent_tiles() asks for it
+//                                                           (false: it did not launch)
 // where every kernel takes (A view, B view, CT* c, m, n, k, k_per_split, epilogue): block z of
 // the grid sums K from z * k_per_split on into the z-th [M, N] slice of c (z = 0 and
 // k_per_split = K without a split).
@@ -1545,6 +1557,11 @@ template <class Family> struct GemmLaunch {
     template <class Cfg, class CT>
     static void launch(const GemmArgs& args, void* c, const EpilogueArgs& epilogue,
                        const KSplit& split) {
+      if constexpr (HasPersistentTiles<Family>::value &&
+                    std::is_same_v<Cfg, typename Family::Large>)
+        if (split.splits == 1 && gemm_persistent_tiles() &&
+            Family::template run_persistent_tiles<Cfg, OpA, OpB, CT>(args, c, epilogue))
+          return;
       constexpr int kSmemBytes = Family::template smem_bytes<Cfg, OpA, OpB>();
       const auto kernel = Family::template kernel<Cfg, OpA, OpB, CT>();
       static const bool smem_ready = (allow_dynamic_smem(kernel, kSmemBytes), true);

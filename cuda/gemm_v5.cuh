@@ -120,46 +120,51 @@ multistage_loop(typename Smem::T* smem, int k_tiles, const LoadA& load_a, const 
   cp_async_wait<0>(); // only empty groups can remain
 }
 
+// This thread's warp in the block tile: where its kWarpM x kWarpN tile starts, and its lane's
+// ldmatrix offsets in the A and B tiles.
+template <class Cfg, class Smem> struct WarpPlace {
+  int lane, row, col, a_lane, b_lane;
+  __device__ __forceinline__ WarpPlace() {
+    const int warp = threadIdx.x / 32;
+    lane = threadIdx.x % 32;
+    row = (warp / Cfg::WARPS_N) * Cfg::kWarpM;
+    col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
+    a_lane = LdmatrixLane<typename Smem::TileA, true>::offset(lane, row, 0);
+    b_lane = LdmatrixLane<typename Smem::TileB, false>::offset(lane, col, 0);
+  }
+};
+
 // C[M, N] = epilogue(op(A) @ op(B)); one BM x BN tile of C per block.
 template <class Cfg, class OpA, class OpB, class CT>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     gemm_v5_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
                    int k_per_split, EpilogueArgs ep) {
   using Smem = GemmSmem<Cfg, OpA, OpB>;
-  using TileA = typename Smem::TileA;
-  using TileB = typename Smem::TileB;
-  using T = typename Smem::T;
   extern __shared__ __align__(128) unsigned char smem_bytes[];
-  T* smem = reinterpret_cast<T*>(smem_bytes);
+  auto* smem = reinterpret_cast<typename Smem::T*>(smem_bytes);
 
   const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
-  const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
-  const int a_lane = LdmatrixLane<TileA, true>::offset(lane, warp_row, 0);
-  const int b_lane = LdmatrixLane<TileB, false>::offset(lane, warp_col, 0);
-
+  const WarpPlace<Cfg, Smem> warp;
   float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
   with_tile_loaders<Cfg, Smem>(a, b, share, [&](const auto& load_a, const auto& load_b) {
-    multistage_loop<Cfg, Smem>(smem, share_k_tiles<Cfg>(share), load_a, load_b, a_lane, b_lane,
-                               acc);
+    multistage_loop<Cfg, Smem>(smem, share_k_tiles<Cfg>(share), load_a, load_b, warp.a_lane,
+                               warp.b_lane, acc);
   });
   __syncthreads(); // every warp is done reading the pipeline buffers
 
   float* staging = reinterpret_cast<float*>(smem_bytes);
-  store_accumulators<Cfg>(staging, warp_row, warp_col, lane, acc);
+  store_accumulators<Cfg>(staging, warp.row, warp.col, warp.lane, acc);
   __syncthreads();
   store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
                                                      share.n0, ep);
 }
 
 // The persistent form of gemm_v5_kernel, without split K: a grid of at most one block an SM
-// (launch_persistent) walks C's tiles (tile, tile +
-// gridDim.x, ...: the row tiles of one column tile of C in turn, as consecutive blocks of
-// gemm_v5_kernel's grid are) and puts each next tile's first K tile in flight before its epilogue.
-// The fp32 staging tile lies past pipeline stage 0 (PersistentSmem), so those copies land while
-// the epilogue runs; in gemm_v5_kernel, one block an SM on the large tiles, every tile waits for
-// its first K tile with nothing to overlap it.
+// (run_persistent) walks C's tiles (tile, tile + gridDim.x, ...: the row tiles of one column tile
+// of C in turn, as consecutive blocks of gemm_v5_kernel's grid are) and puts each next tile's
+// first K tile in flight before its epilogue. The fp32 staging tile lies past pipeline stage 0
+// (PersistentSmem), so those copies land while the epilogue runs; in gemm_v5_kernel, one block an
+// SM on the large tiles, every tile waits for its first K tile with nothing to overlap it.
 template <class Cfg, class OpA, class OpB> struct PersistentSmem {
   using Smem = GemmSmem<Cfg, OpA, OpB>;
   static constexpr int kStageBytes = Smem::kStageElems * int(sizeof(typename Smem::T));
@@ -174,18 +179,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_v5_persistent_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n,
                               int k, EpilogueArgs ep) {
   using Smem = GemmSmem<Cfg, OpA, OpB>;
-  using TileA = typename Smem::TileA;
-  using TileB = typename Smem::TileB;
-  using T = typename Smem::T;
   extern __shared__ __align__(128) unsigned char smem_bytes[];
-  T* smem = reinterpret_cast<T*>(smem_bytes);
+  auto* smem = reinterpret_cast<typename Smem::T*>(smem_bytes);
   float* staging = reinterpret_cast<float*>(smem + Smem::kStageElems); // past stage 0
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
-  const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
-  const int a_lane = LdmatrixLane<TileA, true>::offset(lane, warp_row, 0);
-  const int b_lane = LdmatrixLane<TileB, false>::offset(lane, warp_col, 0);
+  const WarpPlace<Cfg, Smem> warp;
 
   const int row_tiles = (m + Cfg::BM - 1) / Cfg::BM;
   const int tiles = row_tiles * ((n + Cfg::BN - 1) / Cfg::BN);
@@ -198,7 +195,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       with_tile_loaders<Cfg, Smem>(a, b, share_of(tile),
                                    [&](const auto& load_a, const auto& load_b) {
                                      load_a(smem, 0);
-                                     load_b(smem + TileA::kElems, 0);
+                                     load_b(smem + Smem::TileA::kElems, 0);
                                    });
     cp_async_commit();
   };
@@ -208,18 +205,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const BlockShare share = share_of(tile);
     float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
     with_tile_loaders<Cfg, Smem>(a, b, share, [&](const auto& load_a, const auto& load_b) {
-      multistage_loop<Cfg, Smem, true>(smem, share_k_tiles<Cfg>(share), load_a, load_b, a_lane,
-                                       b_lane, acc);
+      multistage_loop<Cfg, Smem, true>(smem, share_k_tiles<Cfg>(share), load_a, load_b, warp.a_lane,
+                                       warp.b_lane, acc);
     });
     __syncthreads(); // every warp is done reading the pipeline buffers
     issue_first(tile + gridDim.x);
-    store_accumulators<Cfg>(staging, warp_row, warp_col, lane, acc);
+    store_accumulators<Cfg>(staging, warp.row, warp.col, warp.lane, acc);
     __syncthreads();
     store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
                                                        share.n0, ep);
     __syncthreads(); // every thread is done with the staging tile, which stages 1.. overlap
   }
   cp_async_wait<0>(); // the last, empty group
+}
+
+// Launches gemm_v5_persistent_kernel on Cfg for C of CT, whole K: a block for each SM the planner
+// plans for (planning_sm_count), or one a tile where C has fewer. Returns false, launching nothing,
+// where the GPU has too little shared memory for it.
+template <class Cfg, class OpA, class OpB, class CT>
+bool run_persistent(const GemmArgs& args, void* c, const EpilogueArgs& epilogue) {
+  constexpr int kSmemBytes = PersistentSmem<Cfg, OpA, OpB>::kBytes;
+  if (kSmemBytes > max_dynamic_smem()) return false;
+  const auto kernel = gemm_v5_persistent_kernel<Cfg, OpA, OpB, CT>;
+  static const bool smem_ready = (allow_dynamic_smem(kernel, kSmemBytes), true);
+  (void)smem_ready;
+  const int64_t tiles = (args.m + Cfg::BM - 1) / Cfg::BM * ((args.n + Cfg::BN - 1) / Cfg::BN);
+  const int blocks = int(std::min<int64_t>(tiles, planning_sm_count()));
+  if (blocks == 0) return true;
+  kernel<<<blocks, Cfg::kThreads, kSmemBytes, stream()>>>(OpA::view(args.a), OpB::view(args.b),
+                                                          static_cast<CT*>(c), int(args.m),
+                                                          int(args.n), int(args.k), epilogue);
+  CUDA_CHECK_LAUNCH("gemm v5 (mma.sync, multistage, persistent)");
+  return true;
 }
 
 // v5 for GemmLaunch.
@@ -234,6 +251,12 @@ struct V5Family {
   }
   template <class Cfg, class OpA, class OpB, class CT> static auto kernel() {
     return gemm_v5_kernel<Cfg, OpA, OpB, CT>;
+  }
+  // Its large tiles on a persistent grid where gemm_persistent_tiles() asks for it.
+  static constexpr bool kPersistentTiles = true;
+  template <class Cfg, class OpA, class OpB, class CT>
+  static bool run_persistent_tiles(const GemmArgs& args, void* c, const EpilogueArgs& epilogue) {
+    return run_persistent<Cfg, OpA, OpB, CT>(args, c, epilogue);
   }
 };
 

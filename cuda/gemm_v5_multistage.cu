@@ -55,26 +55,7 @@ void gemm_v5_multistage(const GemmArgs& args) {
 
 namespace {
 
-// The large configuration on gemm_v5_persistent_kernel, f16 A untransposed and f16 C, whole K:
-// one block for each SM the planner plans for (planning_sm_count), or one a tile where C has
-// fewer.
-template <class OpB> void launch_persistent(const GemmArgs& args) {
-  using Cfg = MultistageLarge;
-  using OpA = OperandTraits<__half, OperandKind::matrix>;
-  constexpr int kSmemBytes = PersistentSmem<Cfg, OpA, OpB>::kBytes;
-  const auto kernel = gemm_v5_persistent_kernel<Cfg, OpA, OpB, __half>;
-  static const bool smem_ready = (allow_dynamic_smem(kernel, kSmemBytes), true);
-  (void)smem_ready;
-  const int64_t tiles = (args.m + Cfg::BM - 1) / Cfg::BM * ((args.n + Cfg::BN - 1) / Cfg::BN);
-  const int blocks = int(std::min<int64_t>(tiles, planning_sm_count()));
-  if (blocks == 0) return;
-  kernel<<<blocks, Cfg::kThreads, kSmemBytes, stream()>>>(OpA::view(args.a), OpB::view(args.b),
-                                                          static_cast<__half*>(args.c), int(args.m),
-                                                          int(args.n), int(args.k), args.epilogue);
-  CUDA_CHECK_LAUNCH(V5Family::kName);
-}
-
-// The sweep's configuration of it (GemmCandidate).
+// The large configuration on the persistent grid (run_persistent), for the sweep.
 GemmCandidate persistent_candidate() {
   using Cfg = MultistageLarge;
   using OpA = OperandTraits<__half, OperandKind::matrix>;
@@ -91,10 +72,10 @@ GemmCandidate persistent_candidate() {
                 (args.b.kind == OperandKind::matrix || args.b.kind == OperandKind::transposed) &&
                 args.ab_dtype == DType::f16 && args.c_dtype == DType::f16,
             V5Family::kName, "a sweep configuration takes f16 A untransposed and f16 C");
-    if (args.b.kind == OperandKind::transposed)
-      launch_persistent<OpB>(args);
-    else
-      launch_persistent<OpBPlain>(args);
+    const bool ran = args.b.kind == OperandKind::transposed
+                         ? run_persistent<Cfg, OpA, OpB, __half>(args, args.c, args.epilogue)
+                         : run_persistent<Cfg, OpA, OpBPlain, __half>(args, args.c, args.epilogue);
+    require(ran, V5Family::kName, "the persistent grid needs more shared memory than the GPU has");
   };
   return out;
 }

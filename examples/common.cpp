@@ -1233,7 +1233,10 @@ std::string stop_line(const TrainSpec& spec, const Options& options,
 
 int run_example(const TrainSpec& spec, const Options& options) {
   const Device device = resolve_device(options.device);
-  gemm_version(); // an unknown MINAMP_GEMM_VERSION is refused here, before anything is written
+  // An unknown MINAMP_GEMM_VERSION or MINAMP_GEMM_PERSISTENT is refused here, before anything is
+  // written.
+  gemm_version();
+  gemm_persistent_tiles();
   require(options.resume.empty() || options.load_weights.empty(), "--resume",
           "continues from the checkpoint's weights; it cannot be combined with --load-weights");
   require(options.resume.empty() || (!options.compare && !options.compare_dtypes), "--resume",

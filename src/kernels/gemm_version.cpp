@@ -1,5 +1,5 @@
-// The process-wide choice of tensor-core GEMM version and of the SM count its planner plans for
-// (see gemm_version.h).
+// The process-wide choice of tensor-core GEMM version, of the SM count its planner plans for and
+// of whether v5's large tiles run on a persistent grid (see gemm_version.h).
 #include "kernels/gemm_version.h"
 
 #include <atomic>
@@ -34,6 +34,20 @@ std::atomic<int>& planning_sms() {
   return sms;
 }
 
+bool persistent_tiles_from_environment() {
+  const char* value = std::getenv("MINAMP_GEMM_PERSISTENT");
+  if (!value || !*value) return false;
+  const std::string text = value;
+  if (text != "0" && text != "1")
+    throw Error(cat("MINAMP_GEMM_PERSISTENT: expected 0 or 1, got '", text, "'"));
+  return text == "1";
+}
+
+std::atomic<bool>& persistent_tiles() {
+  static std::atomic<bool> on{persistent_tiles_from_environment()};
+  return on;
+}
+
 } // namespace
 
 const char* gemm_version_name(GemmVersion version) {
@@ -62,5 +76,8 @@ void set_gemm_planning_sms(int sms) {
   require(sms >= 0, "gemm", "the planning SM count must be 0 (the GPU's) or positive, got ", sms);
   planning_sms().store(sms, std::memory_order_relaxed);
 }
+
+bool gemm_persistent_tiles() { return persistent_tiles().load(std::memory_order_relaxed); }
+void set_gemm_persistent_tiles(bool on) { persistent_tiles().store(on, std::memory_order_relaxed); }
 
 } // namespace minamp

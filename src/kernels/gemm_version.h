@@ -3,7 +3,8 @@
 // what that bought); `automatic` lets the planner (cuda/gemm_plan.h) pick the fastest one that can
 // run the GEMM, which is what training uses. Forcing a version is for tests, benchmarks and
 // study: the choice is process-wide, set by set_gemm_version or, once at start-up, by the
-// environment variable MINAMP_GEMM_VERSION (auto, v1, v2, v3, v4 or v5).
+// environment variable MINAMP_GEMM_VERSION (auto, v1, v2, v3, v4 or v5). How v5 walks its tiles is
+// a second such choice (gemm_persistent_tiles).
 #pragma once
 
 #include <optional>
@@ -36,6 +37,15 @@ void set_gemm_version(GemmVersion version);
 int gemm_planning_sms();
 void set_gemm_planning_sms(int sms);
 
+// Whether v5 runs its large tiles on a persistent grid where K is not split and the GPU has the
+// shared memory (gemm_v5_persistent_kernel, cuda/gemm_v5.cuh: a block for each SM the planner
+// plans for walks the tiles and puts each next tile's first K tile in flight during its epilogue).
+// Off by default: the library takes it once a GPU measures it faster. Process-wide, set by
+// set_gemm_persistent_tiles or, once at start-up, by the environment variable
+// MINAMP_GEMM_PERSISTENT (0 or 1).
+bool gemm_persistent_tiles();
+void set_gemm_persistent_tiles(bool on);
+
 // Sets a process-wide GEMM setting (get, set) for the lifetime of the object, then puts the
 // previous value back.
 template <class T, T (*get)(), void (*set)(T)> class ScopedGemmSetting {
@@ -50,5 +60,7 @@ private:
 };
 using ScopedGemmVersion = ScopedGemmSetting<GemmVersion, gemm_version, set_gemm_version>;
 using ScopedGemmPlanningSms = ScopedGemmSetting<int, gemm_planning_sms, set_gemm_planning_sms>;
+using ScopedGemmPersistentTiles =
+    ScopedGemmSetting<bool, gemm_persistent_tiles, set_gemm_persistent_tiles>;
 
 } // namespace minamp

@@ -66,13 +66,19 @@ TEST(Examples, UnknownFlagIsAUsageErrorNamingIt) {
   EXPECT_NE(run.output.find("--bogus-flag"), std::string::npos) << run.output;
 }
 
-// MINAMP_GEMM_VERSION (kernels/gemm_version.h) is read before anything is written: an unknown
-// version is a one-line error naming the variable, on every backend, and leaves no output folder.
+// MINAMP_GEMM_VERSION and MINAMP_GEMM_PERSISTENT (kernels/gemm_version.h) are read before anything
+// is written: an unknown value is a one-line error naming the variable, on every backend, and
+// leaves no output folder.
 TEST(Examples, UnknownGemmVersionIsRefusedBeforeAnythingIsWritten) {
-  const std::string out = fresh_dir("bad_gemm_version");
-  const ProgramRun run = run_program("mlp", "--epochs 1 --out " + out, "MINAMP_GEMM_VERSION=v9");
+  std::string out = fresh_dir("bad_gemm_version");
+  ProgramRun run = run_program("mlp", "--epochs 1 --out " + out, "MINAMP_GEMM_VERSION=v9");
   expect_one_line_error(run, "MINAMP_GEMM_VERSION=v9",
                         {"MINAMP_GEMM_VERSION", "expected auto, v1, v2, v3, v4 or v5, got 'v9'"});
+  EXPECT_FALSE(std::filesystem::exists(out)) << out;
+  out = fresh_dir("bad_gemm_persistent");
+  run = run_program("mlp", "--epochs 1 --out " + out, "MINAMP_GEMM_PERSISTENT=yes");
+  expect_one_line_error(run, "MINAMP_GEMM_PERSISTENT=yes",
+                        {"MINAMP_GEMM_PERSISTENT", "expected 0 or 1, got 'yes'"});
   EXPECT_FALSE(std::filesystem::exists(out)) << out;
 }
 

@@ -12,12 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/rng.h"
 #include "gemm.cuh" // the cp.async helpers
-#include "kernels/gemm_version.h"
-#include "kernels/kernels.h"
-#include "mma.cuh" // ldmatrix, mma.sync
-#include "test_util.h"
+#include "mma.cuh"  // ldmatrix, mma.sync
 
 namespace {
 
@@ -736,53 +732,6 @@ TEST(GemmGather, FastDivisorDividesLikeIntegerDivision) {
                       << n / d;
   }
   EXPECT_EQ(failures, 0);
-}
-
-// v5's persistent kernel, the sweep's `v5 persistent` configuration (bench_gemm checks it against
-// cuBLAS on the GPU, on shapes of whole tiles): planned for 3 SMs, 3 blocks walk C's 5 x 2 large
-// tiles, ragged on both edges, so that a block goes from interior tiles (the interior loaders) to
-// edge ones (the plain loaders) and puts each next tile's first K tile in flight with either; then
-// a ragged K (every tile on the plain loaders). B transposed and not, C's bias, beta and ReLU, and
-// C from NaN poison where beta is 0.
-TEST(GemmV5Persistent, WalksEveryTileOnFewerBlocks) {
-  using namespace minamp;
-  std::vector<gpu::GemmCandidate> sweep = gpu::gemm_v5_sweep();
-  const auto persistent =
-      std::find_if(sweep.begin(), sweep.end(), [](const gpu::GemmCandidate& candidate) {
-        return candidate.name.rfind("v5 persistent", 0) == 0;
-      });
-  ASSERT_NE(persistent, sweep.end());
-  ScopedGemmPlanningSms sms(3);
-  uint64_t seed = 9300;
-  for (int64_t k : {128, 37})
-    for (bool trans_b : {true, false})
-      for (float beta : {0.0f, 0.5f}) {
-        Rng rng(++seed);
-        const int64_t m = 600, n = 300;
-        const Tensor a = test::random_tensor(rng, {m, k}, DType::f16);
-        const Tensor b = test::random_tensor(rng, trans_b ? Shape{n, k} : Shape{k, n}, DType::f16);
-        const Tensor bias = test::random_tensor(rng, {n});
-        const Tensor c_start = beta != 0.0f ? test::random_tensor(rng, {m, n}, DType::f16)
-                                            : test::poisoned({m, n}, DType::f16);
-        Tensor c_cpu = c_start.clone();
-        kernels::gemm(a, false, b, trans_b, c_cpu, GemmEpilogue{1.0f, beta, &bias, beta != 0.0f});
-
-        const Tensor a_gpu = a.to(Device::cuda), b_gpu = b.to(Device::cuda);
-        const Tensor bias_gpu = bias.to(Device::cuda);
-        Tensor c_gpu = c_start.to(Device::cuda);
-        gpu::GemmArgs args;
-        args.a = gpu::matrix_operand(a_gpu, false);
-        args.b = gpu::matrix_operand(b_gpu, trans_b);
-        args.ab_dtype = args.c_dtype = DType::f16;
-        args.c = c_gpu.raw();
-        args.m = m, args.n = n, args.k = k;
-        args.epilogue.beta = beta;
-        args.epilogue.bias = gpu::ptr<float>(bias_gpu);
-        args.epilogue.relu = beta != 0.0f;
-        persistent->run(args);
-        test::expect_close(c_gpu, c_cpu, test::tolerance_for(DType::f16, DType::f16),
-                           minamp::cat("K=", k, " trans_b=", trans_b, " beta=", beta));
-      }
 }
 
 } // namespace

@@ -190,6 +190,19 @@ TEST(GpuColumnMoments, ManyRowTiles) {
     }
 }
 
+// v5's large tiles on a persistent grid (gemm_persistent_tiles), planned for 3 SMs: 3 blocks walk
+// 16 row tiles (whole, then 6 of a ragged M over a ragged K), each tile's moments put at its row
+// tile's place, not its block's.
+TEST(GpuColumnMoments, PersistentLargeTiles) {
+  MINAMP_REQUIRE_GPU();
+  ScopedGemmVersion v5(GemmVersion::v5_multistage);
+  ScopedGemmPlanningSms sms(3);
+  ScopedGemmPersistentTiles persistent(true);
+  uint64_t seed = 560;
+  for (const MomentsCase& g : {MomentsCase{2048, 256, 64}, MomentsCase{700, 256, 72}})
+    expect_moments_match(g, ++seed);
+}
+
 // A 3x3 convolution's implicit GEMM (gathered im2col operand) writes its moments too.
 TEST(GpuColumnMoments, Convolution) {
   MINAMP_REQUIRE_GPU();

@@ -378,6 +378,18 @@ TEST(GpuGemmVersions, WholeTiles) {
   }
 }
 
+// v5's large tile is 128x256x64: 33 x 5 of them over C, ragged on both edges; K = 72 is one whole K
+// tile and a short one, K = 37 (bf16) a single short one.
+void check_v5_large_tiles(uint64_t seed) {
+  for (bool trans : {false, true})
+    expect_matches_cpu(
+        GemmCase{4099, 1040, 72, trans, !trans, DType::f16, DType::f16, 1.0f, 0.5f, true, true},
+        ++seed);
+  expect_matches_cpu(
+      GemmCase{4099, 1040, 37, false, true, DType::bf16, DType::f32, 1.0f, 0.0f, true, false},
+      ++seed);
+}
+
 // The large tiles (>= one block per SM) with ragged edges, and split K, for the versions that
 // have them: interior blocks on the fast loader, edge blocks and the last K tile on the plain one.
 TEST(GpuGemmVersions, LargeTilesAndSplitK) {
@@ -407,17 +419,8 @@ TEST(GpuGemmVersions, LargeTilesAndSplitK) {
         GemmCase{40, 72, 8013, true, false, DType::bf16, DType::bf16, 0.5f, -1.0f, true, true},
         ++seed);
   }
-  // v5's large tile is 128x256x64: 33 x 5 of them over C, ragged on both edges; K = 72 is one
-  // whole K tile and a short one, K = 37 (bf16) a single short one.
   ScopedGemmVersion v5(GemmVersion::v5_multistage);
-  uint64_t seed = 9100;
-  for (bool trans : {false, true})
-    expect_matches_cpu(
-        GemmCase{4099, 1040, 72, trans, !trans, DType::f16, DType::f16, 1.0f, 0.5f, true, true},
-        ++seed);
-  expect_matches_cpu(
-      GemmCase{4099, 1040, 37, false, true, DType::bf16, DType::f32, 1.0f, 0.0f, true, false},
-      ++seed);
+  check_v5_large_tiles(9100);
 }
 
 // v5 splits K on its large tiles where C has few of them and K is long (cuda/gemm_plan.h): sine's
@@ -435,6 +438,29 @@ TEST(GpuGemmVersions, MultistageSplitsKOnLargeTiles) {
   expect_matches_cpu(
       GemmCase{100, 200, 18469, true, false, DType::f16, DType::f16, 1.0f, 0.0f, false, true},
       9201);
+}
+
+// v5's large tiles on a persistent grid (gemm_persistent_tiles, off by default). Planned for 3 SMs,
+// 3 blocks walk C's 5 x 2 large tiles, ragged on both edges, so that a block goes from interior
+// tiles (the interior loaders) to edge ones (the plain loaders), putting each next tile's first K
+// tile in flight with either; then a ragged K (every tile on the plain loaders); B transposed and
+// not, the epilogue's beta and ReLU, C from NaN poison where beta is 0. Then the GPU's own SMs
+// over 33 x 5 tiles (132 on the emulator: some blocks take two), and bf16 into f32.
+TEST(GpuGemmVersions, PersistentLargeTiles) {
+  MINAMP_REQUIRE_GPU();
+  ScopedGemmVersion v5(GemmVersion::v5_multistage);
+  ScopedGemmPersistentTiles persistent(true);
+  uint64_t seed = 9300;
+  {
+    ScopedGemmPlanningSms sms(3);
+    for (int64_t k : {128, 37})
+      for (bool trans_b : {true, false})
+        for (float beta : {0.0f, 0.5f})
+          expect_matches_cpu(GemmCase{600, 500, k, false, trans_b, DType::f16, DType::f16, 1.0f,
+                                      beta, true, beta != 0.0f},
+                             ++seed);
+  }
+  check_v5_large_tiles(seed);
 }
 
 // v1 and v3 take f16 only: bf16 operands are refused, naming the version and those that take them.

@@ -171,6 +171,17 @@ TEST(GpuNormalizedConv, LargeBlocksNormaliseInteriorTiles) {
     check_normalized_conv({1, 16, 18, 256, 256, relu}, DType::f16, ++seed);
 }
 
+// The same on a persistent grid (gemm_persistent_tiles): one block walks the 3 tiles, the next
+// one's first K tile in flight during each epilogue and normalised in its main loop.
+TEST(GpuNormalizedConv, PersistentLargeBlocks) {
+  MINAMP_REQUIRE_GPU();
+  ScopedGemmPlanningSms sms(1);
+  ScopedGemmPersistentTiles persistent(true);
+  uint64_t seed = 810;
+  for (bool relu : {true, false})
+    check_normalized_conv({1, 16, 18, 256, 256, relu}, DType::f16, ++seed);
+}
+
 TEST(GpuNormalizedConv, Bf16AndF32) {
   MINAMP_REQUIRE_GPU();
   uint64_t seed = 720;
