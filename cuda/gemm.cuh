@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -465,6 +466,36 @@ inline int max_dynamic_smem() {
     return value;
   }();
   return bytes;
+}
+
+// The most dynamic shared memory a block can opt in to on any GPU that runs the machine code being
+// compiled: 64 KB at sm_75; 163 KB at sm_80 (the A100; the sm_86 and sm_89 GPUs that also run sm_80
+// code have 99 KB); 227 KB from sm_90 on (arch_can_launch). The host pass and the emulator have no
+// limit.
+__host__ __device__ constexpr int arch_max_dynamic_smem() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  return 64 * 1024;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return 163 * 1024;
+#elif defined(__CUDA_ARCH__)
+  return 227 * 1024;
+#else
+  return std::numeric_limits<int>::max();
+#endif
+}
+
+// Whether a GPU that runs the machine code being compiled can launch a GEMM kernel whose block
+// needs `smem_bytes` of dynamic shared memory (and, with `mma_sync`, the mma.sync instructions of
+// kMmaSyncCapability). Where it cannot, the kernel compiles to a trap: the launcher never runs it
+// on such a GPU (max_dynamic_smem(), plan_version), and the build skips code that could not run.
+__host__ __device__ constexpr bool arch_can_launch(int smem_bytes, bool mma_sync) {
+#if defined(__CUDA_ARCH__)
+  return smem_bytes <= arch_max_dynamic_smem() &&
+         (!mma_sync || __CUDA_ARCH__ >= kMmaSyncCapability * 10);
+#else
+  (void)smem_bytes, (void)mma_sync;
+  return true;
+#endif
 }
 
 // The grid of BM x BN tiles over C times the K slices: x walks M, y walks N (y is limited to

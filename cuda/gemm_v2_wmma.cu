@@ -66,35 +66,39 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
   using T = typename Smem::T;
-  extern __shared__ __align__(128) unsigned char smem_bytes[];
-  T* smem = reinterpret_cast<T*>(smem_bytes);
+  if constexpr (!arch_can_launch(Smem::kBytes, false)) {
+    __trap(); // never launched where it cannot run (arch_can_launch)
+  } else {
+    extern __shared__ __align__(128) unsigned char smem_bytes[];
+    T* smem = reinterpret_cast<T*>(smem_bytes);
 
-  const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
-  const int warp = threadIdx.x / 32;
-  const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
-  const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
+    const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
+    const int warp = threadIdx.x / 32;
+    const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
+    const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[Cfg::FRAG_M][Cfg::FRAG_N];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[Cfg::FRAG_M][Cfg::FRAG_N];
 #pragma unroll
-  for (int i = 0; i < Cfg::FRAG_M; ++i)
+    for (int i = 0; i < Cfg::FRAG_M; ++i)
 #pragma unroll
-    for (int j = 0; j < Cfg::FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+      for (int j = 0; j < Cfg::FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-  const auto consume = [&](const T* tile_a, const T* tile_b) {
-    mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, warp_row, warp_col, acc);
-  };
-  gemm_pipeline<Cfg, Smem>(smem, a, b, share, consume);
-  __syncthreads(); // every warp is done reading the pipeline buffers
+    const auto consume = [&](const T* tile_a, const T* tile_b) {
+      mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, warp_row, warp_col, acc);
+    };
+    gemm_pipeline<Cfg, Smem>(smem, a, b, share, consume);
+    __syncthreads(); // every warp is done reading the pipeline buffers
 
-  // Epilogue: accumulators -> fp32 staging tile -> alpha/beta/bias/ReLU -> C.
-  float* staging = reinterpret_cast<float*>(smem_bytes);
-  store_accumulators<Cfg>(staging, warp_row, warp_col, acc);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < Cfg::BM * Cfg::BN; idx += Cfg::kThreads) {
-    const int r = idx / Cfg::BN, col = idx % Cfg::BN;
-    const int row = share.m0 + r, column = share.n0 + col;
-    if (row < m && column < n)
-      store_output(c, n, row, column, staging[r * Cfg::kStagingLd + col], ep);
+    // Epilogue: accumulators -> fp32 staging tile -> alpha/beta/bias/ReLU -> C.
+    float* staging = reinterpret_cast<float*>(smem_bytes);
+    store_accumulators<Cfg>(staging, warp_row, warp_col, acc);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < Cfg::BM * Cfg::BN; idx += Cfg::kThreads) {
+      const int r = idx / Cfg::BN, col = idx % Cfg::BN;
+      const int row = share.m0 + r, column = share.n0 + col;
+      if (row < m && column < n)
+        store_output(c, n, row, column, staging[r * Cfg::kStagingLd + col], ep);
+    }
   }
 }
 

@@ -28,31 +28,35 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   using Smem = WmmaSmem<Cfg, OpA, OpB>;
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
-  extern __shared__ __align__(128) unsigned char smem_bytes[];
-  __half* smem = reinterpret_cast<__half*>(smem_bytes);
+  if constexpr (!arch_can_launch(Smem::kBytes, false)) {
+    __trap(); // never launched where it cannot run (arch_can_launch)
+  } else {
+    extern __shared__ __align__(128) unsigned char smem_bytes[];
+    __half* smem = reinterpret_cast<__half*>(smem_bytes);
 
-  const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
-  const int warp = threadIdx.x / 32;
-  const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
-  const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
+    const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
+    const int warp = threadIdx.x / 32;
+    const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
+    const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[Cfg::FRAG_M][Cfg::FRAG_N];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[Cfg::FRAG_M][Cfg::FRAG_N];
 #pragma unroll
-  for (int i = 0; i < Cfg::FRAG_M; ++i)
+    for (int i = 0; i < Cfg::FRAG_M; ++i)
 #pragma unroll
-    for (int j = 0; j < Cfg::FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+      for (int j = 0; j < Cfg::FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-  const auto consume = [&](const __half* tile_a, const __half* tile_b) {
-    mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, warp_row, warp_col, acc);
-  };
-  gemm_pipeline_interior<Cfg, Smem>(smem, a, b, share, consume);
-  __syncthreads(); // every warp is done reading the pipeline buffers
+    const auto consume = [&](const __half* tile_a, const __half* tile_b) {
+      mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, warp_row, warp_col, acc);
+    };
+    gemm_pipeline_interior<Cfg, Smem>(smem, a, b, share, consume);
+    __syncthreads(); // every warp is done reading the pipeline buffers
 
-  float* staging = reinterpret_cast<float*>(smem_bytes);
-  store_accumulators<Cfg>(staging, warp_row, warp_col, acc);
-  __syncthreads();
-  store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
-                                                     share.n0, ep);
+    float* staging = reinterpret_cast<float*>(smem_bytes);
+    store_accumulators<Cfg>(staging, warp_row, warp_col, acc);
+    __syncthreads();
+    store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
+                                                       share.n0, ep);
+  }
 }
 
 // v3 for GemmLaunch.

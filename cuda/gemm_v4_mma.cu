@@ -57,29 +57,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   using TileA = typename Smem::TileA;
   using TileB = typename Smem::TileB;
   using T = typename Smem::T;
-  extern __shared__ __align__(128) unsigned char smem_bytes[];
-  T* smem = reinterpret_cast<T*>(smem_bytes);
+  if constexpr (!arch_can_launch(Smem::kBytes, true)) {
+    __trap(); // never launched where it cannot run (arch_can_launch)
+  } else {
+    extern __shared__ __align__(128) unsigned char smem_bytes[];
+    T* smem = reinterpret_cast<T*>(smem_bytes);
 
-  const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
-  const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
-  // This lane's ldmatrix row addresses for the warp's first 16x16 blocks, as tile offsets.
-  const int a_lane = LdmatrixLane<TileA, true>::offset(lane, warp_row, 0);
-  const int b_lane = LdmatrixLane<TileB, false>::offset(lane, warp_col, 0);
+    const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp_row = (warp / Cfg::WARPS_N) * Cfg::kWarpM; // within the block tile
+    const int warp_col = (warp % Cfg::WARPS_N) * Cfg::kWarpN;
+    // This lane's ldmatrix row addresses for the warp's first 16x16 blocks, as tile offsets.
+    const int a_lane = LdmatrixLane<TileA, true>::offset(lane, warp_row, 0);
+    const int b_lane = LdmatrixLane<TileB, false>::offset(lane, warp_col, 0);
 
-  float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
-  const auto consume = [&](const T* tile_a, const T* tile_b) {
-    mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, a_lane, b_lane, acc);
-  };
-  gemm_pipeline_interior<Cfg, Smem>(smem, a, b, share, consume);
-  __syncthreads(); // every warp is done reading the pipeline buffers
+    float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
+    const auto consume = [&](const T* tile_a, const T* tile_b) {
+      mma_tile<Cfg, TileA, TileB>(tile_a, tile_b, a_lane, b_lane, acc);
+    };
+    gemm_pipeline_interior<Cfg, Smem>(smem, a, b, share, consume);
+    __syncthreads(); // every warp is done reading the pipeline buffers
 
-  float* staging = reinterpret_cast<float*>(smem_bytes);
-  store_accumulators<Cfg>(staging, warp_row, warp_col, lane, acc);
-  __syncthreads();
-  store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
-                                                     share.n0, ep);
+    float* staging = reinterpret_cast<float*>(smem_bytes);
+    store_accumulators<Cfg>(staging, warp_row, warp_col, lane, acc);
+    __syncthreads();
+    store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
+                                                       share.n0, ep);
+  }
 }
 
 // v4 for GemmLaunch.

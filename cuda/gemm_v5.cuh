@@ -140,23 +140,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     gemm_v5_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n, int k,
                    int k_per_split, EpilogueArgs ep) {
   using Smem = GemmSmem<Cfg, OpA, OpB>;
-  extern __shared__ __align__(128) unsigned char smem_bytes[];
-  auto* smem = reinterpret_cast<typename Smem::T*>(smem_bytes);
+  if constexpr (!arch_can_launch(Smem::kBytes, true)) {
+    __trap(); // never launched where it cannot run (arch_can_launch)
+  } else {
+    extern __shared__ __align__(128) unsigned char smem_bytes[];
+    auto* smem = reinterpret_cast<typename Smem::T*>(smem_bytes);
 
-  const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
-  const WarpPlace<Cfg, Smem> warp;
-  float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
-  with_tile_loaders<Cfg, Smem>(a, b, share, [&](const auto& load_a, const auto& load_b) {
-    multistage_loop<Cfg, Smem>(smem, share_k_tiles<Cfg>(share), load_a, load_b, warp.a_lane,
-                               warp.b_lane, acc);
-  });
-  __syncthreads(); // every warp is done reading the pipeline buffers
+    const BlockShare share = block_share<Cfg>(m, n, k, k_per_split, c);
+    const WarpPlace<Cfg, Smem> warp;
+    float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
+    with_tile_loaders<Cfg, Smem>(a, b, share, [&](const auto& load_a, const auto& load_b) {
+      multistage_loop<Cfg, Smem>(smem, share_k_tiles<Cfg>(share), load_a, load_b, warp.a_lane,
+                                 warp.b_lane, acc);
+    });
+    __syncthreads(); // every warp is done reading the pipeline buffers
 
-  float* staging = reinterpret_cast<float*>(smem_bytes);
-  store_accumulators<Cfg>(staging, warp.row, warp.col, warp.lane, acc);
-  __syncthreads();
-  store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
-                                                     share.n0, ep);
+    float* staging = reinterpret_cast<float*>(smem_bytes);
+    store_accumulators<Cfg>(staging, warp.row, warp.col, warp.lane, acc);
+    __syncthreads();
+    store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
+                                                       share.n0, ep);
+  }
 }
 
 // The persistent form of gemm_v5_kernel, without split K: a grid of at most one block an SM
@@ -179,44 +183,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_v5_persistent_kernel(typename OpA::View a, typename OpB::View b, CT* c, int m, int n,
                               int k, EpilogueArgs ep) {
   using Smem = GemmSmem<Cfg, OpA, OpB>;
-  extern __shared__ __align__(128) unsigned char smem_bytes[];
-  auto* smem = reinterpret_cast<typename Smem::T*>(smem_bytes);
-  float* staging = reinterpret_cast<float*>(smem + Smem::kStageElems); // past stage 0
-  const WarpPlace<Cfg, Smem> warp;
+  if constexpr (!arch_can_launch(PersistentSmem<Cfg, OpA, OpB>::kBytes, true)) {
+    __trap(); // never launched where it cannot run (arch_can_launch)
+  } else {
+    extern __shared__ __align__(128) unsigned char smem_bytes[];
+    auto* smem = reinterpret_cast<typename Smem::T*>(smem_bytes);
+    float* staging = reinterpret_cast<float*>(smem + Smem::kStageElems); // past stage 0
+    const WarpPlace<Cfg, Smem> warp;
 
-  const int row_tiles = (m + Cfg::BM - 1) / Cfg::BM;
-  const int tiles = row_tiles * ((n + Cfg::BN - 1) / Cfg::BN);
-  const auto share_of = [&](int tile) {
-    return BlockShare{tile % row_tiles * Cfg::BM, tile / row_tiles * Cfg::BN, 0, k};
-  };
-  // K tile 0 of `tile` (if any) into stage 0, as one commit group.
-  const auto issue_first = [&](int tile) {
-    if (tile < tiles && k > 0)
-      with_tile_loaders<Cfg, Smem>(a, b, share_of(tile),
-                                   [&](const auto& load_a, const auto& load_b) {
-                                     load_a(smem, 0);
-                                     load_b(smem + Smem::TileA::kElems, 0);
-                                   });
-    cp_async_commit();
-  };
+    const int row_tiles = (m + Cfg::BM - 1) / Cfg::BM;
+    const int tiles = row_tiles * ((n + Cfg::BN - 1) / Cfg::BN);
+    const auto share_of = [&](int tile) {
+      return BlockShare{tile % row_tiles * Cfg::BM, tile / row_tiles * Cfg::BN, 0, k};
+    };
+    // K tile 0 of `tile` (if any) into stage 0, as one commit group.
+    const auto issue_first = [&](int tile) {
+      if (tile < tiles && k > 0)
+        with_tile_loaders<Cfg, Smem>(a, b, share_of(tile),
+                                     [&](const auto& load_a, const auto& load_b) {
+                                       load_a(smem, 0);
+                                       load_b(smem + Smem::TileA::kElems, 0);
+                                     });
+      cp_async_commit();
+    };
 
-  issue_first(blockIdx.x);
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const BlockShare share = share_of(tile);
-    float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
-    with_tile_loaders<Cfg, Smem>(a, b, share, [&](const auto& load_a, const auto& load_b) {
-      multistage_loop<Cfg, Smem, true>(smem, share_k_tiles<Cfg>(share), load_a, load_b, warp.a_lane,
-                                       warp.b_lane, acc);
-    });
-    __syncthreads(); // every warp is done reading the pipeline buffers
-    issue_first(tile + gridDim.x);
-    store_accumulators<Cfg>(staging, warp.row, warp.col, warp.lane, acc);
-    __syncthreads();
-    store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n, share.m0,
-                                                       share.n0, ep);
-    __syncthreads(); // every thread is done with the staging tile, which stages 1.. overlap
+    issue_first(blockIdx.x);
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const BlockShare share = share_of(tile);
+      float acc[Cfg::MMA_M][Cfg::MMA_N][4] = {};
+      with_tile_loaders<Cfg, Smem>(a, b, share, [&](const auto& load_a, const auto& load_b) {
+        multistage_loop<Cfg, Smem, true>(smem, share_k_tiles<Cfg>(share), load_a, load_b,
+                                         warp.a_lane, warp.b_lane, acc);
+      });
+      __syncthreads(); // every warp is done reading the pipeline buffers
+      issue_first(tile + gridDim.x);
+      store_accumulators<Cfg>(staging, warp.row, warp.col, warp.lane, acc);
+      __syncthreads();
+      store_tile_packed<Cfg::BM, Cfg::BN, Cfg::kThreads>(staging, Cfg::kStagingLd, c, m, n,
+                                                         share.m0, share.n0, ep);
+      __syncthreads(); // every thread is done with the staging tile, which stages 1.. overlap
+    }
+    cp_async_wait<0>(); // the last, empty group
   }
-  cp_async_wait<0>(); // the last, empty group
 }
 
 // Launches gemm_v5_persistent_kernel on Cfg for C of CT, whole K: a block for each SM the planner
