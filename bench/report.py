@@ -1,7 +1,8 @@
 """Merges one benchmark run — bench_train's JSON, the PyTorch peer's JSON and (on a GPU)
 bench_gemm's JSON — with where and when it ran (device, driver, commit, date), writes the
-combined JSON, prints the comparison table with the targets and ratios, and writes the
-same table as Markdown (bench/NOTES.md and the README quote it). A missing or unreadable input
+combined JSON, prints the comparison table with the targets and ratios (and, for bench_gemm's
+depth rows, each configuration's time fitted against K), and writes the same tables as Markdown
+(bench/NOTES.md and the README quote them). A missing or unreadable input
 (a stage that failed or ran out of time) is listed as missing and the rest is still written; with
 no results at all it writes nothing and exits 1. Standard library only: it runs beside any Python."""
 
@@ -10,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 
 
@@ -432,6 +434,46 @@ def gemm_lines(gemm, markdown):
     return table(head, rows, markdown) + ([""] + skipped if skipped else [])
 
 
+DEPTH_SHAPE = re.compile(r"^(?P<shape>.+) K=(?P<k>\d+)$")
+
+
+def depth_fits(gemm):
+    """bench_gemm's depth rows (one shape at several K: "sine fwd K=64", ...) fitted, for each
+    shape, input type and configuration, by least squares to t = fixed + per_64 K / 64 (µs, the
+    median time of a run): `fixed` is what a launch costs whatever K (its tiles' prologue and
+    epilogue, the launch), `per_64` what each 64 of K adds (the main loop). Rows whose check failed
+    have no time and are left out; a configuration timed at fewer than two K is not fitted."""
+    groups = {}
+    for r in (gemm or {}).get("rows", []):
+        match = DEPTH_SHAPE.match(r["shape"])
+        if match and "minamp" in r:
+            key = (match["shape"], r["ab_dtype"], r.get("config", "library"))
+            groups.setdefault(key, []).append((int(match["k"]), 1000 * r["minamp"]["median_ms"]))
+    fits = []
+    for (shape, ab_dtype, config), points in groups.items():
+        ks = sorted({k for k, _ in points})
+        if len(ks) < 2:
+            continue
+        x, y = [k / 64 for k, _ in points], [t for _, t in points]
+        mean_x, mean_y = sum(x) / len(x), sum(y) / len(y)
+        per_64 = (sum((a - mean_x) * (b - mean_y) for a, b in zip(x, y))
+                  / sum((a - mean_x) ** 2 for a in x))
+        fixed = mean_y - per_64 * mean_x
+        worst = max(abs(fixed + per_64 * a - b) / b for a, b in zip(x, y))
+        fits.append({"shape": shape, "ab_dtype": ab_dtype, "config": config, "k": ks,
+                     "fixed_us": fixed, "per_64_k_us": per_64, "worst_fit_error": worst})
+    return fits
+
+
+def depth_lines(fits, markdown):
+    head = ["shape", "in", "configuration", "K", "fixed µs", "µs per 64 of K", "worst fit error"]
+    rows = [[f["shape"], f["ab_dtype"], f["config"], ", ".join(str(k) for k in f["k"]),
+             fmt(f["fixed_us"], 3), fmt(f["per_64_k_us"], 3),
+             f"{100 * f['worst_fit_error']:.1f}%"] for f in fits]
+    return ["Time against K (depth rows): t = fixed + K / 64 x (µs per 64 of K), least squares.",
+            ""] + table(head, rows, markdown)
+
+
 def table(head, rows, markdown):
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -497,13 +539,17 @@ def render(combined, markdown):
     lines += peer_notes(pt)
     if combined.get("gemm"):
         lines += [""] + gemm_lines(combined["gemm"], markdown)
+    if combined.get("depth_fits"):
+        lines += [""] + depth_lines(combined["depth_fits"], markdown)
     return "\n".join(lines) + "\n"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--platform", choices=["cpu", "gpu"], required=True)
-    p.add_argument("--minamp", nargs="+", required=True, help="bench_train JSON files")
+    p.add_argument("--minamp", nargs="*",
+                   help="bench_train JSON files (none: bench_gemm's results alone, the models "
+                        "listed as missing)")
     p.add_argument("--minamp-seeds", nargs="*",
                    help="bench_train JSON files of sine trained from other seeds")
     p.add_argument("--pytorch", nargs="*", help="bench/pytorch/train.py JSON files")
@@ -538,7 +584,7 @@ def main():
     for t in targets:
         t["status"] = verdict(t)
     combined = {"meta": meta, "targets": targets, "minamp": minamp, "pytorch": pytorch,
-                "gemm": gemm}
+                "gemm": gemm, "depth_fits": depth_fits(gemm)}
     with open(args.out, "w") as f:
         json.dump(combined, f, indent=2)
         f.write("\n")

@@ -37,8 +37,9 @@ class Report:
         self.dir = tempfile.TemporaryDirectory()
         test.addCleanup(self.dir.cleanup)
         args = [sys.executable, REPORT, "--platform", platform, "--commit", "abc1234",
-                "--out", self.path("report.json"), "--markdown", self.path("report.md"),
-                "--minamp", self.write("minamp.json", minamp)]
+                "--out", self.path("report.json"), "--markdown", self.path("report.md")]
+        if minamp is not None:  # else none given, as for bench_gemm's results alone
+            args += ["--minamp", self.write("minamp.json", minamp)]
         args += ["--pytorch", self.write("pytorch.json", pytorch)]
         if seeds:
             args += ["--minamp-seeds"] + [self.write(f"seed{i}.json", result)
@@ -387,6 +388,69 @@ class GpuTargets(unittest.TestCase):
             text = f.read()
         self.assertIn("cuBLAS's workspace (32 MiB at most", text)
         self.assertIn("the -fused modes use fused=True", text)
+
+
+class DepthFits(unittest.TestCase):
+    """bench_gemm's depth rows fitted against K, from rows on known lines, in a report of
+    bench_gemm's results alone."""
+
+    @staticmethod
+    def row(k, fixed_us, per_64_us, config=None, ab="f16"):
+        ms = (fixed_us + per_64_us * k / 64) / 1000
+        r = {"shape": f"sine fwd K={k}", "ab_dtype": ab, "c_dtype": ab, "m": 262144, "n": 256,
+             "k": k, "ratio": 0.5, "minamp": {"median_ms": ms, "tflops": 1.0},
+             "cublas": {"tflops": 2.0}, "check": {"ok": True, "max_rel_diff_vs_cublas": 1e-3}}
+        return dict(r, config=config) if config else r
+
+    def report(self):
+        moments = "+ column moments"
+        ks = (64, 128, 256, 512, 1024)
+        rows = [self.row(k, 60.0, 20.0) for k in ks]
+        rows += [self.row(k, 100.0, 21.0, moments) for k in ks]
+        rows += [self.row(k, 50.0, 30.0, ab="bf16") for k in (64, 256)]
+        rows.append(self.row(256, 40.0, 20.0, "v5 persistent 128x256x64"))  # one K: no fit
+        rows.append({"shape": "square 4096", "ab_dtype": "f16", "c_dtype": "f16", "m": 4096,
+                     "n": 4096, "k": 4096, "ratio": 0.5,
+                     "minamp": {"median_ms": 0.4, "tflops": 340.0}, "cublas": {"tflops": 680.0},
+                     "check": {"ok": True, "max_rel_diff_vs_cublas": 1e-3}})
+        failed = next(r for r in rows if r.get("config") == moments and r["k"] == 512)
+        for key in ("ratio", "minamp", "cublas"):  # a failed check: no time, not fitted
+            del failed[key]
+        failed["check"] = {"ok": False, "max_rel_diff_vs_cublas": None}
+        report = Report(self, "gpu", None, None, {"rows": rows})
+        self.assertEqual(report.process.returncode, 0, report.process.stderr)
+        return report
+
+    def test_each_configuration_is_fitted_to_its_line(self):
+        fits = {(f["config"], f["ab_dtype"]): f for f in self.report().combined()["depth_fits"]}
+        self.assertEqual(set(fits), {("library", "f16"), ("+ column moments", "f16"),
+                                     ("library", "bf16")})
+        for key, fixed, per_64, ks in (
+                (("library", "f16"), 60.0, 20.0, [64, 128, 256, 512, 1024]),
+                (("+ column moments", "f16"), 100.0, 21.0, [64, 128, 256, 1024]),
+                (("library", "bf16"), 50.0, 30.0, [64, 256])):
+            fit = fits[key]
+            self.assertAlmostEqual(fit["fixed_us"], fixed, places=6)
+            self.assertAlmostEqual(fit["per_64_k_us"], per_64, places=6)
+            self.assertEqual(fit["k"], ks)
+            self.assertAlmostEqual(fit["worst_fit_error"], 0.0, places=9)
+            self.assertEqual(fit["shape"], "sine fwd")
+
+    def test_a_point_off_the_line_shows_in_the_fit_error(self):
+        rows = [self.row(k, 60.0, 20.0) for k in (64, 128, 256)]
+        rows[1]["minamp"]["median_ms"] *= 1.5
+        fit = Report(self, "gpu", None, None, {"rows": rows}).combined()["depth_fits"][0]
+        self.assertGreater(fit["worst_fit_error"], 0.05)
+        self.assertGreater(fit["fixed_us"], 60.0)
+
+    def test_the_markdown_has_the_fits_and_the_models_are_listed_as_missing(self):
+        report = self.report()
+        with open(report.path("report.md")) as f:
+            markdown = f.read()
+        self.assertIn("| sine fwd | f16 | + column moments | 64, 128, 256, 1024 | 100 | 21 | 0.0% |",
+                      markdown)
+        self.assertNotIn("persistent", markdown.split("Time against K")[1])
+        self.assertIn("minamp sine: no results", "; ".join(report.combined()["meta"]["missing"]))
 
 
 class Provenance(unittest.TestCase):
