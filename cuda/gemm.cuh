@@ -1662,21 +1662,30 @@ template <class Family> struct GemmLaunch {
   };
 };
 
+// A sweep configuration's name: `label`, then Cfg's block tile, warps and stages.
+template <class Cfg> std::string sweep_name(const char* label) {
+  return cat(label, " ", Cfg::BM, "x", Cfg::BN, "x", Cfg::BK, ", ", Cfg::WARPS_M * Cfg::WARPS_N,
+             " warps of ", Cfg::kWarpM, "x", Cfg::kWarpN, ", ", Cfg::STAGES, " stages");
+}
+
+// What every sweep configuration takes: f16 A untransposed, f16 B either way round, f16 C.
+inline void require_sweep_operands(const GemmArgs& args, const char* kernel) {
+  require(args.a.kind == OperandKind::matrix &&
+              (args.b.kind == OperandKind::matrix || args.b.kind == OperandKind::transposed) &&
+              args.ab_dtype == DType::f16 && args.c_dtype == DType::f16,
+          kernel, "a sweep configuration takes f16 A untransposed and f16 C");
+}
+
 // A configuration Cfg of a family for the sweep (GemmCandidate), named after `version`.
 template <class Family, class Cfg> GemmCandidate sweep_candidate(const char* version) {
   using OpA = OperandTraits<__half, OperandKind::matrix>;
   using OpB = OperandTraits<__half, OperandKind::transposed>;
   using OpBPlain = OperandTraits<__half, OperandKind::matrix>;
   GemmCandidate out;
-  out.name =
-      cat(version, " ", Cfg::BM, "x", Cfg::BN, "x", Cfg::BK, ", ", Cfg::WARPS_M * Cfg::WARPS_N,
-          " warps of ", Cfg::kWarpM, "x", Cfg::kWarpN, ", ", Cfg::STAGES, " stages");
+  out.name = sweep_name<Cfg>(version);
   out.smem_bytes = Family::template smem_bytes<Cfg, OpA, OpB>();
   out.run = [](const GemmArgs& args) {
-    require(args.a.kind == OperandKind::matrix &&
-                (args.b.kind == OperandKind::matrix || args.b.kind == OperandKind::transposed) &&
-                args.ab_dtype == DType::f16 && args.c_dtype == DType::f16,
-            Family::kName, "a sweep configuration takes f16 A untransposed and f16 C");
+    require_sweep_operands(args, Family::kName);
     const KSplit whole{1, args.k};
     if (args.b.kind == OperandKind::transposed)
       GemmLaunch<Family>::template On<OpA, OpB>::template launch<Cfg, __half>(args, args.c,

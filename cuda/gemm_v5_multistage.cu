@@ -62,16 +62,11 @@ GemmCandidate persistent_candidate() {
   using OpB = OperandTraits<__half, OperandKind::transposed>;
   using OpBPlain = OperandTraits<__half, OperandKind::matrix>;
   GemmCandidate out;
-  out.name =
-      cat("v5 persistent ", Cfg::BM, "x", Cfg::BN, "x", Cfg::BK, ", ", Cfg::WARPS_M * Cfg::WARPS_N,
-          " warps of ", Cfg::kWarpM, "x", Cfg::kWarpN, ", ", Cfg::STAGES, " stages");
+  out.name = sweep_name<Cfg>("v5 persistent");
   out.smem_bytes =
       std::max(PersistentSmem<Cfg, OpA, OpB>::kBytes, PersistentSmem<Cfg, OpA, OpBPlain>::kBytes);
   out.run = [](const GemmArgs& args) {
-    require(args.a.kind == OperandKind::matrix &&
-                (args.b.kind == OperandKind::matrix || args.b.kind == OperandKind::transposed) &&
-                args.ab_dtype == DType::f16 && args.c_dtype == DType::f16,
-            V5Family::kName, "a sweep configuration takes f16 A untransposed and f16 C");
+    require_sweep_operands(args, V5Family::kName);
     const bool ran = args.b.kind == OperandKind::transposed
                          ? run_persistent<Cfg, OpA, OpB, __half>(args, args.c, args.epilogue)
                          : run_persistent<Cfg, OpA, OpBPlain, __half>(args, args.c, args.epilogue);
