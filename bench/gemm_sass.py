@@ -158,7 +158,7 @@ def analyse(info, objects, arch, cuobjdump):
     paths = glob.glob(os.path.join(objects, f"gemm_{version}_*.cu.o"))
     if not paths:
         return {"version": version, "error": f"no gemm_{version}_*.cu.o under {objects}"}
-    # A version may be instantiated over several objects (v5: f16 and bf16): the kernel is in one.
+    # A version may be instantiated over several objects (v5: four): the kernel is in one.
     found = []
     for obj in sorted(paths):
         sass = functions(cuobjdump, obj, arch)

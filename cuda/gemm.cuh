@@ -97,6 +97,11 @@ enum class OperandKind {
               // GEMM (runs_thin_c_gemm)
 };
 
+// Which operand pairs a dispatch instantiates kernels for (dispatch_operands): the
+// matrix/transposed pairs, a convolution's views (an im2col, col2im or normalised operand), or
+// both.
+enum class OperandPairs { matrices, conv_views, all };
+
 // The largest M, N, K (and im2col extent) a GEMM takes: the kernels index in int, and their tile
 // arithmetic runs up to one block tile (at most 256) past a size.
 constexpr int64_t kMaxGemmExtent = INT32_MAX - 256;
@@ -212,7 +217,12 @@ void gemm_v2_wmma(const GemmArgs& args);
 void gemm_v3_interior(const GemmArgs& args);
 void gemm_v4_mma(const GemmArgs& args);
 void gemm_v5_multistage(const GemmArgs& args);
-void gemm_v5_multistage_bf16(const GemmArgs& args); // its bf16 half (gemm_v5_multistage_bf16.cu)
+// v5's kernels in four parts that compile in parallel, a file each: the matrix/transposed pairs of
+// f16 (in gemm_v5_multistage.cu) and of bf16 (gemm_v5_multistage_bf16.cu), and a convolution's
+// views of f16 (gemm_v5_conv_views.cu) and of bf16 (gemm_v5_conv_views_bf16.cu).
+void gemm_v5_multistage_bf16(const GemmArgs& args);
+void gemm_v5_conv_views(const GemmArgs& args);
+void gemm_v5_conv_views_bf16(const GemmArgs& args);
 
 // Another tile configuration of a version than the library's, for bench_gemm's sweep: `run`
 // launches it alone over the whole C (no split K) for A untransposed and f16 C.
@@ -418,22 +428,31 @@ template <class T> struct OperandTraits<T, OperandKind::col2im> {
   static View view(const GemmOperand& op) { return col2im_view<T>(op); }
 };
 
+// Whether A or B of `args` is one of a convolution's views (im2col, col2im, normalised).
+inline bool uses_conv_view(const GemmArgs& args) {
+  const auto plain = [](OperandKind kind) {
+    return kind == OperandKind::matrix || kind == OperandKind::transposed;
+  };
+  return !plain(args.a.kind) || !plain(args.b.kind);
+}
+
 // Calls Launch<OperandTraits<T, kind of A>, OperandTraits<T, kind of B>>::run(args) for the
-// supported operand pairs (with kGathered false, the matrix/transposed pairs only); throws Error
-// naming `kernel` otherwise.
-template <class T, template <class, class> class Launch, bool kGathered = true>
+// supported operand pairs among kPairs; throws Error naming `kernel` otherwise.
+template <class T, template <class, class> class Launch, OperandPairs kPairs = OperandPairs::all>
 void dispatch_operands(const GemmArgs& args, const char* kernel) {
   using K = OperandKind;
   const K a = args.a.kind, b = args.b.kind;
-  if (a == K::matrix && b == K::matrix)
-    return Launch<OperandTraits<T, K::matrix>, OperandTraits<T, K::matrix>>::run(args);
-  if (a == K::matrix && b == K::transposed)
-    return Launch<OperandTraits<T, K::matrix>, OperandTraits<T, K::transposed>>::run(args);
-  if (a == K::transposed && b == K::matrix)
-    return Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::matrix>>::run(args);
-  if (a == K::transposed && b == K::transposed)
-    return Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::transposed>>::run(args);
-  if constexpr (kGathered) {
+  if constexpr (kPairs != OperandPairs::conv_views) {
+    if (a == K::matrix && b == K::matrix)
+      return Launch<OperandTraits<T, K::matrix>, OperandTraits<T, K::matrix>>::run(args);
+    if (a == K::matrix && b == K::transposed)
+      return Launch<OperandTraits<T, K::matrix>, OperandTraits<T, K::transposed>>::run(args);
+    if (a == K::transposed && b == K::matrix)
+      return Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::matrix>>::run(args);
+    if (a == K::transposed && b == K::transposed)
+      return Launch<OperandTraits<T, K::transposed>, OperandTraits<T, K::transposed>>::run(args);
+  }
+  if constexpr (kPairs != OperandPairs::matrices) {
     if (a == K::im2col && b == K::transposed)
       return Launch<OperandTraits<T, K::im2col>, OperandTraits<T, K::transposed>>::run(args);
     if (a == K::transposed && b == K::im2col)
@@ -443,9 +462,10 @@ void dispatch_operands(const GemmArgs& args, const char* kernel) {
     if (a == K::normalized && b == K::transposed)
       return Launch<OperandTraits<T, K::normalized>, OperandTraits<T, K::transposed>>::run(args);
     throw Error(cat(kernel, ": unsupported pair of operand kinds (internal error)"));
+  } else {
+    throw Error(cat(kernel, ": takes plain (or transposed) matrices only, not a convolution's "
+                            "gathered im2col/col2im operand or a normalised one"));
   }
-  throw Error(cat(kernel, ": takes plain (or transposed) matrices only, not a convolution's "
-                          "gathered im2col/col2im operand or a normalised one"));
 }
 
 // dispatch_operands for a tensor-core version that takes f16 and bf16 operands (args.ab_dtype).

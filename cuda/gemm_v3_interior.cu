@@ -80,7 +80,8 @@ GemmKernelInfo gemm_v3_kernel_info() {
 }
 
 void gemm_v3_interior(const GemmArgs& args) {
-  dispatch_operands<__half, GemmLaunch<V3Family>::On, false>(args, V3Family::kName);
+  dispatch_operands<__half, GemmLaunch<V3Family>::On, OperandPairs::matrices>(args,
+                                                                              V3Family::kName);
 }
 
 } // namespace minamp::gpu

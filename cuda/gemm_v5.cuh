@@ -1,8 +1,9 @@
 // GEMM v5's kernel and its tile configurations (gemm_v5_multistage.cu says what v5 is), shared by
-// the two files that instantiate it: gemm_v5_multistage.cu for f16 operands and
-// gemm_v5_multistage_bf16.cu for bf16, so that the two halves of the largest kernel family compile
-// in parallel. Each file gets its own copy (an unnamed namespace) and instantiates only its own
-// operand type.
+// the four files that instantiate it, so that the parts of the largest kernel family compile in
+// parallel: gemm_v5_multistage.cu and gemm_v5_multistage_bf16.cu for the matrix/transposed operand
+// pairs of f16 and bf16, gemm_v5_conv_views.cu and gemm_v5_conv_views_bf16.cu for a convolution's
+// views of each. Each file gets its own copy (an unnamed namespace) and instantiates only its own
+// part.
 #pragma once
 
 #include "device.cuh"

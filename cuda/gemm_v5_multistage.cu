@@ -44,12 +44,20 @@ GemmKernelInfo gemm_v5_kernel_info() {
   return large_kernel_info<V5Family>("v5", "gemm_v5_kernel", "MmaConfig");
 }
 
+// The f16 matrix/transposed pairs are instantiated here; the other three parts of v5's kernels
+// have a file each (gemm.cuh).
 void gemm_v5_multistage(const GemmArgs& args) {
+  const bool conv_view = uses_conv_view(args);
   visit_half_precision(args.ab_dtype, V5Family::kName, [&](auto type) {
-    if constexpr (std::is_same_v<typename decltype(type)::type, __half>)
-      dispatch_operands<__half, GemmLaunch<V5Family>::On>(args, V5Family::kName);
-    else
-      gemm_v5_multistage_bf16(args);
+    if constexpr (std::is_same_v<typename decltype(type)::type, __half>) {
+      if (conv_view)
+        gemm_v5_conv_views(args);
+      else
+        dispatch_operands<__half, GemmLaunch<V5Family>::On, OperandPairs::matrices>(
+            args, V5Family::kName);
+    } else {
+      conv_view ? gemm_v5_conv_views_bf16(args) : gemm_v5_multistage_bf16(args);
+    }
   });
 }
 

@@ -1,0 +1,13 @@
+// GEMM v5 (gemm_v5_multistage.cu) on a convolution's views of f16: the kernels whose A or B is an
+// im2col, col2im or normalised operand, instantiated in a file of their own (gemm_v5.cuh) so that
+// they compile beside v5's other parts.
+#include "gemm_v5.cuh"
+
+namespace minamp::gpu {
+
+void gemm_v5_conv_views(const GemmArgs& args) {
+  dispatch_operands<__half, GemmLaunch<V5Family>::On, OperandPairs::conv_views>(args,
+                                                                                V5Family::kName);
+}
+
+} // namespace minamp::gpu
