@@ -10,10 +10,11 @@
 // the median of many runs, the two libraries interleaved in rounds, inputs rotated over enough
 // buffers to leave the L2 cold when one set would fit in it; a short spin kernel ahead of each
 // timed series keeps the host's launch rate out of the times. The JSON also records minamp's peak
-// device bytes. With --sweep, other configurations of v4 and v5 than the library's (tile shapes,
-// and v5's large tile on a persistent grid) are checked and timed the same way on the shapes that
-// matter most (tuning data: which configuration the library should use). --kernels prints, without
-// a GPU, which kernel each version runs at 4096^3 (for bench/gemm_sass.py).
+// device bytes and device memory's copy rate (the byte rate of bench/report.py's step floor). With
+// --sweep, other configurations of v4 and v5 than the library's (tile shapes, and v5's large tile
+// on a persistent grid) are checked and timed the same way on the shapes that matter most (tuning
+// data: which configuration the library should use). --kernels prints, without a GPU, which kernel
+// each version runs at 4096^3 (for bench/gemm_sass.py).
 #include <CLI/CLI.hpp>
 #include <cublas_v2.h>
 #include <nlohmann/json.hpp>
@@ -436,6 +437,31 @@ json summarize(std::vector<double> ms, double flops) {
           {"tflops", flops / (median * 1e-3) / 1e12}};
 }
 
+// Device memory's copy rate, the byte rate of the step floors bench/report.py reports: a
+// device-to-device copy of 8x the L2 (so that it streams from and to device memory; 4 MiB on the
+// emulator, whose times mean nothing), event-timed like the GEMMs. The rate counts the bytes read
+// and those written.
+json copy_rate(size_t l2_bytes) {
+  const size_t bytes = cuda_emulated() ? size_t(4) << 20 : 8 * l2_bytes;
+  const int64_t floats = int64_t(bytes / sizeof(float));
+  const Tensor src = Tensor::zeros({floats}, DType::f32, Device::cuda);
+  const Tensor dst = Tensor::empty({floats}, DType::f32, Device::cuda);
+  const auto copy = [&](int) {
+    CUDA_CHECK(
+        cudaMemcpyAsync(dst.raw(), src.raw(), bytes, cudaMemcpyDeviceToDevice, gpu::stream()),
+        "bench_gemm: the copy-rate copy");
+  };
+  EventTimer(3).time(copy);
+  std::vector<double> ms = EventTimer(20).time(copy);
+  std::sort(ms.begin(), ms.end());
+  const double median = percentile(ms, 0.5);
+  return {{"bytes", bytes},
+          {"median_ms", median},
+          {"p10_ms", percentile(ms, 0.1)},
+          {"p90_ms", percentile(ms, 0.9)},
+          {"gb_per_s", 2.0 * double(bytes) / (median * 1e-3) / 1e9}};
+}
+
 struct TimingPlan {
   int reps;   // timed runs per library per round
   int rounds; // minamp and cuBLAS alternate this many times
@@ -605,6 +631,11 @@ int run(int argc, char** argv) {
   std::printf("bench_gemm on %s (%d SMs, L2 %d MB), %s\n",
               device["name"].get<std::string>().c_str(), device["sm_count"].get<int>(),
               device["l2_bytes"].get<int>() >> 20, cublas_name.c_str());
+  const size_t l2_bytes = size_t(device["l2_bytes"].get<int>());
+  const json copy = copy_rate(l2_bytes);
+  allocator_for(Device::cuda).reset_peak(); // the GEMMs' peak, not the copy's buffers
+  std::printf("device-to-device copy: %.0f GB/s (bytes read and written)\n",
+              copy["gb_per_s"].get<double>());
   std::printf("%-48s %-4s %10s %10s %8s\n", "shape (MxNxK)", "in", "minamp", "cuBLAS", "ratio");
   json rows = json::array(), sweep_skipped = json::array();
   // The JSON so far, written after every row: a kernel that faults or hangs (killed by the
@@ -617,6 +648,7 @@ int run(int argc, char** argv) {
                          {"cublas_version", cublas_version},
                          {"cublas_math_mode", "default (Sgemm is plain fp32, no TF32)"},
                          {"gemm_persistent_tiles", gemm_persistent_tiles()},
+                         {"copy", copy},
                          {"minamp_peak_device_bytes", allocator_for(Device::cuda).peak_bytes()},
                          {"timing",
                           "CUDA events per run on one stream, queued behind a spin kernel, median; "
@@ -635,7 +667,6 @@ int run(int argc, char** argv) {
     rows.push_back(std::move(row));
     save();
   };
-  const size_t l2_bytes = size_t(device["l2_bytes"].get<int>());
   for (DType ab : dtypes) {
     for (const GemmShape& s : shapes) {
       std::vector<MinampGemm> minamp{kLibraryGemm};

@@ -263,6 +263,38 @@ def conv_gemm_target(gemm):
     return target
 
 
+# Sine's AMP step floor (bench/NOTES.md, "Sine's AMP step: where it goes, its floor"): the GEMMs
+# of its two 256-channel convs (forward, input and weight gradient, 2 x pixels x 256 x 256 FLOPs
+# each) at the rates cuBLAS ran sine's shapes in the same run, plus the activation traffic that
+# keeping one activation a batch norm leaves, SINE_FLOOR_PASSES passes over a [pixels, 256] f16
+# tensor, at device memory's copy rate (bench_gemm's `copy`).
+SINE_HIDDEN = 256
+SINE_FLOOR_GEMMS = ("sine fwd", "sine dgrad", "sine wgrad")
+SINE_FLOOR_PASSES = 18
+FLOOR_INFO = "reported, no bound"
+
+
+def sine_floor_ms(gemm, size):
+    """The floor of sine's AMP step on a size x size grid in ms, or None without its figures."""
+    rows = [gemm_row(gemm, shape) for shape in SINE_FLOOR_GEMMS]
+    copy = (gemm or {}).get("copy")
+    if not copy or not all(r and "cublas" in r for r in rows):
+        return None
+    pixels = size * size
+    flops = 2 * pixels * SINE_HIDDEN * SINE_HIDDEN  # one GEMM; each shape runs twice a step
+    gemm_s = sum(2 * flops / (r["cublas"]["tflops"] * 1e12) for r in rows)
+    bytes_moved = SINE_FLOOR_PASSES * pixels * SINE_HIDDEN * 2
+    return (gemm_s + bytes_moved / (copy["gb_per_s"] * 1e9)) * 1e3
+
+
+def floor_target(name, minamp, gemm, size):
+    """minamp's sine AMP step over its floor: a figure to report, with no bound."""
+    a = find(minamp, "sine", "amp", "train")
+    floor = sine_floor_ms(gemm, size)
+    return {"target": name, "minamp": median(a), "reference": floor, "unit": "ms", "bound": None,
+            "ratio": ratio(median(a), floor), "le": True, "info": FLOOR_INFO}
+
+
 def gemm_targets(gemm):
     return [
         gemm_target(gemm, "square 4096", "GEMM 4096^3 vs cublasGemmEx (TFLOP/s)", 0.6),
@@ -309,6 +341,9 @@ def gpu_targets(minamp, pytorch, gemm):
     return gemm_targets(gemm) + [
         fastest_peer_target(f"sine {size}^2 AMP step vs the fastest PyTorch AMP configuration",
                             "sine", 0.6, minamp, pytorch),
+        floor_target(f"sine {size}^2 AMP step vs its floor (GEMMs at cuBLAS's rate, "
+                     f"{SINE_FLOOR_PASSES} activation passes at the copy rate)", minamp, gemm,
+                     size),
         fastest_peer_target("classify AMP step vs the fastest PyTorch AMP configuration",
                             "classify", 0.5, minamp, pytorch),
         peer_memory_target(f"sine {size}^2 AMP peak memory vs the leanest PyTorch AMP "
@@ -358,7 +393,7 @@ def target_lines(targets, markdown):
     head = ["target", "minamp", "reference", "ratio", "bound", "status"]
     rows = []
     for t in targets:
-        bound = ("<= " if t["le"] else ">= ") + fmt(t["bound"])
+        bound = "none" if t["bound"] is None else ("<= " if t["le"] else ">= ") + fmt(t["bound"])
         reference = f"{fmt(t['reference'])} {t['unit']}"
         if t.get("reference_mode"):
             reference += f" ({t['reference_mode']})"

@@ -257,7 +257,7 @@ class CpuTargets(unittest.TestCase):
 
 
 class GpuTargets(unittest.TestCase):
-    def gpu_report(self, gemm_check_failed=False, bf16_factor=1.0):
+    def gpu_report(self, gemm_check_failed=False, bf16_factor=1.0, copy=True, sine_gemms=True):
         ms = {"mlp": 0.05, "sine": 4.0, "classify": 2.0, "resnet50": 30.0}
         minamp = every_run("minamp", ms, peak=100, modes=("train", "train-graph", "infer"))
         for run in minamp:  # AMP-bf16 steps bf16_factor times AMP-f16's
@@ -289,11 +289,15 @@ class GpuTargets(unittest.TestCase):
             row("square 4096", 70.0, 700.0, "v5 128x256x32, 8 warps of 64x64, 3 stages"),
             row("square 4096", 420.0, 700.0), row("square 1024", 100.0, 240.0),
             row("sine fwd", 200.0, 450.0),
+            *([row("sine dgrad", 210.0, 450.0), row("sine wgrad", 180.0, 480.0)]
+              if sine_gemms else []),
             # classify: conv3 is the slowest against v2 (0.9); the others are faster than v2.
             row("classify conv1", 3.0, 5.0), row("classify conv1", 2.0, 5.0, "v2"),
             row("classify conv2", 33.0, 46.0), row("classify conv2", 30.0, 46.0, "v2"),
             row("classify conv3", 45.0, 90.0), row("classify conv3", 50.0, 90.0, "v2"),
             row("classify conv4", 30.0, 60.0), row("classify conv4", 25.0, 60.0, "v2")]}
+        if copy:  # device memory's copy rate, GB/s of bytes read and written
+            gemm["copy"] = {"gb_per_s": 4000.0}
         if gemm_check_failed:  # bench_gemm writes no times or ratio for a failed check
             library = gemm["rows"][3]
             for key in ("ratio", "minamp", "cublas"):
@@ -382,6 +386,29 @@ class GpuTargets(unittest.TestCase):
         self.assertEqual(resnet_memory["status"], "missed")
         with open(report.path("report.md")) as f:
             self.assertIn("2 ms (train-fused)", f.read())
+
+    FLOOR = ("sine 512^2 AMP step vs its floor (GEMMs at cuBLAS's rate, 18 activation passes "
+             "at the copy rate)")
+
+    def test_the_sine_step_is_reported_against_its_floor(self):
+        report = self.gpu_report()
+        target = report.targets()[self.FLOOR]
+        # Two 256-channel layers: each GEMM twice at cuBLAS's rate (fwd and dgrad 450, wgrad 480
+        # TFLOP/s), and 18 passes over 512^2 x 256 f16 values at 4000 GB/s.
+        gemm_ms = 2 * (2 * 512**2 * 256 * 256) * (1 / 450 + 1 / 450 + 1 / 480) / 1e12 * 1e3
+        bytes_ms = 18 * 512**2 * 256 * 2 / 4000e9 * 1e3
+        self.assertAlmostEqual(target["reference"], gemm_ms + bytes_ms)
+        self.assertEqual(target["minamp"], 4.0)
+        self.assertAlmostEqual(target["ratio"], 4.0 / (gemm_ms + bytes_ms))
+        self.assertEqual(target["status"], "info (reported, no bound)")
+        with open(report.path("report.md")) as f:
+            self.assertIn("| none | info (reported, no bound) |", f.read())
+
+    def test_the_floor_needs_the_copy_rate_and_every_sine_gemm(self):
+        for report in (self.gpu_report(copy=False), self.gpu_report(sine_gemms=False)):
+            target = report.targets()[self.FLOOR]
+            self.assertIsNone(target["reference"])
+            self.assertEqual(target["status"], "not measured")
 
     def test_pytorch_peaks_say_the_cublas_workspace_is_left_out(self):
         with open(self.gpu_report().path("report.md")) as f:

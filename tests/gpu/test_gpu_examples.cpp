@@ -209,7 +209,7 @@ TEST(GpuExamples, BenchTrainWritesEveryRunOnCuda) {
 // bench_gemm's quick shapes (square and edge tiles, both transposes, f16 and f32 outputs, the
 // batch norm hooks): every result — the library's, each GEMM version's, each hook's and each sweep
 // configuration's — passes its check against cuBLAS and an fp64 sum (a hook's column moments
-// against cuBLAS's C's), and gets a time for both libraries.
+// against cuBLAS's C's), and gets a time for both libraries; the copy rate is recorded beside them.
 TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
   MINAMP_REQUIRE_GPU();
   const std::string json = fresh_dir("bench_gemm_cuda.json");
@@ -249,6 +249,15 @@ TEST(GpuExamples, BenchGemmChecksAndTimesEveryShape) {
     EXPECT_NEAR(row.at("ratio").get<double>(), ratio, 1e-12 * ratio) << what;
   }
   EXPECT_EQ(moments_checked, 2) << "the two hooks with the column moments";
+  // Device memory's copy rate: the bytes read and written over the median copy time.
+  const nlohmann::json& copy = field(report, "copy");
+  const double copy_ms = copy.at("median_ms").get<double>(), bytes = copy.at("bytes").get<double>();
+  EXPECT_GT(bytes, 0.0);
+  EXPECT_GT(copy_ms, 0.0);
+  EXPECT_LE(copy.at("p10_ms").get<double>(), copy_ms);
+  EXPECT_GE(copy.at("p90_ms").get<double>(), copy_ms);
+  const double gb_per_s = 2.0 * bytes / (copy_ms * 1e6);
+  EXPECT_NEAR(copy.at("gb_per_s").get<double>(), gb_per_s, 1e-9 * gb_per_s);
   if (report.at("sweep_skipped").empty()) {
     EXPECT_EQ(configs.size(), 16u) << "library + 5 versions + 3 hooks + 7 swept configurations";
   }
