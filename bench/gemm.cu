@@ -427,14 +427,19 @@ double percentile(const std::vector<double>& sorted, double q) {
   return sorted[lo] + (pos - double(lo)) * (sorted[hi] - sorted[lo]);
 }
 
-json summarize(std::vector<double> ms, double flops) {
+// The median, p10 and p90 of timed runs (ms) and their count.
+json time_spread(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
-  const double median = percentile(ms, 0.5);
-  return {{"median_ms", median},
+  return {{"median_ms", percentile(ms, 0.5)},
           {"p10_ms", percentile(ms, 0.1)},
           {"p90_ms", percentile(ms, 0.9)},
-          {"n", ms.size()},
-          {"tflops", flops / (median * 1e-3) / 1e12}};
+          {"n", ms.size()}};
+}
+
+json summarize(const std::vector<double>& ms, double flops) {
+  json out = time_spread(ms);
+  out["tflops"] = flops / (out["median_ms"].get<double>() * 1e-3) / 1e12;
+  return out;
 }
 
 // Device memory's copy rate, the byte rate of the step floors bench/report.py reports: a
@@ -452,14 +457,10 @@ json copy_rate(size_t l2_bytes) {
         "bench_gemm: the copy-rate copy");
   };
   EventTimer(3).time(copy);
-  std::vector<double> ms = EventTimer(20).time(copy);
-  std::sort(ms.begin(), ms.end());
-  const double median = percentile(ms, 0.5);
-  return {{"bytes", bytes},
-          {"median_ms", median},
-          {"p10_ms", percentile(ms, 0.1)},
-          {"p90_ms", percentile(ms, 0.9)},
-          {"gb_per_s", 2.0 * double(bytes) / (median * 1e-3) / 1e9}};
+  json out = time_spread(EventTimer(20).time(copy));
+  out["bytes"] = bytes;
+  out["gb_per_s"] = 2.0 * double(bytes) / (out["median_ms"].get<double>() * 1e-3) / 1e9;
+  return out;
 }
 
 struct TimingPlan {
