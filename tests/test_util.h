@@ -1,6 +1,6 @@
 // Shared test helpers: seeded random tensors, poisoned outputs, relative errors (of the whole
 // tensor and of its worst row or column), tolerances, the ledger of how close each GPU-vs-CPU
-// comparison came to its tolerance, and the GPU skip guard.
+// comparison came to its tolerance, bit-for-bit comparison, and the GPU skip guard.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -177,6 +177,17 @@ inline void expect_close(const Tensor& out, const Tensor& ref, double tolerance,
   if (out.shape().rank() >= 2)
     expect_within(worst_line_error(o, r, out.shape().rows(), out.shape().last()), tolerance,
                   what + " (worst row or column)");
+}
+
+// Expects `out` to be `ref` bit for bit (as widened floats; a NaN never matches).
+inline void expect_identical(const Tensor& out, const Tensor& ref, const std::string& what) {
+  ASSERT_EQ(out.shape(), ref.shape()) << what;
+  const std::vector<float> o = out.to_vector(), r = ref.to_vector();
+  size_t mismatches = 0, first = 0;
+  for (size_t i = 0; i < o.size(); ++i)
+    if (!(o[i] == r[i])) first = mismatches++ ? first : i;
+  EXPECT_EQ(mismatches, 0u) << what << ": first at " << first << ": " << o[first] << " vs "
+                            << r[first];
 }
 
 // The sums a batch norm's backward needs, in double: sum dy_hat (sums[c]) and sum dy_hat * xhat

@@ -60,17 +60,6 @@ Tensor normalized_on_host(const Tensor& x, const NormVectors& v, bool relu) {
   return Tensor::from_vector(values, x.shape(), x.dtype(), Device::cpu);
 }
 
-// Expects `out` to be `ref` bit for bit (as widened floats; a NaN never matches).
-void expect_identical(const Tensor& out, const Tensor& ref, const std::string& what) {
-  ASSERT_EQ(out.shape(), ref.shape()) << what;
-  const std::vector<float> o = out.to_vector(), r = ref.to_vector();
-  size_t mismatches = 0, first = 0;
-  for (size_t i = 0; i < o.size(); ++i)
-    if (!(o[i] == r[i])) first = mismatches++ ? first : i;
-  EXPECT_EQ(mismatches, 0u) << what << ": first at " << first << ": " << o[first] << " vs "
-                            << r[first];
-}
-
 // The conv with its input normalised on load, forward (bias and ReLU in the epilogue) and
 // backward, against the same kernels on the normalised input written out (identical: the same
 // GEMM reads the same values) and against the CPU (normalise, then conv).
@@ -112,13 +101,13 @@ void check_normalized_conv(const NormalizedConvCase& c, DType dtype, uint64_t se
   };
   const Outputs fused = run(gx, epilogue, &input_norm);
   const Outputs unfused = run(gpu(normalized), epilogue, nullptr);
-  expect_identical(fused.y, unfused.y, what + ": forward");
-  expect_identical(fused.dw, unfused.dw, what + ": weight gradient");
-  expect_identical(fused.dx, unfused.dx, what + ": gradient of the normalised input");
+  test::expect_identical(fused.y, unfused.y, what + ": forward");
+  test::expect_identical(fused.dw, unfused.dw, what + ": weight gradient");
+  test::expect_identical(fused.dx, unfused.dx, what + ": gradient of the normalised input");
   // The weight gradient alone (no dx to normalise x into): a buffer of its own, the same dw.
   Tensor dw_alone = Tensor::zeros(ws, DType::f32, Device::cuda), no_dx;
   kernels::conv2d_backward(gx, gw, gdy, no_dx, dw_alone, conv, &input_norm);
-  expect_identical(dw_alone.to(Device::cpu), unfused.dw, what + ": weight gradient alone");
+  test::expect_identical(dw_alone.to(Device::cpu), unfused.dw, what + ": weight gradient alone");
   // fp32 sums over at most a few thousand rows, in another order than the double ones.
   test::expect_grad_sums(grad_sums,
                          test::batchnorm_grad_sums_on_host(x, fused.dx, norm.gamma, norm.beta,
