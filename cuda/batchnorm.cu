@@ -225,18 +225,21 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   const BatchNormChannels channels{ptr<const float>(gamma), ptr<const float>(beta),
                                    ptr<const float>(mean), ptr<const float>(invstd), bn.relu};
   // [sum dy_hat; sum dy_hat xhat]: one reduction over x and dy, unless the GEMM that wrote dy
-  // produced them.
+  // produced them. An undefined dgamma (and dbeta) takes no sum.
+  const bool affine = dgamma.defined();
   Tensor computed;
-  if (bn.grad_sums) {
+  if (!bn.grad_sums) {
+    computed = Tensor::empty({2, d.channels}, DType::f32, Device::cuda);
+    batchnorm_grad_sums(x.raw(), x.dtype(), dy.raw(), dy.dtype(), d.rows, d.channels, channels,
+                        ptr<float>(computed), op, affine ? ptr<float>(dbeta) : nullptr,
+                        affine ? ptr<float>(dgamma) : nullptr);
+  } else if (affine) {
     accumulate_affine_grads_kernel<<<grid_for(d.channels, kThreads), kThreads, 0, stream()>>>(
         ptr<const float>(*bn.grad_sums), d.channels, ptr<float>(dgamma), ptr<float>(dbeta));
     CUDA_CHECK_LAUNCH(op);
-  } else {
-    computed = Tensor::empty({2, d.channels}, DType::f32, Device::cuda);
-    batchnorm_grad_sums(x.raw(), x.dtype(), dy.raw(), dy.dtype(), d.rows, d.channels, channels,
-                        ptr<float>(computed), op, ptr<float>(dbeta), ptr<float>(dgamma));
   }
   const Tensor& sums = bn.grad_sums ? *bn.grad_sums : computed;
+  if (!dx.defined()) return; // the affine gradients only
   if (x.numel() == 0) {
     if (bn.dx_sums) fill(*bn.dx_sums, 0.0f);
     return;

@@ -272,19 +272,28 @@ BatchNormDims require_batchnorm_backward(const Tensor& x, const Tensor& gamma, c
   const char* op = "batchnorm_backward";
   const BatchNormDims d = batchnorm_dims(op, x, gamma, beta);
   require_floating(op, "dy", dy);
-  require(dy.shape() == x.shape() && dx.defined() && is_floating(dx.dtype()) &&
-              dx.shape() == x.shape(),
+  require(dgamma.defined() == dbeta.defined() && (dx.defined() || dgamma.defined()), op,
+          "expects dx, or dgamma and dbeta, or all three, got dx ", describe(dx), ", dgamma ",
+          describe(dgamma), ", dbeta ", describe(dbeta));
+  require(dy.shape() == x.shape() &&
+              (!dx.defined() || (is_floating(dx.dtype()) && dx.shape() == x.shape())),
           op, "expects dy and dx shaped like x ", describe(x), ", got dy ", describe(dy), ", dx ",
           describe(dx));
-  // dx may be dy itself (each element of dx needs only its own dy), never x or part of either.
-  const bool over_dy = dx.raw() == dy.raw() && dx.dtype() == dy.dtype();
-  require(!overlaps(dx, x) && (over_dy || !overlaps(dx, dy)), op,
-          "dx must be dy itself (in place) or a tensor of its own, not x or part of dy, got x ",
-          describe(x), ", dy ", describe(dy), ", dx ", describe(dx));
-  for (const Tensor* t : {&mean, &invstd, &dgamma, &dbeta})
-    require_f32(op, "mean, invstd, dgamma and dbeta", *t, d.channels);
+  if (dx.defined()) {
+    // dx may be dy itself (each element of dx needs only its own dy), never x or part of either.
+    const bool over_dy = dx.raw() == dy.raw() && dx.dtype() == dy.dtype();
+    require(!overlaps(dx, x) && (over_dy || !overlaps(dx, dy)), op,
+            "dx must be dy itself (in place) or a tensor of its own, not x or part of dy, got x ",
+            describe(x), ", dy ", describe(dy), ", dx ", describe(dx));
+  }
+  for (const Tensor* t : {&mean, &invstd}) require_f32(op, "mean and invstd", *t, d.channels);
+  if (dgamma.defined())
+    for (const Tensor* t : {&dgamma, &dbeta}) require_f32(op, "dgamma and dbeta", *t, d.channels);
   if (bn.grad_sums) require_grad_sums(op, "grad_sums", *bn.grad_sums, d.channels);
-  if (bn.dx_sums) require_f32(op, "dx_sums (the sum of dx per channel)", *bn.dx_sums, d.channels);
+  if (bn.dx_sums) {
+    require(dx.defined(), op, "dx_sums (the sum of dx per channel) needs dx");
+    require_f32(op, "dx_sums (the sum of dx per channel)", *bn.dx_sums, d.channels);
+  }
   return d;
 }
 

@@ -69,7 +69,8 @@ void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 // ReLU mask is recomputed from x. In training mode dx includes the terms through the batch
 // statistics; in eval mode the statistics are constants. dx may be dy itself, in place (each
 // dx element needs only its own dy and x, and the sums over dy are taken first); dx must not be x
-// or overlap either otherwise (an Error).
+// or overlap either otherwise (an Error). dx, or dgamma and dbeta, may be undefined: that part
+// is not computed.
 void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                         const Tensor& mean, const Tensor& invstd, const Tensor& dy, Tensor& dx,
                         Tensor& dgamma, Tensor& dbeta, const BatchNormParams& bn);

@@ -620,5 +620,48 @@ TEST(CpuBatchNorm, BackwardInPlaceOverDyEqualsASeparateDx) {
           }
 }
 
+// dx alone (dgamma and dbeta undefined) and the affine gradients alone (dx undefined) are bit for
+// bit those of the whole backward, with the sums over dy taken here or given; neither part, or
+// dx_sums without dx, is an error naming what was given.
+TEST(CpuBatchNorm, BackwardComputesDxOrTheAffineGradientsAlone) {
+  Rng rng(43);
+  const Shape shape{3, 4, 5, 8};
+  for (bool training : {true, false})
+    for (bool given_sums : {false, true}) {
+      SCOPED_TRACE(cat(training ? "training" : "eval", given_sums ? " given sums" : ""));
+      BatchNormLayer layer(rng, shape);
+      const Tensor dy = random_tensor(rng, shape, DType::f16);
+      const Tensor sums = random_tensor(rng, {2, 8});
+      Tensor y = poisoned(shape), mean = poisoned({8}), invstd = poisoned({8});
+      cpu::batchnorm_forward(layer.x, layer.gamma, layer.beta, y, mean, invstd, layer.running_mean,
+                             layer.running_var, params(training, true));
+      BatchNormParams bn = params(training, true);
+      if (given_sums) bn.grad_sums = &sums;
+      const auto backward = [&](Tensor dx, Tensor dgamma, Tensor dbeta) {
+        cpu::batchnorm_backward(layer.x, layer.gamma, layer.beta, mean, invstd, dy, dx, dgamma,
+                                dbeta, bn);
+      };
+      Tensor dx = poisoned(shape, DType::f16), dgamma = Tensor::zeros({8}),
+             dbeta = Tensor::zeros({8});
+      backward(dx, dgamma, dbeta);
+      Tensor dx_alone = poisoned(shape, DType::f16), no_dx;
+      backward(dx_alone, Tensor(), Tensor());
+      EXPECT_EQ(dx_alone.to_vector(), dx.to_vector());
+      Tensor dgamma_alone = Tensor::zeros({8}), dbeta_alone = Tensor::zeros({8});
+      backward(no_dx, dgamma_alone, dbeta_alone);
+      EXPECT_EQ(dgamma_alone.to_vector(), dgamma.to_vector());
+      EXPECT_EQ(dbeta_alone.to_vector(), dbeta.to_vector());
+
+      expect_error([&] { backward(no_dx, Tensor(), Tensor()); }, "batchnorm_backward",
+                   "expects dx, or dgamma and dbeta, or all three");
+      expect_error([&] { backward(dx, dgamma, Tensor()); }, "batchnorm_backward",
+                   "expects dx, or dgamma and dbeta");
+      Tensor dx_sums = poisoned({8});
+      bn.dx_sums = &dx_sums;
+      expect_error([&] { backward(no_dx, dgamma, dbeta); }, "batchnorm_backward",
+                   "dx_sums (the sum of dx per channel) needs dx");
+    }
+}
+
 } // namespace
 } // namespace minamp::test

@@ -221,6 +221,16 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
     grad_sums(xs, dys, d, g, b, mu, inv, relu, sum_dy, sum_dy_xhat);
   }
 
+  if (dgamma.defined()) { // undefined: dx only
+    float* dg = dgamma.data<float>();
+    float* db = dbeta.data<float>();
+    for (int64_t c = 0; c < d.channels; ++c) {
+      dg[c] += sum_dy_xhat[c];
+      db[c] += sum_dy[c];
+    }
+  }
+  if (!dx.defined()) return; // the affine gradients only
+
   // Training: dx = gamma invstd / n (n dy_hat - sum(dy_hat) - xhat sum(dy_hat xhat));
   // eval: the statistics are constants and dx = gamma invstd dy_hat.
   const float n = static_cast<float>(d.rows);
@@ -243,13 +253,6 @@ void batchnorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   }
   grad_in.store();
   if (bn.dx_sums) column_sums(FloatInput(dx).data(), d, bn.dx_sums->data<float>());
-
-  float* dg = dgamma.data<float>();
-  float* db = dbeta.data<float>();
-  for (int64_t c = 0; c < d.channels; ++c) {
-    dg[c] += sum_dy_xhat[c];
-    db[c] += sum_dy[c];
-  }
 }
 
 } // namespace minamp::cpu
