@@ -85,33 +85,6 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- Backward.
 
-// What the dx kernel needs of the kPack channels from c on: their parameters and statistics, the
-// gradient sums [2, C] (sum dy_hat, sum dy_hat xhat), and dx's factor gamma invstd (/ n in
-// training).
-template <int kPack> struct DxChannels {
-  ChannelValues<kPack> ch;
-  float sum_dy[kPack], sum_dy_xhat[kPack], factor[kPack];
-  __device__ DxChannels(const BatchNormChannels& bn, const float* sums, int channels, int c,
-                        float n, bool training)
-      : ch(bn, c) {
-    load_pack(sums, c, sum_dy);
-    load_pack(sums + channels, c, sum_dy_xhat);
-    for (int j = 0; j < kPack; ++j) {
-      const float scale = ch.gamma[j] * ch.invstd[j];
-      factor[j] = training ? scale / n : scale;
-    }
-  }
-  // dx of one element of channel j from its x and dy, dy_hat being dy with the ReLU mask (zero
-  // where y <= 0; a NaN passes, as in PyTorch) recomputed from x.
-  __device__ float dx(float x, float dy, int j, float n, bool relu, bool training) const {
-    float xhat, dy_hat;
-    batchnorm_grad_terms(x, dy, ch.gamma[j], ch.beta[j], ch.mean[j], ch.invstd[j], relu, xhat,
-                         dy_hat);
-    return training ? factor[j] * (n * dy_hat - sum_dy[j] - xhat * sum_dy_xhat[j])
-                    : factor[j] * dy_hat;
-  }
-};
-
 // dbeta += sums[0], dgamma += sums[1] (sums [2, C]: sum dy_hat, sum dy_hat xhat), for sums given
 // by the GEMM that wrote dy (the reduction below adds its own as it finishes).
 __global__ void accumulate_affine_grads_kernel(const float* sums, int channels, float* dgamma,

@@ -84,6 +84,36 @@ template <int kPack> struct ChannelValues {
   }
 };
 
+// What a batch norm's input gradient needs of the kPack channels from c on: their parameters and
+// statistics, the gradient sums [2, C] (sum dy_hat, sum dy_hat xhat), and dx's factor gamma invstd
+// (/ n in training). The dx kernel (batchnorm.cu) and the thin-C GEMM that reads dx without its
+// being written (gemm_thin_c.cu) compute each element with it, so their values agree bit for bit.
+// Zeros when default-constructed (a thread with no channels).
+template <int kPack> struct DxChannels {
+  ChannelValues<kPack> ch;
+  float sum_dy[kPack] = {}, sum_dy_xhat[kPack] = {}, factor[kPack] = {};
+  DxChannels() = default;
+  __device__ DxChannels(const BatchNormChannels& bn, const float* sums, int channels, int c,
+                        float n, bool training)
+      : ch(bn, c) {
+    load_pack(sums, c, sum_dy);
+    load_pack(sums + channels, c, sum_dy_xhat);
+    for (int j = 0; j < kPack; ++j) {
+      const float scale = ch.gamma[j] * ch.invstd[j];
+      factor[j] = training ? scale / n : scale;
+    }
+  }
+  // dx of one element of channel j from its x and dy, dy_hat being dy with the ReLU mask (zero
+  // where y <= 0; a NaN passes, as in PyTorch) recomputed from x.
+  __device__ float dx(float x, float dy, int j, float n, bool relu, bool training) const {
+    float xhat, dy_hat;
+    batchnorm_grad_terms(x, dy, ch.gamma[j], ch.beta[j], ch.mean[j], ch.invstd[j], relu, xhat,
+                         dy_hat);
+    return training ? factor[j] * (n * dy_hat - sum_dy[j] - xhat * sum_dy_xhat[j])
+                    : factor[j] * dy_hat;
+  }
+};
+
 // The block's share of kValues sums per channel: each thread holds sums[v][j] of its kPack
 // channels (the same in every step, block_holds_whole_rows); the threads of each pack column are
 // added in thread order into partials[blockIdx.x, v, C]. Every thread of the block must call it.

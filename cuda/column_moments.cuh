@@ -39,6 +39,15 @@ struct BatchNormChannels {
   bool relu = false;
 };
 
+// What a batch norm's input gradient needs beside its channels' vectors and its output gradient:
+// its input x (in the gradient's dtype), the gradient sums f32 [2, C] (sum dy_hat, sum dy_hat xhat;
+// BatchNormParams::grad_sums) and its mode.
+struct BatchNormInputGradView {
+  const void* x = nullptr;
+  const float* grad_sums = nullptr;
+  bool training = true;
+};
+
 // y = x batch-normalised per bn, as batchnorm_forward writes its output (batchnorm.cu): x and y
 // [rows, C] in dtype (f32, f16 or bf16), not overlapping.
 void batchnorm_normalize(const void* x, void* y, DType dtype, int64_t rows, int channels,

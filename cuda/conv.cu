@@ -94,6 +94,7 @@ GemmOperand weight_operand(const Tensor& w, bool transposed) {
           s[1] * s[2] * s[3],
           {},
           {},
+          {},
           {}};
 }
 
@@ -225,21 +226,21 @@ void input_gradient(const Tensor& x, const Tensor& w, const Tensor& dy, const Co
 // The GEMM dw[Cout, K] += dy^T @ op(x), op(x) [N*Ho*Wo, K] being `input` (input_operand) in
 // `dtype`, dy's too.
 GemmArgs weight_gradient_args(const GemmOperand& input, const Tensor& dy, const ConvGeometry& g,
-                              Tensor& dw, DType dtype) {
+                              void* dw, DType dtype) {
   GemmArgs args;
   args.a = output_grad_operand(dy, true); // dy^T: [Cout, N*Ho*Wo]
   args.b = input;
   args.ab_dtype = dtype;
-  args.c = dw.raw();
+  args.c = dw;
   args.c_dtype = DType::f32;
-  args.m = dw.shape()[0], args.n = g.patch(), args.k = g.out_pixels();
+  args.m = g.out_channels, args.n = g.patch(), args.k = g.out_pixels();
   args.epilogue.beta = 1.0f; // accumulate
   return args;
 }
 
 // dw[Cout, K] += dy^T @ im2col(x).
 void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, Tensor& dw) {
-  run_gemm(weight_gradient_args(input_operand(x, g), dy, g, dw, x.dtype()));
+  run_gemm(weight_gradient_args(input_operand(x, g), dy, g, dw.raw(), x.dtype()));
 }
 
 // The same with x batch-normalised per `norm` (a pointwise conv that normalised x as it loaded
@@ -249,7 +250,7 @@ void weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g, T
 void normalized_weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeometry& g,
                                 const InputNormalization& norm, DType dtype, Tensor& dx,
                                 Tensor& dw) {
-  const GemmArgs args = weight_gradient_args(input_operand(x, g, &norm), dy, g, dw, dtype);
+  const GemmArgs args = weight_gradient_args(input_operand(x, g, &norm), dy, g, dw.raw(), dtype);
   if (x.dtype() == dtype && runs_thin_c_gemm(args)) return run_gemm(args);
   Tensor normalized = dx.defined() && dx.dtype() == x.dtype()
                           ? dx
@@ -259,7 +260,48 @@ void normalized_weight_gradient(const Tensor& x, const Tensor& dy, const ConvGeo
   weight_gradient(as_dtype(normalized, dtype), dy, g, dw);
 }
 
+// The GEMM dw[Cout, Cin] += dy^T @ x of a pointwise conv whose output gradient dy is the input
+// gradient of the batch norm after it, read as `grad` describes it (an operand that computes each
+// element as it loads it), with bias_grad (f32 [Cout], or nullptr) taking dy's column sums.
+GemmArgs weight_gradient_from_batchnorm_args(const Tensor& x, const BatchNormInputGrad& grad,
+                                             const ConvGeometry& g, void* dw, float* bias_grad) {
+  const BatchNormChannels channels{ptr<const float>(grad.gamma), ptr<const float>(grad.beta),
+                                   ptr<const float>(grad.mean), ptr<const float>(grad.invstd),
+                                   grad.relu};
+  GemmArgs args = weight_gradient_args(input_operand(x, g), grad.dy, g, dw, x.dtype());
+  args.a = batchnorm_input_grad_operand(grad.dy, grad.x, channels, grad.grad_sums, grad.training);
+  args.bias_grad = bias_grad;
+  return args;
+}
+
 } // namespace
+
+bool conv2d_reads_batchnorm_input_grad(const Tensor& x, const Tensor& w,
+                                       const BatchNormInputGrad& grad, const ConvParams& conv) {
+  const Shape& xs = x.shape();
+  const Shape& ws = w.shape();
+  if (xs.rank() != 4 || ws.rank() != 4 || ws[1] != 1 || ws[2] != 1 || conv.stride != 1 ||
+      conv.pad != 0 || xs[3] != ws[3] || grad.x.shape() != Shape{xs[0], xs[1], xs[2], ws[0]})
+    return false;
+  for (const Tensor* t : {&w, &grad.x, &grad.dy})
+    if (t->dtype() != x.dtype()) return false;
+  const ConvDims d{xs[0], xs[1], xs[2], xs[3], ws[0], 1, 1, xs[1], xs[2], 1, 0};
+  if (x.numel() > kMaxGemmExtent || grad.x.numel() > kMaxGemmExtent) return false;
+  const ConvGeometry g = conv_geometry("conv2d_backward_from_batchnorm", d, x, w);
+  return runs_thin_c_gemm(weight_gradient_from_batchnorm_args(x, grad, g, nullptr, nullptr));
+}
+
+void conv2d_backward_from_batchnorm(const Tensor& x, const Tensor& w,
+                                    const BatchNormInputGrad& grad, Tensor& dw, Tensor& db,
+                                    const ConvParams& conv) {
+  const ConvDims d = require_conv2d_backward_from_batchnorm(
+      x, w, grad, dw, db, conv, conv2d_reads_batchnorm_input_grad(x, w, grad, conv));
+  const ConvGeometry g = conv_geometry("conv2d_backward_from_batchnorm", d, x, w);
+  // The GEMM writes a dw: with a frozen weight, one of its own, left unread.
+  Tensor weight_grad = dw.defined() ? dw : Tensor::zeros(w.shape(), DType::f32, Device::cuda);
+  run_gemm(weight_gradient_from_batchnorm_args(x, grad, g, weight_grad.raw(),
+                                               db.defined() ? ptr<float>(db) : nullptr));
+}
 
 bool conv2d_normalizes_on_load(const Tensor& x, const Tensor& w, const ConvParams& conv) {
   const Shape& xs = x.shape();

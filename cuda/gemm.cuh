@@ -95,6 +95,10 @@ enum class OperandKind {
   normalized, // row-major [rows, cols] used as is, each column batch-normalised as its tiles
               // land in shared memory (GemmOperand::normalization): A, or the wide B of a thin-C
               // GEMM (runs_thin_c_gemm)
+  batchnorm_input_grad, // row-major [rows, cols], the gradient dy of a batch norm's output, used
+                        // as its transpose, each element replaced by the batch norm's input
+                        // gradient as it is read (GemmOperand::input_grad): the wide A of a
+                        // thin-C GEMM only (runs_thin_c_gemm)
 };
 
 // Which operand pairs a dispatch instantiates kernels for (dispatch_operands): the
@@ -120,12 +124,17 @@ struct GemmOperand {
   // dtype — the batch norm kernel's output, bit for bit. The vectors are f32 [cols], 16-byte
   // aligned.
   BatchNormChannels normalization;
+  // Only for OperandKind::batchnorm_input_grad (whose batch norm `normalization` also gives): the
+  // stored dy in column c becomes the batch norm's dx from it and x (DxChannels::dx in
+  // channel_packs.cuh, over `rows` values a channel) rounded to the operand's dtype, what the
+  // batch norm's dx kernel would store, bit for bit.
+  BatchNormInputGradView input_grad;
 };
 
 // A tensor viewed as the row-major matrix [rows, last].
 inline GemmOperand matrix_operand(const Tensor& t, bool transposed) {
   const OperandKind kind = transposed ? OperandKind::transposed : OperandKind::matrix;
-  return {kind, t.raw(), t.shape().rows(), t.shape().last(), {}, {}, {}};
+  return {kind, t.raw(), t.shape().rows(), t.shape().last(), {}, {}, {}, {}};
 }
 
 // The activation x viewed as the row-major matrix [rows, channels], batch-normalised as it loads.
@@ -134,13 +143,24 @@ inline GemmOperand normalized_operand(const Tensor& x, const BatchNormChannels& 
        {normalization.gamma, normalization.beta, normalization.mean, normalization.invstd})
     require(p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0, "gemm",
             "a normalised operand needs 16-byte aligned per-channel f32 vectors (internal error)");
-  return {
-      OperandKind::normalized, x.raw(), x.shape().rows(), x.shape().last(), {}, {}, normalization};
+  return {OperandKind::normalized, x.raw(), x.shape().rows(), x.shape().last(), {}, {},
+          normalization,           {}};
+}
+
+// The input gradient of a batch norm over [rows, C], read from its output gradient dy (the
+// operand's data) and input x, never materialised: dy viewed as [rows, C] and used transposed.
+inline GemmOperand batchnorm_input_grad_operand(const Tensor& dy, const Tensor& x,
+                                                const BatchNormChannels& channels,
+                                                const Tensor& grad_sums, bool training) {
+  GemmOperand op = normalized_operand(dy, channels);
+  op.kind = OperandKind::batchnorm_input_grad;
+  op.input_grad = {x.raw(), static_cast<const float*>(grad_sums.raw()), training};
+  return op;
 }
 
 // The im2col matrix of the conv input x, never materialised.
 inline GemmOperand im2col_operand(const Tensor& x, const ConvGeometry& conv) {
-  return {OperandKind::im2col, x.raw(), conv.out_pixels(), conv.patch(), conv, {}, {}};
+  return {OperandKind::im2col, x.raw(), conv.out_pixels(), conv.patch(), conv, {}, {}, {}};
 }
 
 // One stride phase's col2im matrix of the conv output gradient dy, never materialised.
@@ -152,6 +172,7 @@ inline GemmOperand col2im_operand(const Tensor& dy, const ConvGeometry& conv,
           int64_t(phase.taps()) * conv.out_channels,
           conv,
           phase,
+          {},
           {}};
 }
 
@@ -196,6 +217,10 @@ struct GemmArgs {
   // is (BatchNormGradient, sums [2, N]); needs C in A's dtype and no column_moments. The launcher
   // fills epilogue.batchnorm_grad itself; it must be left unset here.
   BatchNormGradient batchnorm_grad;
+  // f32 [M] on the device, or nullptr: a thin-C GEMM whose wide operand is A (stored [K, M]) also
+  // adds to it the sum over K of each of A's columns as read (a conv's bias gradient, beside the
+  // weight gradient of the same output gradient).
+  float* bias_grad = nullptr;
 };
 
 // Launch one GEMM on stream(): A and B f16 or bf16 (tensor cores) / f32 (SIMT). Supported operand
@@ -263,12 +288,17 @@ void thin_gemm(const GemmArgs& args);
 // GEMMs whose C is a few rows or columns over a long K (gemm_thin_c.cu, is_thin_c_gemm in
 // gemm_plan.h), run when gemm_version() is automatic: A transposed, B untransposed; B may also be
 // normalised when it is the wide one (M thin: the weight gradient of a conv with few output
-// channels, whose input the conv batch-normalised as it loaded it).
+// channels, whose input the conv batch-normalised as it loaded it), and A a batch norm's input
+// gradient when it is the wide one (N thin: the weight gradient of a conv with few input channels
+// before a batch norm, whose dx it reads unwritten), which bias_grad may also sum.
 inline bool runs_thin_c_gemm(const GemmArgs& args) {
-  const bool b_ok = args.b.kind == OperandKind::matrix ||
-                    (args.b.kind == OperandKind::normalized && args.m <= kThinN);
-  return gemm_version() == GemmVersion::automatic && args.a.kind == OperandKind::transposed &&
-         b_ok && is_thin_c_gemm(args.m, args.n, args.k);
+  const bool a_wide = args.m > kThinN;
+  const bool a_ok = args.a.kind == OperandKind::transposed ||
+                    (args.a.kind == OperandKind::batchnorm_input_grad && a_wide);
+  const bool b_ok =
+      args.b.kind == OperandKind::matrix || (args.b.kind == OperandKind::normalized && !a_wide);
+  return gemm_version() == GemmVersion::automatic && a_ok && b_ok && (a_wide || !args.bias_grad) &&
+         is_thin_c_gemm(args.m, args.n, args.k);
 }
 void thin_c_gemm(const GemmArgs& args);
 
@@ -278,7 +308,11 @@ inline void run_gemm(const GemmArgs& args) {
   require(!args.batchnorm_grad.sums || (args.batchnorm_grad.x && !args.column_moments), "gemm",
           "batch norm gradient sums need the batch norm's input x, and no column moments beside "
           "them (internal error)");
-  if (runs_thin_c_gemm(args))
+  const bool thin_c = runs_thin_c_gemm(args);
+  require(thin_c || (!args.bias_grad && args.a.kind != OperandKind::batchnorm_input_grad), "gemm",
+          "a batch norm's input gradient as A, and its column sums, are read by the thin-C GEMM "
+          "only (internal error)");
+  if (thin_c)
     thin_c_gemm(args);
   else if (gemm_version() == GemmVersion::automatic && thin_gemm_applies(args))
     thin_gemm(args);

@@ -43,11 +43,28 @@ std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>
   }
   return order;
 }
+// The batch norm input gradient `grad` describes, written over grad.dy (whose storage it owns) as
+// batchnorm_backward writes it, with its sums per channel into column_sums when asked. The affine
+// gradients came with the terms' making: not added again.
+Tensor write_dx(const BatchNormInputGrad& grad, bool with_column_sums, Tensor& column_sums) {
+  BatchNormParams bn;
+  bn.training = grad.training, bn.relu = grad.relu, bn.grad_sums = &grad.grad_sums;
+  if (with_column_sums) {
+    column_sums = Tensor::empty({grad.x.shape().last()}, DType::f32, grad.x.device());
+    bn.dx_sums = &column_sums;
+  }
+  Tensor dx = grad.dy, no_dgamma, no_dbeta;
+  kernels::batchnorm_backward(grad.x, grad.gamma, grad.beta, grad.mean, grad.invstd, grad.dy, dx,
+                              no_dgamma, no_dbeta, bn);
+  return dx;
+}
+
 // Frees what an op saved, its closure and its gradient, and marks it as run.
 void release(Node& node) {
   node.backward = nullptr;
   node.grad = Tensor();
   node.grad_column_sums = Tensor();
+  node.batchnorm_input_grad.reset();
   node.inputs.clear();
   node.released = true;
 }
@@ -119,8 +136,11 @@ void Var::backward(const Tensor& seed) const {
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       Node& node = **it;
       if (node.backward) { // a leaf keeps its gradient
-        if (node.grad.defined()) {
-          if (g_grad_observer) g_grad_observer(node);
+        if (node.grad.defined() || node.batchnorm_input_grad) {
+          if (g_grad_observer) {
+            write_batchnorm_input_grad(node); // the observer reads node.grad
+            g_grad_observer(node);
+          }
           node.backward(node);
         }
         release(node);
@@ -146,6 +166,7 @@ void accumulate_grad(Node& node, const Tensor& grad, const Tensor& column_sums) 
                                      column_sums.shape() == Shape{grad.shape().last()}),
           "accumulate_grad", "column sums ", describe(column_sums), " do not match the gradient ",
           describe(grad));
+  write_batchnorm_input_grad(node); // a gradient held as its terms, written to add this one
   if (!node.grad.defined()) {
     const bool as_is = grad.dtype() == node.dtype;
     node.grad = as_is ? grad : grad.to(node.dtype);
@@ -155,6 +176,30 @@ void accumulate_grad(Node& node, const Tensor& grad, const Tensor& column_sums) 
   node.grad_column_sums = Tensor(); // they describe the first gradient only
   if (node.grad.storage_shared()) node.grad = node.grad.clone(); // copy on write
   kernels::add_inplace(node.grad, grad, 1.0f);
+}
+
+void accumulate_grad(Node& node, BatchNormInputGrad grad) {
+  require(grad.x.shape() == node.shape && grad.dy.shape() == node.shape, "accumulate_grad",
+          "batch norm input gradient of x ", describe(grad.x), " does not match the value ",
+          node.dtype, node.shape, " of op ", node.op);
+  if (node.takes_batchnorm_input_grad && !node.grad.defined() && !node.batchnorm_input_grad) {
+    node.batchnorm_input_grad = std::move(grad);
+    return;
+  }
+  write_batchnorm_input_grad(node);
+  Tensor column_sums; // kept only with the node's first gradient
+  const Tensor dx =
+      write_dx(grad, !node.grad.defined() && node.wants_grad_column_sums, column_sums);
+  accumulate_grad(node, dx, column_sums);
+}
+
+void write_batchnorm_input_grad(Node& node) {
+  if (!node.batchnorm_input_grad) return;
+  BatchNormInputGrad grad = std::move(*node.batchnorm_input_grad);
+  node.batchnorm_input_grad.reset();
+  Tensor column_sums;
+  const Tensor dx = write_dx(grad, node.wants_grad_column_sums, column_sums);
+  accumulate_grad(node, dx, column_sums);
 }
 
 NoGrad::NoGrad() : previous_(g_grad_enabled) { g_grad_enabled = false; }

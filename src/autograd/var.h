@@ -11,10 +11,12 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/kernels.h"
 
 namespace minamp {
 
@@ -31,6 +33,14 @@ struct Node {
   // f32 [channels]: the sum of grad over all but its last dimension, as stored, when the op that
   // gave grad computed it; undefined otherwise (and once a second gradient is added in).
   Tensor grad_column_sums;
+  // Set by an op whose backward can read its output's gradient unwritten when that gradient is a
+  // batch norm's input gradient (a conv whose input needs no gradient: its weight gradient
+  // computes each element as it reads it, kernels::conv2d_backward_from_batchnorm).
+  bool takes_batchnorm_input_grad = false;
+  // Such a gradient as its terms, in place of grad (which stays undefined), when the batch norm's
+  // backward gave it that way: the node's only gradient so far (write_batchnorm_input_grad turns
+  // it into grad when anything else needs it as a tensor).
+  std::optional<BatchNormInputGrad> batchnorm_input_grad;
   bool requires_grad = false;
   std::vector<std::shared_ptr<Node>> inputs;
   // Reads this node's grad and accumulates into its inputs' grads (and parameters' grads).
@@ -92,6 +102,14 @@ private:
 // into in place, but copied first. `column_sums` (f32 [channels], or undefined) are grad's sums
 // per channel: kept as node.grad_column_sums when grad is the node's first and is taken as it is.
 void accumulate_grad(Node& node, const Tensor& grad, const Tensor& column_sums = Tensor());
+// Adds a batch norm's input gradient into node's, given as its terms: kept as they are
+// (node.batchnorm_input_grad) when the node takes them and has no gradient yet, else written (as
+// batchnorm_backward writes it, over grad.dy) and added as a tensor. A tensor added later to a
+// node holding the terms has them written first.
+void accumulate_grad(Node& node, BatchNormInputGrad grad);
+// Writes node.batchnorm_input_grad, when it holds one, into node.grad (with grad_column_sums when
+// node.wants_grad_column_sums): for an op whose kernels cannot read its gradient unwritten.
+void write_batchnorm_input_grad(Node& node);
 
 // A function shown every op node whose gradient is complete, just before its backward runs
 // (used by the fp16 range diagnostics). Empty by default; set per thread.

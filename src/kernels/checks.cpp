@@ -215,6 +215,32 @@ ConvDims require_conv2d_backward(const Tensor& x, const Tensor& w, const Tensor&
   return d;
 }
 
+ConvDims require_conv2d_backward_from_batchnorm(const Tensor& x, const Tensor& w,
+                                                const BatchNormInputGrad& grad, const Tensor& dw,
+                                                const Tensor& db, const ConvParams& conv,
+                                                bool reads_batchnorm_grad) {
+  const char* op = "conv2d_backward_from_batchnorm";
+  const ConvDims d = conv_dims(op, x, w, conv);
+  require_conv_output(op, "the batch norm's x", grad.x, d);
+  require(grad.dy.defined() && grad.dy.shape() == grad.x.shape() &&
+              grad.dy.dtype() == grad.x.dtype(),
+          op, "expects the batch norm's dy shaped and typed like its x ", describe(grad.x),
+          ", got ", describe(grad.dy));
+  for (const Tensor* t : {&grad.gamma, &grad.beta, &grad.mean, &grad.invstd})
+    require_f32(op, "the batch norm's gamma, beta, mean and invstd", *t, d.cout);
+  require_grad_sums(op, "the batch norm's grad_sums", grad.grad_sums, d.cout);
+  require(dw.defined() || db.defined(), op, "expects dw, db or both, got neither");
+  if (dw.defined())
+    require(dw.dtype() == DType::f32 && dw.shape() == w.shape(), op,
+            "expects dw f32 shaped like w ", describe(w), ", got ", describe(dw));
+  if (db.defined()) require_f32(op, "db", db, d.cout);
+  require(reads_batchnorm_grad, op, "cannot read the batch norm's input gradient unwritten for x ",
+          describe(x), ", w ", describe(w), ", the batch norm's x ", describe(grad.x),
+          " (only a 1x1 conv with few input channels over many pixels, in one dtype, on CUDA, see "
+          "conv2d_reads_batchnorm_input_grad)");
+  return d;
+}
+
 namespace {
 
 // Checks x [rows, C], gamma and beta f32 [C]; returns the dims.

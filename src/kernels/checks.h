@@ -57,6 +57,12 @@ ConvDims require_conv2d_backward(const Tensor& x, const Tensor& w, const Tensor&
                                  const Tensor& dx, const Tensor& dw, const ConvParams& conv,
                                  const InputNormalization* input_norm = nullptr,
                                  bool normalizes_on_load = false);
+// With the backend's word that it takes these tensors (reads_batchnorm_grad,
+// conv2d_reads_batchnorm_input_grad's answer).
+ConvDims require_conv2d_backward_from_batchnorm(const Tensor& x, const Tensor& w,
+                                                const BatchNormInputGrad& grad, const Tensor& dw,
+                                                const Tensor& db, const ConvParams& conv,
+                                                bool reads_batchnorm_grad);
 
 struct BatchNormDims {
   int64_t rows, channels; // x viewed as [rows, C]

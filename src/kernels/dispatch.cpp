@@ -145,6 +145,26 @@ bool conv2d_normalizes_on_load(const Tensor& x, const Tensor& w, const ConvParam
 #endif
 }
 
+void conv2d_backward_from_batchnorm(const Tensor& x, const Tensor& w,
+                                    const BatchNormInputGrad& grad, Tensor& dw, Tensor& db,
+                                    const ConvParams& conv) {
+  const char* op = "conv2d_backward_from_batchnorm";
+  MINAMP_DISPATCH(op,
+                  common_device(op, {&x, &w, &grad.x, &grad.dy, &grad.gamma, &grad.beta, &grad.mean,
+                                     &grad.invstd, &grad.grad_sums, &dw, &db}),
+                  conv2d_backward_from_batchnorm(x, w, grad, dw, db, conv));
+}
+
+bool conv2d_reads_batchnorm_input_grad(const Tensor& x, const Tensor& w,
+                                       const BatchNormInputGrad& grad, const ConvParams& conv) {
+  if (x.device() == Device::cpu) return cpu::conv2d_reads_batchnorm_input_grad(x, w, grad, conv);
+#if MINAMP_WITH_CUDA
+  return gpu::conv2d_reads_batchnorm_input_grad(x, w, grad, conv);
+#else
+  return false;
+#endif
+}
+
 void batchnorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                        Tensor& mean, Tensor& invstd, Tensor& running_mean, Tensor& running_var,
                        const BatchNormParams& bn) {

@@ -53,6 +53,21 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
 // normalises its operand as it loads it. Never on the CPU, whose unfused batch norm is the
 // reference.
 bool conv2d_normalizes_on_load(const Tensor& x, const Tensor& w, const ConvParams& conv);
+// The parameter gradients of a conv whose output gradient is the input gradient of the batch norm
+// after it, given as that batch norm's terms (`grad`, whose x is the conv's output) rather than
+// written: dw[Cout, kh, kw, Cin] += the weight gradient and db[Cout] += the bias gradient (f32;
+// either may be undefined), the output gradient being the dx batchnorm_backward would write (in
+// grad.x's dtype). Each element of it is computed as the weight gradient reads it, and none is
+// stored; only where conv2d_reads_batchnorm_input_grad allows it (an Error elsewhere).
+void conv2d_backward_from_batchnorm(const Tensor& x, const Tensor& w,
+                                    const BatchNormInputGrad& grad, Tensor& dw, Tensor& db,
+                                    const ConvParams& conv);
+// Whether conv2d_backward_from_batchnorm takes these tensors: on CUDA, a 1x1, stride-1, unpadded
+// conv with few input channels over many pixels (its weight gradient a thin-C GEMM, A the wide
+// operand), x, w and the batch norm's x and dy in one dtype. Never on the CPU, where the batch
+// norm writes its input gradient (the reference).
+bool conv2d_reads_batchnorm_input_grad(const Tensor& x, const Tensor& w,
+                                       const BatchNormInputGrad& grad, const ConvParams& conv);
 
 // Batch norm over x[rows, C] (an NHWC activation viewed as [N*H*W, C]); gamma, beta f32 [C].
 // Training: batch mean and biased variance, saved as mean[C] and invstd[C] = 1/sqrt(var + eps),

@@ -66,6 +66,18 @@ struct BatchNormParams {
   Tensor* dx_sums = nullptr;
 };
 
+// The input gradient of a batch norm (+ ReLU), as batchnorm_backward would write it, described by
+// what it is computed from instead of written: the batch norm's input x [rows, C], the gradient dy
+// of its output (x's shape and dtype), gamma, beta and the saved mean and invstd (f32 [C]), the
+// gradient sums (f32 [2, C], BatchNormParams::grad_sums) and the batch norm's mode and ReLU. The
+// tensors are held, so that a node's gradient can wait in this form (Node::batchnorm_input_grad)
+// for the op that reads it; dy's storage belongs to it (the gradient may be written over it).
+struct BatchNormInputGrad {
+  Tensor x, dy, gamma, beta, mean, invstd, grad_sums;
+  bool training = true;
+  bool relu = false;
+};
+
 // amp_update_scale's factors (amp::GradScalerOptions holds PyTorch's defaults).
 struct ScalerParams {
   float growth_factor;

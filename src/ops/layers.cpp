@@ -1,8 +1,9 @@
 // Linear, Conv2d and BatchNorm as differentiable ops on fp32 masters / f16 working copies, and a
 // batch norm folded into the 1x1 conv after it (batch_norm_conv2d), whose backward also sums
-// the batch norm's dx per channel for the bias gradient of the layer before it. A
-// frozen parameter gets no gradient; an op whose parameters are all frozen and whose input needs
-// no gradient records nothing (a frozen prefix of a network keeps no activations).
+// the batch norm's dx per channel for the bias gradient of the layer before it, or hands that
+// layer dx unwritten, as its terms, when it reads them itself (a conv whose input needs no
+// gradient). A frozen parameter gets no gradient; an op whose parameters are all frozen and whose
+// input needs no gradient records nothing (a frozen prefix of a network keeps no activations).
 #include "amp/autocast.h"
 #include "core/error.h"
 #include "ops/ops.h"
@@ -130,14 +131,29 @@ Var conv2d(const Var& x, Parameter& weight, Parameter* bias, const ConvParams& c
   const Tensor saved_x = xc.value(), saved_y = relu ? y : Tensor(); // saved_y: the ReLU's mask
   const bool weight_grad = weight.requires_grad(), bias_grad = bias && bias->requires_grad();
   Var out = Var::from_op("conv2d", y, {xc}, weight_grad || bias_grad, [=, &weight](Node& self) {
+    Tensor no_dw, no_db;
+    if (self.batchnorm_input_grad) { // the batch norm after it gave its input gradient unwritten
+      if (kernels::conv2d_reads_batchnorm_input_grad(saved_x, w, *self.batchnorm_input_grad,
+                                                     conv)) {
+        kernels::conv2d_backward_from_batchnorm(saved_x, w, *self.batchnorm_input_grad,
+                                                weight_grad ? weight.grad() : no_dw,
+                                                bias_grad ? bias->grad() : no_db, conv);
+        return;
+      }
+      write_batchnorm_input_grad(self);
+    }
     const Tensor dy = unfused_relu_grad(saved_y, self.grad, relu);
     if (bias_grad) bias_backward(self, dy, *bias);
     Node& input = *self.inputs[0];
-    Tensor dx, no_dw;
+    Tensor dx;
     if (input.requires_grad) dx = Tensor::empty(saved_x.shape(), dtype, saved_x.device());
     kernels::conv2d_backward(saved_x, w, dy, dx, weight_grad ? weight.grad() : no_dw, conv);
     if (dx.defined()) accumulate_grad(input, dx);
   });
+  // Without an input gradient, its output's gradient may come as a batch norm's input gradient
+  // unwritten (Node::takes_batchnorm_input_grad).
+  if (!relu && !xc.requires_grad() && out.requires_grad())
+    out.node().takes_batchnorm_input_grad = true;
   return asking_for_grad_sums(out, bias_grad, relu);
 }
 
@@ -222,12 +238,24 @@ Var batch_norm_conv2d(const Var& x, const BatchNormArgs& norm, Parameter& weight
         kernels::conv2d_backward(saved_x, w, dy, d_normalized, weight_grad ? weight.grad() : no_dw,
                                  conv, &input_norm);
         if (!norm_grad) return;
-        // dx overwrites d_normalized (same dtype: fused only without a cast), which nothing else
-        // holds: the backward keeps one activation-sized gradient less at its peak.
-        Tensor dx = d_normalized;
         Tensor dgamma = grad_or_scratch(gamma), dbeta = grad_or_scratch(beta);
         BatchNormParams sums_bn = backward_bn;
         sums_bn.grad_sums = &grad_sums;
+        if (input.requires_grad && input.takes_batchnorm_input_grad) {
+          // The layer before reads dx as its terms (x, d_normalized, the statistics and sums):
+          // the affine gradients only here, and no dx is written.
+          Tensor no_dx;
+          if (affine_grad)
+            kernels::batchnorm_backward(saved_x, gamma.master(), beta.master(), mean, invstd,
+                                        d_normalized, no_dx, dgamma, dbeta, sums_bn);
+          accumulate_grad(input, BatchNormInputGrad{saved_x, d_normalized, gamma.master(),
+                                                    beta.master(), mean, invstd, grad_sums,
+                                                    backward_bn.training, backward_bn.relu});
+          return;
+        }
+        // dx overwrites d_normalized (same dtype: fused only without a cast), which nothing else
+        // holds: the backward keeps one activation-sized gradient less at its peak.
+        Tensor dx = d_normalized;
         // The bias gradient of the layer before, summed as dx is written, when it asks for it.
         Tensor dx_sums;
         if (input.requires_grad && input.wants_grad_column_sums) {

@@ -571,6 +571,101 @@ TEST(Autograd, ConvBiasGradientTakesTheSumsItsGradientCameWith) {
   EXPECT_FALSE(frozen_bias(x).node().wants_grad_column_sums) << "no bias gradient to sum";
 }
 
+// A batch norm's input gradient given as its terms (BatchNormInputGrad) to a conv whose input
+// needs no gradient waits unwritten until the conv's backward runs; the CPU's conv, which cannot
+// read it so (conv2d_reads_batchnorm_input_grad), writes it first: its gradients equal those from
+// dx written by batchnorm_backward, its bias taking the written dx's sums. A second gradient,
+// before or after, has the terms written and added; a node that does not take terms gets them
+// written at once; the gradient observer sees the gradient written.
+TEST(Autograd, ABatchNormInputGradientWaitsAsItsTermsForTheOpThatReadsIt) {
+  Rng rng(23);
+  const Shape out{2, 3, 3, 4};
+  const Var x(test::random_tensor(rng, {2, 3, 3, 3})); // needs no gradient
+  const BatchNormInputGrad terms{test::random_tensor(rng, out),
+                                 test::random_tensor(rng, out),
+                                 test::random_tensor(rng, {4}, DType::f32, Device::cpu, 0.5f, 1.5f),
+                                 test::random_tensor(rng, {4}),
+                                 test::random_tensor(rng, {4}),
+                                 test::random_tensor(rng, {4}, DType::f32, Device::cpu, 0.5f, 2.0f),
+                                 test::random_tensor(rng, {2, 4}),
+                                 true,
+                                 true};
+  // Each use gets its own dy: the terms' gradient is written over it.
+  const auto fresh = [&] {
+    BatchNormInputGrad t = terms;
+    t.dy = terms.dy.clone();
+    return t;
+  };
+  BatchNormParams bn;
+  bn.training = true, bn.relu = true, bn.grad_sums = &terms.grad_sums;
+  Tensor dx = Tensor::empty(out), no_dgamma, no_dbeta;
+  kernels::batchnorm_backward(terms.x, terms.gamma, terms.beta, terms.mean, terms.invstd, terms.dy,
+                              dx, no_dgamma, no_dbeta, bn);
+  const Tensor other = test::random_tensor(rng, out);
+
+  // The consumer gives y's node `dx` as a tensor, or as the terms, then `second` when defined.
+  const auto consume = [&](const Var& y, bool as_terms, const Tensor& second, bool second_first) {
+    return Var::from_op("consumer", Tensor::zeros({1}), {y}, false, [=](Node& self) {
+      Node& input = *self.inputs[0];
+      if (second_first && second.defined()) accumulate_grad(input, second);
+      if (as_terms) {
+        accumulate_grad(input, fresh());
+        const bool came_second = second_first && second.defined();
+        EXPECT_EQ(input.batchnorm_input_grad.has_value(), !came_second)
+            << "the terms wait only as the node's first gradient";
+        EXPECT_EQ(input.grad.defined(), came_second);
+      } else {
+        accumulate_grad(input, dx.clone());
+      }
+      if (!second_first && second.defined()) accumulate_grad(input, second);
+    });
+  };
+  struct Grads {
+    std::vector<float> weight, bias;
+  };
+  const auto run = [&](bool as_terms, const Tensor& second = Tensor(), bool second_first = false) {
+    Rng init(29);
+    nn::Conv2d conv(3, 4, 1, init);
+    const Var y = conv(x);
+    EXPECT_TRUE(y.node().takes_batchnorm_input_grad) << "its input needs no gradient";
+    consume(y, as_terms, second, second_first).backward();
+    return Grads{conv.weight.grad().to_vector(), conv.bias.grad().to_vector()};
+  };
+  const Grads written = run(false), waited = run(true);
+  EXPECT_EQ(waited.weight, written.weight);
+  EXPECT_EQ(waited.bias, written.bias);
+  const Grads summed = run(false, other);
+  EXPECT_EQ(run(true, other).weight, summed.weight) << "the terms, then a tensor";
+  EXPECT_EQ(run(true, other, true).weight, summed.weight) << "a tensor, then the terms";
+
+  // A node that does not take terms: written at once, with their column sums when it wants them.
+  Node plain;
+  plain.shape = out;
+  plain.wants_grad_column_sums = true;
+  accumulate_grad(plain, fresh());
+  EXPECT_FALSE(plain.batchnorm_input_grad.has_value());
+  EXPECT_EQ(plain.grad.to_vector(), dx.to_vector());
+  Tensor dx_sums = Tensor::zeros({4});
+  kernels::bias_backward(dx, dx_sums);
+  EXPECT_EQ(plain.grad_column_sums.to_vector(), dx_sums.to_vector());
+
+  // The observer reads node.grad: a node holding terms has them written before it is shown.
+  int observed = 0;
+  set_grad_observer([&](const Node& node) {
+    EXPECT_TRUE(node.grad.defined() && !node.batchnorm_input_grad) << node.op;
+    ++observed;
+  });
+  const Grads observed_grads = run(true);
+  set_grad_observer(nullptr);
+  EXPECT_EQ(observed, 2); // the consumer and the conv
+  EXPECT_EQ(observed_grads.weight, written.weight);
+
+  Node wrong;
+  wrong.shape = {2, 3, 3, 5};
+  expect_error([&] { accumulate_grad(wrong, fresh()); }, "accumulate_grad",
+               "batch norm input gradient of x f32[2, 3, 3, 4] on cpu does not match");
+}
+
 TEST(Autograd, LeafVarsKeepGatheringGradientsAcrossGraphs) {
   Var x(Tensor::full({2}, 1.0f), true);
   const Tensor three = Tensor::full({1}, 3.0f);

@@ -10,6 +10,7 @@
 // batch norm's backward, and the batch norm's input gradient written over its output's.
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -530,17 +531,21 @@ TEST(GpuFusion, PointwiseConvsApplyTheBatchNormBeforeThem) {
   }
 }
 
-// The gradients of one eval-mode forward and backward of `net` on `device`, and how many times
-// bias_backward ran in that backward.
+// The gradients of one forward and backward of `net` on `device` (eval mode unless `training`),
+// and how many times each kernel ran in that backward.
 struct EvalBackward {
   std::vector<Tensor> grads;
-  int64_t bias_backward_calls = 0;
+  std::map<std::string, int64_t> calls;
 };
-EvalBackward eval_backward(nn::Sequential& net, DType amp_dtype, Device device) {
+EvalBackward eval_backward(nn::Sequential& net, DType amp_dtype, Device device,
+                           const Shape& input = {2, 9, 11, 2}, bool training = false) {
   net.to(device);
-  net.eval();
+  if (training)
+    net.train();
+  else
+    net.eval();
   Rng rng(1210);
-  const Tensor x = test::random_tensor(rng, {2, 9, 11, 2}, DType::f32, device, -2.0f, 2.0f);
+  const Tensor x = test::random_tensor(rng, input, DType::f32, device, -2.0f, 2.0f);
   EvalBackward out;
   {
     const bool amp = amp_dtype != DType::f32;
@@ -552,8 +557,7 @@ EvalBackward eval_backward(nn::Sequential& net, DType amp_dtype, Device device) 
     loss.backward();
     profile::set_enabled(false);
   }
-  for (const profile::OpTime& t : profile::collect())
-    if (t.op == "bias_backward") out.bias_backward_calls += t.calls;
+  for (const profile::OpTime& t : profile::collect()) out.calls[t.op] += t.calls;
   for (Parameter* p : net.parameters()) out.grads.push_back(p->grad().to(Device::cpu));
   return out;
 }
@@ -576,8 +580,10 @@ TEST(GpuFusion, BiasGradientsBeforeABatchNormComeFromItsBackward) {
       unfused = eval_backward(*make_biased_pointwise_net(), amp_dtype, Device::cuda);
     }
     const EvalBackward cpu = eval_backward(*make_biased_pointwise_net(), amp_dtype, Device::cpu);
-    EXPECT_EQ(fused.bias_backward_calls, 1);
-    EXPECT_EQ(unfused.bias_backward_calls, 3);
+    EXPECT_EQ(fused.calls["bias_backward"], 1);
+    EXPECT_EQ(unfused.calls["bias_backward"], 3);
+    EXPECT_EQ(fused.calls["conv2d_backward_from_batchnorm"], 0)
+        << "198 pixels: too few for the first conv's thin-C weight gradient";
     const double tolerance = test::tolerance_for(amp_dtype);
     ASSERT_EQ(fused.grads.size(), cpu.grads.size());
     for (size_t i = 0; i < fused.grads.size(); ++i) {
@@ -587,6 +593,48 @@ TEST(GpuFusion, BiasGradientsBeforeABatchNormComeFromItsBackward) {
                          cat("fused vs CPU: gradient of parameter ", i));
     }
   }
+}
+
+// With fusion on and 4096 pixels, the first batch norm's backward hands the first conv (2 -> 32,
+// its input needing no gradient) its input gradient as terms, and the conv's weight and bias
+// gradients read it unwritten (conv2d_backward_from_batchnorm, the thin-C GEMM): no batch norm
+// writes a dx, and only the last conv's bias runs bias_backward. Every gradient agrees with
+// MINAMP_FUSION=0's and with the CPU's, in eval mode (where the biases before a batch norm have a
+// real gradient) and in training mode (the weights; those biases' gradients are rounding there).
+TEST(GpuFusion, FirstConvReadsTheBatchNormInputGradientUnwritten) {
+  MINAMP_REQUIRE_GPU();
+  const Shape input{1, 64, 64, 2};
+  for (bool training : {false, true})
+    for (DType amp_dtype : {DType::f32, DType::f16}) {
+      SCOPED_TRACE(cat(training ? "training" : "eval", ", autocast ", amp_dtype));
+      EvalBackward fused, unfused;
+      {
+        test::ScopedFusion on(true);
+        fused =
+            eval_backward(*make_biased_pointwise_net(), amp_dtype, Device::cuda, input, training);
+      }
+      {
+        test::ScopedFusion off(false);
+        unfused =
+            eval_backward(*make_biased_pointwise_net(), amp_dtype, Device::cuda, input, training);
+      }
+      const EvalBackward cpu =
+          eval_backward(*make_biased_pointwise_net(), amp_dtype, Device::cpu, input, training);
+      EXPECT_EQ(fused.calls["conv2d_backward_from_batchnorm"], 1);
+      EXPECT_EQ(unfused.calls["conv2d_backward_from_batchnorm"], 0);
+      EXPECT_EQ(fused.calls["bias_backward"], 1);
+      EXPECT_EQ(fused.calls["batchnorm_backward"], 2) << "the first one's affine gradients only";
+      const double tolerance = test::tolerance_for(amp_dtype);
+      ASSERT_EQ(fused.grads.size(), cpu.grads.size());
+      for (size_t i = 0; i < fused.grads.size(); ++i) {
+        // Parameters: conv1 weight, bias (1), bn1 gamma, beta, conv2 weight, bias (5), ...
+        if (training && (i == 1 || i == 5)) continue;
+        test::expect_close(fused.grads[i], unfused.grads[i], tolerance,
+                           cat("fused vs MINAMP_FUSION=0: gradient of parameter ", i));
+        test::expect_close(fused.grads[i], cpu.grads[i], tolerance,
+                           cat("fused vs CPU: gradient of parameter ", i));
+      }
+    }
 }
 
 // batch_norm_conv2d's backward writes the batch norm's input gradient over the gradient of its

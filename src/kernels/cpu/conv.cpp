@@ -197,4 +197,16 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor&
 // The CPU runs the batch norm before the conv, unfused: the reference of the fused GPU path.
 bool conv2d_normalizes_on_load(const Tensor&, const Tensor&, const ConvParams&) { return false; }
 
+// The CPU's batch norm writes its input gradient, which the conv then reads: the reference of the
+// GPU path that reads it unwritten.
+bool conv2d_reads_batchnorm_input_grad(const Tensor&, const Tensor&, const BatchNormInputGrad&,
+                                       const ConvParams&) {
+  return false;
+}
+void conv2d_backward_from_batchnorm(const Tensor& x, const Tensor& w,
+                                    const BatchNormInputGrad& grad, Tensor& dw, Tensor& db,
+                                    const ConvParams& conv) {
+  require_conv2d_backward_from_batchnorm(x, w, grad, dw, db, conv, false);
+}
+
 } // namespace minamp::cpu
