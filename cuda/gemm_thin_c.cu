@@ -116,7 +116,8 @@ constexpr int kWideSums = kThinCols + (kWide == WideKind::batchnorm_input_grad ?
 // partials[blockIdx.x, j, c] = the sum over the block's rows of T[row, j] * W'[row, c] for its
 // columns c (W' = W, or W read through a batch norm per kWide), j < s.thin_cols; for a batch
 // norm's input gradient also partials[blockIdx.x, s.thin_cols, c] = the sum of W'[row, c].
-// kThinCols is 1 (t = 1) or kThinN (t up to kThinN).
+// kThinCols is t for t = 1 or 2 (sine's last and first convs), else kThinN (on the kThinN kernel,
+// t = 2 loaded each row's last thin value twice more, and half its products were never stored).
 template <int kPack, int kThinCols, WideKind kWide, class T>
 __global__ void __launch_bounds__(kThreads, thin_c_blocks_per_sm(kThinCols, kWide, int(sizeof(T))))
     thin_c_partials_kernel(const T* __restrict__ w, BatchNormChannels nz,
@@ -271,7 +272,7 @@ template <class T, class CT> void launch(const GemmArgs& args) {
                                                 aligned_for_pack(wide_op.normalization.mean) &&
                                                 aligned_for_pack(wide_op.normalization.invstd)));
   const int pack = wide_cols % 4 == 0 && aligned ? 4 : 1;
-  const int thin_template = thin_cols == 1 ? 1 : int(kThinN); // kThinCols of the kernel run
+  const int thin_template = thin_cols <= 2 ? thin_cols : int(kThinN); // the kernel's kThinCols
   const ThinCShape s = thin_c_shape(args.k, wide_cols, thin_cols, pack,
                                     thin_c_blocks_per_sm(thin_template, wide, int(sizeof(T))));
   const int partial_rows = thin_cols + (wide == WideKind::batchnorm_input_grad ? 1 : 0);
@@ -288,6 +289,8 @@ template <class T, class CT> void launch(const GemmArgs& args) {
   const auto on_thin = [&](auto pack_constant, auto wide_constant) {
     if (thin_template == 1)
       run(pack_constant, std::integral_constant<int, 1>{}, wide_constant);
+    else if (thin_template == 2)
+      run(pack_constant, std::integral_constant<int, 2>{}, wide_constant);
     else
       run(pack_constant, std::integral_constant<int, int(kThinN)>{}, wide_constant);
   };
