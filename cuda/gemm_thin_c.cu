@@ -116,8 +116,8 @@ constexpr int kWideSums = kThinCols + (kWide == WideKind::batchnorm_input_grad ?
 // partials[blockIdx.x, j, c] = the sum over the block's rows of T[row, j] * W'[row, c] for its
 // columns c (W' = W, or W read through a batch norm per kWide), j < s.thin_cols; for a batch
 // norm's input gradient also partials[blockIdx.x, s.thin_cols, c] = the sum of W'[row, c].
-// kThinCols is t for t = 1 or 2 (sine's last and first convs), else kThinN (on the kThinN kernel,
-// t = 2 loaded each row's last thin value twice more, and half its products were never stored).
+// kThinCols is t for t = 1 or 2 (sine's last and first convs), else kThinN (a t of 3 loads each
+// row's last thin value once more, its products never stored).
 template <int kPack, int kThinCols, WideKind kWide, class T>
 __global__ void __launch_bounds__(kThreads, thin_c_blocks_per_sm(kThinCols, kWide, int(sizeof(T))))
     thin_c_partials_kernel(const T* __restrict__ w, BatchNormChannels nz,
