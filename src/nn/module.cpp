@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -155,12 +156,13 @@ Var Conv2d::forward(const Var& x) {
   return y;
 }
 
-Var Conv2d::forward_normalized(const Var& x, BatchNorm& norm) {
+Var Conv2d::forward_normalized(Var x, BatchNorm& norm) {
   Tensor norm_moments;
   const BatchNormParams bn = norm.forward_params(x, norm_moments);
-  Var y = ops::batch_norm_conv2d(
-      x, {norm.weight, norm.bias, norm.running_mean, norm.running_var, bn}, weight,
-      has_bias_ ? &bias : nullptr, conv_, relu_, moments_.target(training(), x.device()));
+  Tensor* moments = moments_.target(training(), x.device());
+  Var y = ops::batch_norm_conv2d(std::move(x),
+                                 {norm.weight, norm.bias, norm.running_mean, norm.running_var, bn},
+                                 weight, has_bias_ ? &bias : nullptr, conv_, relu_, moments);
   moments_.produced(y.value());
   return y;
 }
@@ -263,7 +265,7 @@ Var Sequential::forward(const Var& x) {
     if (fold && applied_by_next_[i]) {
       pending = static_cast<BatchNorm*>(layers_[i].get());
     } else if (pending) {
-      h = static_cast<Conv2d&>(*layers_[i]).forward_normalized(h, *pending);
+      h = static_cast<Conv2d&>(*layers_[i]).forward_normalized(std::move(h), *pending);
       pending = nullptr;
     } else {
       h = layers_[i]->forward(h);

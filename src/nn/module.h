@@ -123,8 +123,9 @@ public:
          int padding = 0, bool bias = true);
   Var forward(const Var& x) override;
   // forward(norm.forward(x)), with the batch norm applied as this conv loads x where the kernels
-  // can (ops::batch_norm_conv2d): its output is never written.
-  Var forward_normalized(const Var& x, BatchNorm& norm);
+  // can (ops::batch_norm_conv2d): its output is never written. Move x in where nothing else
+  // needs it, so that inference frees it as early as two separate layers would.
+  Var forward_normalized(Var x, BatchNorm& norm);
   std::string describe() const override;
   bool absorb_relu() override { return relu_ = true; }
   bool produce_batch_moments() override { return moments_.request(); }

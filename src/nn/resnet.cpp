@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -119,9 +120,9 @@ Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int stride, Rng& rng
 }
 
 Var Bottleneck::forward(const Var& x) {
-  const Var h = conv2(bn1(conv1(x)));
+  Var h = conv2(bn1(conv1(x)));
   // conv3 is 1x1: it applies bn2 (+ ReLU) as it loads h where the kernels can.
-  const Var y = fusion_enabled() ? conv3.forward_normalized(h, bn2) : conv3(bn2(h));
+  const Var y = fusion_enabled() ? conv3.forward_normalized(std::move(h), bn2) : conv3(bn2(h));
   return add_shortcut(bn3(y), x);
 }
 

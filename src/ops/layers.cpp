@@ -184,7 +184,7 @@ Var batch_norm(const Var& x, Parameter& gamma, Parameter& beta, Tensor& running_
   });
 }
 
-Var batch_norm_conv2d(const Var& x, const BatchNormArgs& norm, Parameter& weight, Parameter* bias,
+Var batch_norm_conv2d(Var x, const BatchNormArgs& norm, Parameter& weight, Parameter* bias,
                       const ConvParams& conv, bool relu, Tensor* moments) {
   const int64_t channels = require_batch_norm_input(x, norm.gamma, norm.bn);
   require_parameter_device("Conv2d", x, weight);
@@ -192,10 +192,12 @@ Var batch_norm_conv2d(const Var& x, const BatchNormArgs& norm, Parameter& weight
   // The conv reads the batch norm's output in its own dtype: fused only when no cast lies between.
   const DType dtype = amp::autocast_dtype(amp::OpClass::matmul, xc.dtype());
   const Tensor w = weight.working_copy(dtype); // [Cout, 1, 1, Cin]
-  if (dtype != xc.dtype() || !kernels::conv2d_normalizes_on_load(xc.value(), w, conv))
-    return conv2d(
-        batch_norm(x, norm.gamma, norm.beta, norm.running_mean, norm.running_var, norm.bn), weight,
-        bias, conv, relu, moments);
+  if (dtype != xc.dtype() || !kernels::conv2d_normalizes_on_load(xc.value(), w, conv)) {
+    const Var normalized =
+        batch_norm(x, norm.gamma, norm.beta, norm.running_mean, norm.running_var, norm.bn);
+    x = xc = Var(); // inference holds no other reference: the conv's output may take their memory
+    return conv2d(normalized, weight, bias, conv, relu, moments);
+  }
 
   Parameter &gamma = norm.gamma, &beta = norm.beta;
   const Device device = x.device();

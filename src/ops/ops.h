@@ -41,8 +41,10 @@ struct BatchNormArgs {
 // (kernels::conv2d_normalizes_on_load: 1x1 convs on CUDA): the batch norm's statistics and
 // running-statistics update as batch_norm's, but its output is never written, and the backward
 // keeps x alone (not x and the normalised activation), reading it normalised again for the
-// conv's weight gradient and recomputing the ReLU mask from it. Elsewhere, the two ops unfused.
-Var batch_norm_conv2d(const Var& x, const BatchNormArgs& norm, Parameter& weight, Parameter* bias,
+// conv's weight gradient and recomputing the ReLU mask from it. Elsewhere, the two ops unfused;
+// x is taken by value so that, with no graph to keep it (inference), it is freed before the conv
+// allocates its output, as it is between two separate layers.
+Var batch_norm_conv2d(Var x, const BatchNormArgs& norm, Parameter& weight, Parameter* bias,
                       const ConvParams& conv, bool relu = false, Tensor* moments = nullptr);
 Var relu(const Var& x);
 // y = a + b, then ReLU when `relu` (a residual connection); a and b have one shape. f16 + f16 is
