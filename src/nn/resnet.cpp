@@ -92,7 +92,16 @@ BasicBlock::BasicBlock(int64_t in_channels, int64_t planes, int stride, Rng& rng
                   planes * kExpansion, stride, rng);
 }
 
-Var BasicBlock::forward(const Var& x) { return add_shortcut(bn2(conv2(bn1(conv1(x)))), x); }
+// Here, in Bottleneck and in ResNet::features, each layer's output replaces its input, as in
+// torchvision's `out = ...` lines: where no backward needs an activation (inference, a frozen
+// backbone), it is freed once the next layer has read it.
+Var BasicBlock::forward(const Var& x) {
+  Var out = conv1(x);
+  out = bn1(out);
+  out = conv2(out);
+  out = bn2(out);
+  return add_shortcut(out, x);
+}
 
 std::string BasicBlock::describe() const {
   const Shape& s = conv1.weight.master().shape(); // [planes, 3, 3, in]
@@ -120,10 +129,18 @@ Bottleneck::Bottleneck(int64_t in_channels, int64_t planes, int stride, Rng& rng
 }
 
 Var Bottleneck::forward(const Var& x) {
-  Var h = conv2(bn1(conv1(x)));
-  // conv3 is 1x1: it applies bn2 (+ ReLU) as it loads h where the kernels can.
-  const Var y = fusion_enabled() ? conv3.forward_normalized(std::move(h), bn2) : conv3(bn2(h));
-  return add_shortcut(bn3(y), x);
+  Var out = conv1(x);
+  out = bn1(out);
+  out = conv2(out);
+  if (fusion_enabled()) {
+    // conv3 is 1x1: it applies bn2 (+ ReLU) as it loads its input where the kernels can.
+    out = conv3.forward_normalized(std::move(out), bn2);
+  } else {
+    out = bn2(out);
+    out = conv3(out);
+  }
+  out = bn3(out);
+  return add_shortcut(out, x);
 }
 
 std::string Bottleneck::describe() const {
@@ -165,8 +182,11 @@ int64_t ResNet::num_features(const ResNetOptions& options) {
 }
 
 Var ResNet::features(const Var& x) {
-  const Var stem = maxpool(bn1(conv1(x)));
-  return avgpool(layer4(layer3(layer2(layer1(stem)))));
+  Var h = conv1(x);
+  h = bn1(h);
+  h = maxpool(h);
+  for (Sequential* stage : {&layer1, &layer2, &layer3, &layer4}) h = (*stage)(h);
+  return avgpool(h);
 }
 
 Var ResNet::forward(const Var& x) { return fc(features(x)); }

@@ -2,16 +2,20 @@
 // torchvision's layout, and the eval-mode logits on the same weights and input (fp32 within a max
 // relative error of 1e-4, autocast within f16's). The weights and the input come from the formula
 // of tests/parity/resnet_parity.py, which wrote torchvision's outputs to resnet_expected.json.
-// Also: backward reaches every parameter.
+// Also: backward reaches every parameter, and where nothing needs them for a backward, the blocks
+// and the network free each activation once the next layer has read it.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <set>
 
 #include "amp/autocast.h"
+#include "core/allocator.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "nn/resnet.h"
@@ -217,6 +221,83 @@ TEST(ResNet, BackwardGivesEveryParameterAGradient) {
     for (float g : p->grad().to_vector()) sum += std::abs(g);
     EXPECT_GT(sum, 0.0) << name;
   }
+}
+
+// The bytes `module` allocates on the CPU over a forward of x beyond those live before it (x's
+// among them), after a first forward has made whatever it keeps (f16 weight copies).
+double forward_peak_bytes(nn::Module& module, const Tensor& x) {
+  Allocator& allocator = allocator_for(Device::cpu);
+  module(Var(x));
+  allocator.reset_peak();
+  const size_t before = allocator.live_bytes();
+  const Var y = module(Var(x));
+  return double(allocator.peak_bytes() - before);
+}
+
+// Where no backward needs them (inference, or a frozen backbone, whose batch norms still run in
+// training mode), a block frees each layer's output once the next layer has read it, as
+// torchvision's does: beside its input it holds at most two activations of its output's size
+// (a batch norm's input and output, then the last one's output and the sum), three with a
+// downsample shortcut (its conv's and batch norm's outputs beside the main branch's); nested calls
+// would keep their temporaries to the end of the block, up to five. In f32 and under f16
+// autocast (x in the dtype the block computes in, as a layer before it would give it), with
+// fusion on and off, frozen in training mode and in eval mode under NoGrad.
+TEST(ResNet, BlocksFreeEachActivationOnceTheNextLayerHasReadIt) {
+  struct BlockCase {
+    bool bottleneck;
+    int64_t in_channels, planes;
+    int stride;
+    double bound; // output-sized activations
+  };
+  const BlockCase cases[] = {
+      {false, 8, 8, 1, 2}, {false, 4, 8, 2, 3}, {true, 16, 4, 1, 2}, {true, 8, 4, 2, 3}};
+  for (const BlockCase& c : cases) {
+    for (DType dtype : {DType::f32, DType::f16}) {
+      for (bool fusion : {true, false}) {
+        for (bool training : {true, false}) {
+          SCOPED_TRACE(cat(c.bottleneck ? "Bottleneck(" : "BasicBlock(", c.in_channels, ", ",
+                           c.planes, ", stride ", c.stride, ") ", dtype,
+                           fusion ? ", fusion on, " : ", fusion off, ",
+                           training ? "frozen, training mode" : "eval, NoGrad"));
+          test::ScopedFusion scope(fusion);
+          Rng rng(1300);
+          std::unique_ptr<nn::ResidualBlock> block;
+          int64_t out_channels = c.planes;
+          if (c.bottleneck) {
+            block = std::make_unique<nn::Bottleneck>(c.in_channels, c.planes, c.stride, rng);
+            out_channels *= nn::Bottleneck::kExpansion;
+          } else {
+            block = std::make_unique<nn::BasicBlock>(c.in_channels, c.planes, c.stride, rng);
+          }
+          block->requires_grad_(false);
+          block->train(training);
+          const Tensor x = test::random_tensor(rng, {2, 16, 16, c.in_channels}).to(dtype);
+          const double out_bytes =
+              2.0 * (16 / c.stride) * (16 / c.stride) * out_channels * dtype_size(dtype);
+          amp::Autocast autocast(dtype == DType::f16);
+          std::optional<NoGrad> no_grad;
+          if (!training) no_grad.emplace();
+          EXPECT_LE(forward_peak_bytes(*block, x), (c.bound + 0.1) * out_bytes);
+        }
+      }
+    }
+  }
+}
+
+// The same for the whole network: a ResNet-18's peak is its stem's, the 7x7 conv's output and the
+// batch norm's (the input aside); the stem's output and each stage's are freed as the next stage
+// runs.
+TEST(ResNet, TheNetworksPeakIsTheStemsConvAndBatchNormOutputs) {
+  Rng rng(1301);
+  nn::ResNetOptions options;
+  options.arch = nn::ResNetArch::resnet18;
+  options.width = 8;
+  nn::ResNet model(options, rng);
+  const Tensor images = test::random_tensor(rng, {2, 64, 64, 3});
+  const double stem_bytes = 2.0 * 32 * 32 * 8 * sizeof(float); // [2, 32, 32, 8]
+  model.eval();
+  NoGrad no_grad;
+  EXPECT_LE(forward_peak_bytes(model, images), 2.1 * stem_bytes);
 }
 
 } // namespace
