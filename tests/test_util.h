@@ -275,6 +275,15 @@ private:
   bool previous_;
 };
 
+// The most bytes live on `device` while `run` runs, beyond those live before it.
+template <class Run> size_t peak_bytes_during(Device device, Run&& run) {
+  Allocator& allocator = allocator_for(device);
+  allocator.reset_peak();
+  const size_t before = allocator.live_bytes();
+  run();
+  return allocator.peak_bytes() - before;
+}
+
 } // namespace minamp::test
 
 // Skips the current test with a printed reason when no CUDA device can be used.

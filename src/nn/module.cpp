@@ -159,7 +159,7 @@ Var Conv2d::forward(const Var& x) {
 Var Conv2d::forward_normalized(Var x, BatchNorm& norm) {
   Tensor norm_moments;
   const BatchNormParams bn = norm.forward_params(x, norm_moments);
-  Tensor* moments = moments_.target(training(), x.device());
+  Tensor* moments = moments_.target(training(), x.device()); // read x before it is moved away
   Var y = ops::batch_norm_conv2d(std::move(x),
                                  {norm.weight, norm.bias, norm.running_mean, norm.running_var, bn},
                                  weight, has_bias_ ? &bias : nullptr, conv_, relu_, moments);

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "amp/autocast.h"
-#include "core/allocator.h"
 #include "nn/module.h"
 #include "ops/ops.h"
 #include "test_util.h"
@@ -162,7 +161,6 @@ TEST(Layers, DescribeShowsFusion) {
 // as between two separate layers. The allocator's peak over the forward says so, in f32 and under
 // f16 autocast, with fusion on and off; the outputs agree.
 TEST(Layers, InferenceHoldsTwoActivationsWhereTheBatchNormIsLeftToTheConv) {
-  Allocator& allocator = allocator_for(Device::cpu);
   for (DType amp_dtype : {DType::f32, DType::f16}) {
     SCOPED_TRACE(cat("autocast ", amp_dtype));
     const double activation_bytes = 64.0 * 64 * 64 * dtype_size(amp_dtype); // [4096, 64]
@@ -180,11 +178,9 @@ TEST(Layers, InferenceHoldsTwoActivationsWhereTheBatchNormIsLeftToTheConv) {
       NoGrad no_grad;
       const bool amp = amp_dtype != DType::f32;
       amp::Autocast autocast(amp, amp ? amp_dtype : DType::f16);
-      allocator.reset_peak();
-      const size_t before = allocator.live_bytes();
-      outputs[fusion] = net(Var(x)).value().to(DType::f32).to_vector();
-      EXPECT_LE(double(allocator.peak_bytes() - before), 2.1 * activation_bytes)
-          << "a third activation was alive";
+      const size_t peak = test::peak_bytes_during(
+          Device::cpu, [&] { outputs[fusion] = net(Var(x)).value().to(DType::f32).to_vector(); });
+      EXPECT_LE(double(peak), 2.1 * activation_bytes) << "a third activation was alive";
     }
     EXPECT_EQ(outputs[true], outputs[false]);
   }

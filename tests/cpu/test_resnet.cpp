@@ -15,7 +15,6 @@
 #include <set>
 
 #include "amp/autocast.h"
-#include "core/allocator.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "nn/resnet.h"
@@ -226,12 +225,8 @@ TEST(ResNet, BackwardGivesEveryParameterAGradient) {
 // The bytes `module` allocates on the CPU over a forward of x beyond those live before it (x's
 // among them), after a first forward has made whatever it keeps (f16 weight copies).
 double forward_peak_bytes(nn::Module& module, const Tensor& x) {
-  Allocator& allocator = allocator_for(Device::cpu);
   module(Var(x));
-  allocator.reset_peak();
-  const size_t before = allocator.live_bytes();
-  const Var y = module(Var(x));
-  return double(allocator.peak_bytes() - before);
+  return double(test::peak_bytes_during(Device::cpu, [&] { const Var y = module(Var(x)); }));
 }
 
 // Where no backward needs them (inference, or a frozen backbone, whose batch norms still run in

@@ -646,7 +646,6 @@ TEST(GpuFusion, FirstConvReadsTheBatchNormInputGradientUnwritten) {
 // MINAMP_FUSION=0's.
 TEST(GpuFusion, BatchNormInputGradientOverwritesItsOutputGradient) {
   MINAMP_REQUIRE_GPU();
-  Allocator& allocator = allocator_for(Device::cuda);
   for (DType amp_dtype : {DType::f32, DType::f16}) {
     SCOPED_TRACE(cat("autocast ", amp_dtype));
     const Shape input{1, 64, 64, 2};
@@ -664,11 +663,9 @@ TEST(GpuFusion, BatchNormInputGradientOverwritesItsOutputGradient) {
         const Var y = (*net)(Var(x));
         EXPECT_STREQ(y.node().op, fusion ? "batch_norm_conv2d" : "conv2d");
         const Var loss = ops::mse_loss(y, target);
-        allocator.reset_peak();
-        const size_t before = allocator.live_bytes();
-        loss.backward();
+        const size_t peak = test::peak_bytes_during(Device::cuda, [&] { loss.backward(); });
         if (fusion) {
-          EXPECT_LE(double(allocator.peak_bytes() - before), 1.75 * activation_bytes)
+          EXPECT_LE(double(peak), 1.75 * activation_bytes)
               << "the backward held two activation-sized gradients beyond the forward's";
         }
       }
