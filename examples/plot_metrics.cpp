@@ -1,10 +1,11 @@
 // plot_metrics: draws one column of several runs' metrics.csv files into one PNG line plot, e.g.
-// the loss of an FP32 and an AMP run, or the loss-scale trajectory (use --log-y).
+// the loss of an FP32 and an AMP run, or the loss-scale trajectory (use --log-y), against the
+// files' step column (epoch in epochs.csv; the row number in files with neither).
 //   plot_metrics --column loss --out loss.png out/sine/fp32/metrics.csv:FP32
 //   out/sine/amp/metrics.csv:AMP
 #include <CLI/CLI.hpp>
 
-#include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <utility>
@@ -19,26 +20,46 @@ using namespace minamp;
 
 namespace {
 
-// An input's file and label: FILE alone (labelled FILE), or FILE:LABEL where FILE is the
-// shortest prefix before a ':' that is a file, so that both may hold ':' (e.g. runs/12:30/...).
-// When no prefix is a file, the text before the last ':' is taken as the (missing) file.
+// An input's file and label: FILE alone (labelled FILE), or FILE:LABEL, where FILE is the one
+// prefix before a ':' (or all of it) that is a file, so that both may hold ':' (e.g.
+// runs/12:30/...). Two such files make the input ambiguous (an Error); when none is, the text
+// before the last ':' is taken as the (missing) file.
 std::pair<std::string, std::string> file_and_label(const std::string& input) {
   std::error_code ignored; // a path that cannot be examined is no file (reading it says why)
-  if (std::filesystem::is_regular_file(input, ignored)) return {input, input};
+  std::vector<std::pair<std::string, std::string>> readings;
   for (size_t colon = input.find(':'); colon != std::string::npos;
        colon = input.find(':', colon + 1))
     if (std::filesystem::is_regular_file(input.substr(0, colon), ignored))
-      return {input.substr(0, colon), input.substr(colon + 1)};
+      readings.push_back({input.substr(0, colon), input.substr(colon + 1)});
+  if (std::filesystem::is_regular_file(input, ignored)) readings.push_back({input, input});
+  require(readings.size() <= 1, "plot_metrics", "'", input, "' could be the file ",
+          readings[0].first, " or ", readings[1].first, " (with a label or without): rename one");
+  if (!readings.empty()) return readings[0];
   const size_t last = input.rfind(':');
   if (last == std::string::npos) return {input, input};
   return {input.substr(0, last), input.substr(last + 1)};
 }
 
-// True when the plot would show some point of `series`: a finite value (positive for --log-y).
+// The column of x values: "step" when every input has one, else "epoch" when every input has
+// one, else "" (the row number).
+std::string x_column(const std::vector<std::string>& paths) {
+  for (const char* name : {"step", "epoch"}) {
+    bool everywhere = true;
+    for (const std::string& path : paths) {
+      const std::vector<std::string> header = io::read_csv_header(path);
+      everywhere = everywhere && std::find(header.begin(), header.end(), name) != header.end();
+    }
+    if (everywhere) return name;
+  }
+  return "";
+}
+
+// True when the plot would show some point of `series`.
 bool has_drawable_point(const std::vector<io::PlotSeries>& series, bool log_y) {
   for (const io::PlotSeries& s : series)
-    for (double y : s.y)
-      if (std::isfinite(y) && (!log_y || y > 0)) return true;
+    for (size_t i = 0; i < s.y.size(); ++i)
+      if (io::is_plottable(s.y[i], log_y) && (s.x.empty() || io::is_plottable(s.x[i], false)))
+        return true;
   return false;
 }
 
@@ -61,20 +82,28 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     io::require_writable(out, "--out");
-    std::vector<io::PlotSeries> series;
+    std::vector<std::pair<std::string, std::string>> files;
+    std::vector<std::string> paths;
     for (const std::string& input : inputs) {
-      const auto [path, label] = file_and_label(input);
+      files.push_back(file_and_label(input));
+      const std::string& path = files.back().first;
       std::error_code ignored; // false when either file is missing
       require(!std::filesystem::equivalent(path, out, ignored), "--out", out, " is the input ",
               path, ": the plot would replace it");
-      series.push_back({label, {}, io::read_csv_column(path, column)});
+      paths.push_back(path);
     }
+    const std::string x = x_column(paths);
+    std::vector<io::PlotSeries> series;
+    for (const auto& [path, label] : files)
+      series.push_back({label, x.empty() ? std::vector<double>() : io::read_csv_column(path, x),
+                        io::read_csv_column(path, column)});
     require(has_drawable_point(series, log_y), "plot_metrics", "nothing to draw: column '", column,
-            "' has no ", log_y ? "positive finite value (--log-y)" : "finite value",
+            "' has no ",
+            log_y ? "finite positive value (--log-y)" : "value of magnitude below 1e300",
             " in any input");
     io::PlotOptions options;
     options.title = title.empty() ? column : title;
-    options.x_label = "step";
+    options.x_label = x.empty() ? "row" : x;
     options.y_label = y_label.empty() ? column : y_label;
     options.log_y = log_y;
     io::save_line_plot(out, series, options);

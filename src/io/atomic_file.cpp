@@ -50,22 +50,37 @@ bool write_all(int fd, const std::string& bytes) {
   throw Error(cat("write_file_atomically: ", path, ": write failed (", reason, ")"));
 }
 
-// Creates the empty file "<path>.tmp.XXXXXX" and returns its descriptor, with its name in
-// `temp_path`; throws Error naming `op` and `path` when it cannot.
+// The start of the temp files' names for the file `name`: "<name>.tmp.", with `name` cut so that
+// the six characters mkstemp adds keep it within a file name's 255 bytes.
+std::string temp_prefix(const std::string& name) {
+  constexpr size_t kNameMax = 255, kSuffix = sizeof(".tmp.XXXXXX") - 1;
+  return name.substr(0, kNameMax - kSuffix) + ".tmp.";
+}
+
+// Creates the empty file "<path>.tmp.XXXXXX" (temp_prefix) and returns its descriptor, with its
+// name in `temp_path`; throws Error naming `op` and `path` when it cannot.
 int create_temp_next_to(const std::string& path, const char* op, std::string& temp_path) {
-  temp_path = path + ".tmp.XXXXXX";
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  temp_path = dir + temp_prefix(path.substr(dir.size())) + "XXXXXX";
   std::vector<char> temp_name(temp_path.begin(), temp_path.end());
   temp_name.push_back('\0');
   const int fd = ::mkstemp(temp_name.data());
-  if (fd < 0 && errno == ENOENT) throw Error(cat(op, ": ", path, ": its folder does not exist"));
-  require(fd >= 0, op, path, ": cannot create a temp file next to it (", errno_text(), ")");
+  if (fd < 0) {
+    const int error = errno;
+    struct stat info {}; // ENOENT also where the folder exists but holds no new file (/proc)
+    require(error != ENOENT || ::stat(dir.empty() ? "." : dir.c_str(), &info) == 0, op, path,
+            ": its folder does not exist");
+    throw Error(
+        cat(op, ": ", path, ": cannot create a temp file next to it (", std::strerror(error), ")"));
+  }
   temp_path = temp_name.data();
   return fd;
 }
 
-// Whether `entry` is "<name>.tmp." followed by the six characters mkstemp puts there.
+// Whether `entry` is temp_prefix(name) followed by the six characters mkstemp puts there.
 bool is_temp_file_of(const std::string& entry, const std::string& name) {
-  const std::string prefix = name + ".tmp.";
+  const std::string prefix = temp_prefix(name);
   return entry.size() == prefix.size() + 6 && entry.compare(0, prefix.size(), prefix) == 0;
 }
 

@@ -1,7 +1,8 @@
-// Reading one column of a numeric CSV file, strictly: every field read must be a whole number.
+// Reading one column of a numeric CSV file, strictly: every row has the header's fields, and every
+// field read is, in full, a decimal number.
 #include "io/csv.h"
 
-#include <cstdlib>
+#include <charconv>
 #include <sstream>
 
 #include "core/error.h"
@@ -21,34 +22,59 @@ std::vector<std::string> fields_of(std::string line) {
   return fields;
 }
 
-// `text` as a number when all of it is one (strtod's syntax, so "nan" and "inf" too).
+// Whether `line` holds nothing (but a '\r'): a blank line, skipped as pandas skips it.
+bool is_blank(const std::string& line) { return line.empty() || line == "\r"; }
+
+// `text` as a number when all of it is one: decimal, with an optional sign, point and exponent,
+// or "nan" / "inf" (std::from_chars's syntax and a leading '+'; no hexadecimal, no spaces).
 bool parse_number(const std::string& text, double& value) {
-  char* end = nullptr;
-  value = std::strtod(text.c_str(), &end);
-  return !text.empty() && end == text.c_str() + text.size();
+  const char* begin = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-');
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(begin, end, value);
+  return !text.empty() && error == std::errc() && stop == end;
+}
+
+// The file's lines after its header, and the header's fields; throws Error naming the file when
+// it cannot be read or has no header. A UTF-8 byte-order mark before the header is dropped.
+std::vector<std::string> read_header(const std::string& path, std::istringstream& in) {
+  std::string line;
+  require(static_cast<bool>(std::getline(in, line)), "read_csv_column", path, ": empty file");
+  if (line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+  return fields_of(line);
+}
+
+std::string joined(const std::vector<std::string>& fields) {
+  std::string line;
+  for (const std::string& field : fields) line += (line.empty() ? "" : ",") + field;
+  return line;
 }
 
 } // namespace
 
-std::vector<double> read_csv_column(const std::string& path, const std::string& column) {
+std::vector<std::string> read_csv_header(const std::string& path) {
   std::istringstream in(read_file(path)); // names the path and the reason when it cannot
-  std::string line;
-  require(static_cast<bool>(std::getline(in, line)), "read_csv_column", path, ": empty file");
-  const std::vector<std::string> header = fields_of(line);
+  return read_header(path, in);
+}
+
+std::vector<double> read_csv_column(const std::string& path, const std::string& column) {
+  std::istringstream in(read_file(path));
+  const std::vector<std::string> header = read_header(path, in);
   size_t index = header.size();
   for (size_t i = 0; i < header.size(); ++i) {
     if (header[i] != column) continue;
     require(index == header.size(), "read_csv_column", path, ": column '", column,
-            "' appears twice in the header (", line, ")");
+            "' appears twice in the header (", joined(header), ")");
     index = i;
   }
   require(index < header.size(), "read_csv_column", path, ": no column '", column,
-          "' (header: ", line, ")");
+          "' (header: ", joined(header), ")");
   std::vector<double> values;
+  std::string line;
   for (int row = 2; std::getline(in, line); ++row) {
+    if (is_blank(line)) continue;
     const std::vector<std::string> fields = fields_of(line);
-    require(index < fields.size(), "read_csv_column", path, ":", row, ": no field ", index + 1,
-            " ('", column, "')");
+    require(fields.size() == header.size(), "read_csv_column", path, ":", row, ": ", fields.size(),
+            fields.size() == 1 ? " field" : " fields", " where the header has ", header.size());
     double value = 0;
     require(parse_number(fields[index], value), "read_csv_column", path, ":", row, ": '",
             fields[index], "' is not a number");

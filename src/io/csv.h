@@ -1,6 +1,6 @@
 // Numeric CSV files such as the metrics.csv and epochs.csv a run writes: a header row of column
-// names, then rows of numbers separated by commas ("nan" and "inf" are numbers; a row may end in
-// "\r\n").
+// names, then rows of as many numbers separated by commas ("nan" and "inf" are numbers; a row may
+// end in "\r\n"; blank lines and a UTF-8 byte-order mark are skipped).
 #pragma once
 
 #include <string>
@@ -8,9 +8,14 @@
 
 namespace minamp::io {
 
+// The column names of the file's header. Throws Error naming the file when it cannot be read or
+// is empty.
+std::vector<std::string> read_csv_header(const std::string& path);
+
 // The values of `column`, one per row after the header. Throws Error naming the file (and the
 // row) when it cannot be read, has no header or no such column (or names it twice), or a row
-// has no such field or holds there something that is not, in full, a number.
+// has not the header's number of fields or holds in the column something that is not, in full, a
+// decimal number.
 std::vector<double> read_csv_column(const std::string& path, const std::string& column);
 
 } // namespace minamp::io

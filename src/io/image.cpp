@@ -107,9 +107,14 @@ template <class Keep> std::vector<fs::path> sorted_entries(const fs::path& dir, 
 // declares more than 256 codes (stb issue #1289, fixed upstream in 2.28). This walks the JPEG's
 // marker segments as a decoder does and says whether every Huffman table fits; files that are
 // not JPEG pass, for stb to judge.
+bool starts_as_jpeg(const std::string& bytes) {
+  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0xff &&
+         static_cast<unsigned char>(bytes[1]) == 0xd8;
+}
+
 bool jpeg_huffman_tables_fit(const std::string& bytes) {
   auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
-  if (bytes.size() < 2 || byte(0) != 0xff || byte(1) != 0xd8) return true;
+  if (!starts_as_jpeg(bytes)) return true;
   size_t pos = 2;
   while (pos + 4 <= bytes.size()) {
     const unsigned char marker = byte(pos + 1);
@@ -143,6 +148,34 @@ const char* failure_reason() {
   return reason ? reason : "no reason given";
 }
 
+// Why stb could not decode `bytes`: its reason, but where its JPEG decoder gave none (data cut
+// short), the one its PNG probe left ("bad png sig") would mislead.
+std::string decode_failure_reason(const std::string& bytes) {
+  const std::string reason = failure_reason();
+  return starts_as_jpeg(bytes) && reason == "bad png sig" ? "corrupt or truncated JPEG data"
+                                                          : reason;
+}
+
+// The bytes of the image file at `path`, checked as far as can be without decoding its pixels:
+// a size stb can take, a JPEG's Huffman tables, a PNG or JPEG header stb reads (its size in
+// `width` and `height`) and at most kMaxPixels pixels. Throws Error naming the file and `op`.
+std::string read_image_header(const std::string& path, const char* op, int& width, int& height) {
+  std::string bytes = read_file(path);
+  require(bytes.size() <= size_t(INT_MAX), op, path, ": file too large");
+  require(jpeg_huffman_tables_fit(bytes), op, path,
+          ": corrupt JPEG (a Huffman table has more than 256 codes)");
+  // Each stb call runs before stbi_failure_reason() is read (a function's arguments are evaluated
+  // in no fixed order: read within one require(), the reason could be the previous call's).
+  int file_channels = 0;
+  const bool readable =
+      stbi_info_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()), int(bytes.size()),
+                            &width, &height, &file_channels) == 1;
+  require(readable, op, path, ": not a readable PNG or JPEG (", failure_reason(), ")");
+  require(int64_t(width) * height <= kMaxPixels, op, path, ": ", width, "x", height,
+          " pixels is more than ", kMaxPixels);
+  return bytes;
+}
+
 void append_png_bytes(void* context, void* data, int size) {
   static_cast<std::string*>(context)->append(static_cast<const char*>(data), size_t(size));
 }
@@ -151,26 +184,23 @@ void append_png_bytes(void* context, void* data, int size) {
 
 Tensor load_image(const std::string& path, int channels) {
   require_channels(channels, "load_image");
-  const std::string bytes = read_file(path);
-  require(bytes.size() <= size_t(INT_MAX), "load_image", path, ": file too large");
-  const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
-  const int length = int(bytes.size());
   int width = 0, height = 0, file_channels = 0;
-  require(jpeg_huffman_tables_fit(bytes), "load_image", path,
-          ": corrupt JPEG (a Huffman table has more than 256 codes)");
-  // Each stb call runs before stbi_failure_reason() is read (a function's arguments are evaluated
-  // in no fixed order: read within one require(), the reason could be the previous call's).
-  const bool readable = stbi_info_from_memory(data, length, &width, &height, &file_channels) == 1;
-  require(readable, "load_image", path, ": not a readable PNG or JPEG (", failure_reason(), ")");
-  require(int64_t(width) * height <= kMaxPixels, "load_image", path, ": ", width, "x", height,
-          " pixels is more than ", kMaxPixels);
-  stbi_uc* pixels = stbi_load_from_memory(data, length, &width, &height, &file_channels, channels);
-  require(pixels != nullptr, "load_image", path, ": cannot decode (", failure_reason(), ")");
+  const std::string bytes = read_image_header(path, "load_image", width, height);
+  stbi_uc* pixels =
+      stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()), int(bytes.size()),
+                            &width, &height, &file_channels, channels);
+  require(pixels != nullptr, "load_image", path, ": cannot decode (", decode_failure_reason(bytes),
+          ")");
   Tensor image = Tensor::empty({height, width, channels});
   float* out = image.data<float>();
   for (int64_t i = 0; i < image.numel(); ++i) out[i] = pixels[i] / 255.0f;
   stbi_image_free(pixels);
   return image;
+}
+
+void check_image_header(const std::string& path) {
+  int width = 0, height = 0;
+  read_image_header(path, "load_image", width, height);
 }
 
 Tensor resize_image(const Tensor& image, int64_t height, int64_t width) {
@@ -218,11 +248,15 @@ ImageFolderFiles list_image_folder(const std::string& root) {
   require(!class_dirs.empty(), "load_image_folder", root, ": no class subdirectories");
   ImageFolderFiles folder;
   for (const fs::path& dir : class_dirs) {
-    const std::vector<fs::path> files = sorted_entries(dir, [&](const fs::directory_entry& e) {
-      return e.is_regular_file(ignored) && is_image_file(e.path());
-    });
+    const std::vector<fs::path> files =
+        sorted_entries(dir, [&](const fs::directory_entry& e) { return is_image_file(e.path()); });
     require(!files.empty(), "load_image_folder", dir.string(), ": class has no .png/.jpg images");
     for (const fs::path& file : files) {
+      // Named as an image, so meant as one: a dangling link, a FIFO or a folder is refused.
+      require(fs::is_regular_file(file, ignored), "load_image_folder", file.string(),
+              ": not a regular file",
+              fs::is_symlink(file, ignored) && !fs::exists(file, ignored) ? " (a link to nothing)"
+                                                                          : "");
       folder.files.push_back(file.string());
       folder.labels.push_back(int32_t(folder.classes.size()));
     }

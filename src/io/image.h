@@ -16,6 +16,11 @@ namespace minamp::io {
 // Error naming the file.
 Tensor load_image(const std::string& path, int channels);
 
+// Checks the image file at `path` as load_image does before it decodes the pixels (a readable
+// PNG or JPEG header, a size within the pixel limit, a JPEG's Huffman tables), so that a data set
+// read lazily is checked up front. Throws Error naming the file.
+void check_image_header(const std::string& path);
+
 // Resamples f32 [H, W, C] to [height, width, C] with a triangle (bilinear) filter whose width
 // grows with the downscale factor, so shrinking averages every source pixel (no aliasing).
 Tensor resize_image(const Tensor& image, int64_t height, int64_t width);
@@ -43,8 +48,8 @@ struct ImageFolderFiles {
 };
 
 // Lists ROOT/<class>/*.{png,jpg,jpeg} (extensions in any case; other files are ignored), classes
-// and images sorted by name. Throws Error for a missing root, no class subdirectories or a class
-// without images.
+// and images sorted by name. Throws Error for a missing root, no class subdirectories, a class
+// without images, or an entry named as an image that is not a regular file (a dangling link).
 ImageFolderFiles list_image_folder(const std::string& root);
 
 // Reads ROOT/<class>/*.{png,jpg,jpeg} (extensions in any case; other files are ignored), classes

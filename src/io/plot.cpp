@@ -156,9 +156,6 @@ struct Axis {
   double fraction(double v) const { return (to_units(v) - lo) / (hi - lo); }
 };
 
-// Finite, positive on a log axis, and small enough that the axis span stays finite.
-bool plottable(double v, bool log) { return std::fabs(v) < 1e300 && (!log || v > 0); }
-
 // The 1, 2 or 5 times a power of ten nearest above range / target.
 double nice_step(double range, int target) {
   const double raw = range / target;
@@ -237,7 +234,7 @@ std::pair<Axis, Axis> fit_axes(const std::vector<PlotSeries>& series, bool log_y
   for (const PlotSeries& s : series) {
     const std::vector<double> x = x_values(s);
     for (size_t i = 0; i < x.size(); ++i) {
-      if (!plottable(x[i], false) || !plottable(s.y[i], log_y)) continue;
+      if (!is_plottable(x[i], false) || !is_plottable(s.y[i], log_y)) continue;
       x_lo = std::min(x_lo, x[i]), x_hi = std::max(x_hi, x[i]);
       y_lo = std::min(y_lo, s.y[i]), y_hi = std::max(y_hi, s.y[i]);
     }
@@ -279,7 +276,7 @@ void draw_series(Canvas& canvas, const Rect& area, const Axis& x_axis, const Axi
     return area.bottom - 1 - y_axis.fraction(s.y[i]) * (area.bottom - area.top - 1);
   };
   auto ok = [&](size_t i) {
-    return i < x.size() && plottable(x[i], false) && plottable(s.y[i], y_axis.log);
+    return i < x.size() && is_plottable(x[i], false) && is_plottable(s.y[i], y_axis.log);
   };
   for (size_t i = 0; i < x.size(); ++i) {
     if (!ok(i)) continue;
@@ -310,6 +307,10 @@ void draw_legend(Canvas& canvas, const Rect& area, const std::vector<PlotSeries>
 }
 
 } // namespace
+
+bool is_plottable(double v, bool log) {
+  return log ? v > 0 && std::isfinite(v) : std::fabs(v) < 1e300;
+}
 
 void save_line_plot(const std::string& path, const std::vector<PlotSeries>& series,
                     const PlotOptions& options) {

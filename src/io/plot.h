@@ -9,7 +9,7 @@
 namespace minamp::io {
 
 // One line. With `x` empty the points sit at x = 0, 1, 2, ...; otherwise x and y pair up.
-// Points that are not finite (or not positive on a log axis) break the line there.
+// Points that are not is_plottable break the line there.
 struct PlotSeries {
   std::string name;
   std::vector<double> x;
@@ -24,6 +24,11 @@ struct PlotOptions {
   int width = 960;
   int height = 600;
 };
+
+// Whether save_line_plot draws a value on an axis: on a log axis any finite positive value (its
+// span in decades stays finite), on a linear one any of magnitude below 1e300 (so that the span
+// between two does not overflow).
+bool is_plottable(double v, bool log);
 
 // Draws `series` and writes the PNG to `path` atomically. Throws Error naming the file for a
 // series whose x and y lengths differ, or a canvas too small to hold the axes.

@@ -788,14 +788,31 @@ TEST(Examples, PlotMetricsDrawsRunsAndRefusesWhatItCannotDraw) {
   }
   EXPECT_NE(minamp::io::read_file(out + "/A.png"), minamp::io::read_file(out + "/B.png"));
 
+  // x is the files' step column, not the row number: the same losses at steps 10 and 11 draw
+  // another plot than at 0 and 1.
+  std::ofstream(out + "/at0.csv") << "step,loss\n0,1\n1,2\n";
+  std::ofstream(out + "/at10.csv") << "step,loss\n10,1\n11,2\n";
+  for (const char* name : {"at0", "at10"})
+    ASSERT_EQ(run_program("plot_metrics",
+                          minamp::cat("--out ", out, "/", name, ".png ", out, "/", name, ".csv:L"))
+                  .status,
+              0);
+  EXPECT_NE(minamp::io::read_file(out + "/at0.png"), minamp::io::read_file(out + "/at10.png"));
+
   const std::string header_only = out + "/header_only.csv", not_a_number = out + "/nan.csv",
                     short_row = out + "/short.csv";
   std::ofstream(header_only) << "step,loss\n";
   std::ofstream(not_a_number) << "step,loss\n0,1.5\n1,abc\n";
   std::ofstream(short_row) << "step,loss\n0\n";
+  const std::string huge = out + "/huge.csv", runs = out + "/runs";
+  std::ofstream(huge) << "step,loss\n0,-1e308\n1,1e308\n";
+  std::ofstream(runs) << "step,loss\n0,1\n";
+  std::ofstream(runs + ":12.csv") << "step,loss\n0,1\n";
   const std::pair<std::string, std::vector<std::string>> cases[] = {
       {not_a_number, {not_a_number + ":3: 'abc' is not a number"}},
-      {short_row, {short_row + ":2: no field 2 ('loss')"}},
+      {short_row, {short_row + ":2: 1 field where the header has 2"}},
+      {huge, {"nothing to draw", "magnitude below 1e300"}}, // a linear axis's span would overflow
+      {runs + ":12.csv:AMP", {"could be the file " + runs + " or " + runs + ":12.csv"}},
       {"--column nope " + fp32, {"no column 'nope'", "step,loss"}},
       {"--column skipped --log-y " + fp32, {"nothing to draw", "positive"}},
       {header_only, {"nothing to draw", "'loss'"}},

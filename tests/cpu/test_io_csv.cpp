@@ -29,6 +29,11 @@ TEST(Csv, ReadsAColumnOfNumbers) {
   EXPECT_EQ(loss[2], INFINITY);
   test::write_bytes(path, "loss\n");
   EXPECT_TRUE(io::read_csv_column(path, "loss").empty());
+  // As pandas reads them: a UTF-8 byte-order mark before the header, blank lines skipped.
+  test::write_bytes(path, "\xEF\xBB\xBFstep,loss\n0,1\n\n1,+2\r\n\r\n");
+  EXPECT_EQ(io::read_csv_header(path), (std::vector<std::string>{"step", "loss"}));
+  EXPECT_EQ(io::read_csv_column(path, "step"), (std::vector<double>{0, 1}));
+  EXPECT_EQ(io::read_csv_column(path, "loss"), (std::vector<double>{1, 2}));
 }
 
 TEST(Csv, MalformedFilesNameTheFileRowAndField) {
@@ -38,8 +43,11 @@ TEST(Csv, MalformedFilesNameTheFileRowAndField) {
       {"", ": empty file"},
       {"step,loss\n0,1.5abc\n", ":2: '1.5abc' is not a number"}, // not a prefix of it
       {"step,loss\n0,\n", ":2: '' is not a number"},
-      {"step,loss\n0,1\n1\n", ":3: no field 2 ('loss')"},
-      {"step,loss\n0,1\n\n", ":3: no field 2"},
+      {"step,loss\n0,1\n1\n", ":3: 1 field where the header has 2"},
+      {"step,loss\n0,1,2\n", ":2: 3 fields where the header has 2"},
+      {"step,loss\n0,0x10\n", ":2: '0x10' is not a number"}, // no hexadecimal
+      {"step,loss\n0, 1\n", ":2: ' 1' is not a number"},     // nor spaces
+      {"step,loss\n0,1e999\n", ":2: '1e999' is not a number"},
       {"step,loss,loss\n0,1,2\n", "column 'loss' appears twice in the header"},
       {"step,los\n0,1\n", "no column 'loss' (header: step,los)"},
       {std::string("step,loss\n0,1\0\n", 15), ":2: '1"},

@@ -101,6 +101,25 @@ TEST(AtomicFile, RefusesToReplaceWhatIsNotARegularFile) {
       << "a temp file was left";
 }
 
+// A file name of up to 255 bytes is written (its temp file's name is cut to fit), and its temp
+// files are found again; a folder that exists but takes no new file is not said to be missing.
+TEST(AtomicFile, WritesLongNamesAndNamesWhyATempFileCannotBeMade) {
+  test::TempDir dir;
+  const std::string name(250, 'n');
+  io::write_file_atomically(dir.path(name), "long");
+  EXPECT_EQ(io::read_file(dir.path(name)), "long");
+  const std::string stale = name.substr(0, 244) + ".tmp.a1B2c3";
+  io::write_file_atomically(dir.path(stale), "partial");
+  io::remove_stale_temp_files(dir.root(), name);
+  EXPECT_FALSE(fs::exists(dir.path(stale)));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.root()), fs::directory_iterator()), 1);
+  expect_error([&] { io::require_writable(dir.path("missing/x.json"), "--json"); },
+               "--json: " + dir.path("missing/x.json") + ": its folder does not exist");
+  if (fs::is_directory("/proc"))
+    expect_error([&] { io::require_writable("/proc/x.json", "--json"); },
+                 "--json: /proc/x.json: cannot create a temp file next to it (");
+}
+
 // The temp files a killed write_file_atomically left ("<name>.tmp." and six characters) are
 // removed; anything else, however alike, stays.
 TEST(AtomicFile, RemovesTheTempFilesOfKilledWritesOnly) {

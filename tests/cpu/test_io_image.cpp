@@ -208,6 +208,28 @@ TEST(Image, ANonImageFileNamesStbsReason) {
                ": not a readable PNG or JPEG (unknown image type)");
 }
 
+// A JPEG cut short is named as one: stb's JPEG decoder gives no reason of its own there, and the
+// one its PNG probe left ("bad png sig") would mislead.
+TEST(Image, ATruncatedJpegIsNamedAsOne) {
+  test::TempDir dir;
+  const std::string jpeg =
+      io::read_file(std::string(MINAMP_SOURCE_DIR) + "/data/tiny-images/stripes/img1.jpg");
+  int rejected = 0, named = 0;
+  for (size_t cut = 2; cut < jpeg.size(); ++cut) {
+    test::write_bytes(dir.path("cut.jpg"), jpeg.substr(0, cut));
+    try {
+      io::load_image(dir.path("cut.jpg"), 3);
+    } catch (const Error& e) {
+      ++rejected;
+      const std::string message = e.what();
+      EXPECT_EQ(message.find("png"), std::string::npos) << cut << ": " << message;
+      named += message.find("corrupt or truncated JPEG data") != std::string::npos;
+    }
+  }
+  EXPECT_GT(rejected, 0);
+  EXPECT_GT(named, 0) << "no cut reached the decoder";
+}
+
 TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
   // SOI, then a DHT segment whose 16 code counts sum to 16 * 255 (a table holds at most 256).
   std::string bytes = "\xff\xd8\xff\xc4";
