@@ -577,11 +577,13 @@ json device_info() {
           {"cuda_driver_api", driver}};
 }
 
+// --precisions: f16 and f32 in this order, whichever were given.
 std::vector<DType> parse_precisions(const std::string& text) {
+  const std::vector<std::string> names = examples::parse_list(text, "--precisions", {"f16", "f32"});
   std::vector<DType> out;
-  if (text.find("f16") != std::string::npos) out.push_back(DType::f16);
-  if (text.find("f32") != std::string::npos) out.push_back(DType::f32);
-  require(!out.empty(), "--precisions", "expected f16, f32 or f16,f32, got '", text, "'");
+  for (DType dtype : {DType::f16, DType::f32})
+    if (std::find(names.begin(), names.end(), dtype_name(dtype)) != names.end())
+      out.push_back(dtype);
   return out;
 }
 
@@ -598,7 +600,8 @@ int run(int argc, char** argv) {
   app.add_option("--precisions", precisions,
                  "f16 (tensor cores vs cublasGemmEx), f32 (SIMT vs Sgemm)")
       ->capture_default_str();
-  app.add_option("--json", json_path, "write the results to this JSON file");
+  app.add_option("--json", json_path, "write the results to this JSON file")
+      ->check(examples::kNonEmptyPath);
   app.add_flag("!--no-versions", versions,
                "time only the library's GEMM, not also each version of the ladder (f16)");
   app.add_flag("--sweep", with_sweep,
@@ -612,6 +615,9 @@ int run(int argc, char** argv) {
   examples::use_one_line_errors(app);
   CLI11_PARSE(app, argc, argv);
   if (kernels_only) {
+    for (const char* name : {"--shapes", "--precisions", "--json", "--no-versions", "--sweep"})
+      require(app.count(name) == 0, "--kernels", "prints the kernels and exits; it takes no ",
+              name);
     std::printf("%s\n", kernel_infos().dump(2).c_str());
     return 0;
   }

@@ -234,7 +234,7 @@ Workload resnet(const Config& cfg, nn::ResNetArch arch, bool frozen) {
 const std::vector<std::string> kModels = {"mlp",      "sine",     "classify",
                                           "resnet18", "resnet50", "resnet50-frozen"};
 
-// The model called `name` (one of kModels: checked by parse_list).
+// The model called `name` (one of kModels: checked by examples::parse_list).
 Workload build(const std::string& name, const Config& cfg) {
   if (name == "mlp") return mlp(cfg);
   if (name == "sine") return sine(cfg);
@@ -479,25 +479,6 @@ void print_run(const json& run) {
   std::fflush(stdout);
 }
 
-// The comma-separated items of an option, each checked against the accepted values and given
-// once (empty items, as in a trailing comma, are skipped).
-std::vector<std::string> parse_list(const std::string& text, const char* option,
-                                    const std::vector<std::string>& accepted) {
-  std::vector<std::string> items;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
-    require(std::find(accepted.begin(), accepted.end(), item) != accepted.end(), option,
-            "unknown value '", item, "'");
-    require(std::find(items.begin(), items.end(), item) == items.end(), option, "'", item,
-            "' is given twice");
-    items.push_back(item);
-  }
-  require(!items.empty(), option, "expected at least one value, got '", text, "'");
-  return items;
-}
-
 // Training as train_run, from the same init, with the batch-norm fusions off (nn::set_fusion,
 // the path MINAMP_FUSION=0 selects): mode train-unfused, so that a run compares the two.
 json unfused_train_run(const std::string& name, const Precision& p, const Config& cfg,
@@ -601,13 +582,15 @@ int run(int argc, char** argv) {
   app.add_option("--seed", cfg.seed, "seed of the weights and data")
       ->transform(examples::any_uint64())
       ->capture_default_str();
-  app.add_option("--json", json_path, "write the results to this JSON file");
+  app.add_option("--json", json_path, "write the results to this JSON file")
+      ->check(examples::kNonEmptyPath);
   examples::use_one_line_errors(app);
   CLI11_PARSE(app, argc, argv);
   if (!json_path.empty()) io::require_writable(json_path, "--json");
 
-  const auto model_names = parse_list(models, "--models", kModels);
-  const auto precision_names = parse_list(precisions, "--precisions", {"fp32", "amp", "amp-bf16"});
+  const auto model_names = examples::parse_list(models, "--models", kModels);
+  const auto precision_names =
+      examples::parse_list(precisions, "--precisions", {"fp32", "amp", "amp-bf16"});
   if (device == "auto") device = cuda_available() ? "cuda" : "cpu";
   cfg.device = parse_device(device);
   require(cfg.device != Device::cuda || cuda_available(), "--device cuda",
@@ -622,7 +605,15 @@ int run(int argc, char** argv) {
   if (cfg.resnet_size == 0) cfg.resnet_size = gpu ? 224 : emulated ? 32 : 64;
   if (cfg.resnet_batch == 0) cfg.resnet_batch = gpu ? 64 : emulated ? 2 : 4;
   if (cfg.resnet_width == 0) cfg.resnet_width = emulated ? 8 : 64;
-  // An unknown MINAMP_GEMM_VERSION or MINAMP_GEMM_PERSISTENT is refused before any model runs.
+  examples::require_valid_environment(); // before any model runs
+  for (const std::string& name : model_names)
+    require(name.rfind("resnet", 0) != 0 || cfg.resnet_batch *
+                                                    nn::ResNet::output_side(cfg.resnet_size) *
+                                                    nn::ResNet::output_side(cfg.resnet_size) >
+                                                1,
+            "--resnet-batch", "1 at --resnet-size ", cfg.resnet_size,
+            " gives layer4's batch norms one value per channel (its output is 1x1), too few to ",
+            "train them: use 2 or more, or a --resnet-size above 32");
   const std::string gemm = cat(gemm_version_name(gemm_version()),
                                gemm_persistent_tiles() ? ", v5's large tiles persistent" : "");
 
@@ -658,8 +649,11 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "bench_train: error: out of memory (std::bad_alloc): lower --size, "
+                         "--resnet-size, --resnet-batch or --resnet-width\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_train: error: %s\n", e.what());
-    return 1;
   }
+  return 1;
 }

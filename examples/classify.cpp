@@ -202,7 +202,11 @@ int main(int argc, char** argv) {
         ->needs(images_option)
         ->capture_default_str();
     app.add_option("--channels", channels, "with --images: 1 (grey) or 3 (RGB)")
-        ->check(CLI::IsMember({1, 3}))
+        ->check(CLI::Validator(
+            [](const std::string& text) {
+              return text == "1" || text == "3" ? std::string() : "expected 1 or 3, got " + text;
+            },
+            "1 or 3"))
         ->needs(images_option)
         ->capture_default_str();
     app.add_option("--holdout-every", holdout_every,

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -12,8 +13,21 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/gemm_version.h"
+#include "nn/module.h"
 
 namespace minamp::examples {
+
+// Reads the environment's settings (MINAMP_GEMM_VERSION, MINAMP_GEMM_PERSISTENT, MINAMP_FUSION)
+// now, so that a program refuses an unknown value as it starts, before it writes anything.
+inline void require_valid_environment() {
+  gemm_version();
+  gemm_persistent_tiles();
+  nn::fusion_enabled();
+}
 
 inline void use_one_line_errors(CLI::App& app) {
   app.failure_message([](const CLI::App*, const CLI::Error& error) {
@@ -53,16 +67,29 @@ inline CLI::Validator any_uint64() {
   return integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max());
 }
 
+// The length of the decimal number `text` starts with, read into `value` (0 when it starts with
+// none): an optional sign, digits with an optional point and exponent, or "inf" / "nan"; no
+// hexadecimal, no spaces (std::from_chars's syntax, and a leading '+'); out of double's range is
+// no number.
+inline size_t number_prefix(const std::string& text, double& value) {
+  const char* begin = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-');
+  const auto [stop, error] = std::from_chars(begin, text.data() + text.size(), value);
+  return error == std::errc() ? size_t(stop - text.data()) : 0;
+}
+
+// Whether `text` is, in full, such a number.
+inline bool parses_as_number(const std::string& text, double& value) {
+  return !text.empty() && number_prefix(text, value) == text.size();
+}
+
 // Check of a real-valued option: a finite number, in full, that `accept` takes; otherwise
 // "expected <expected>, got <text>".
 inline CLI::Validator finite_number(std::function<bool(double)> accept,
                                     const std::string& expected) {
   return CLI::Validator(
       [accept, expected](const std::string& text) {
-        char* end = nullptr;
-        const double value = std::strtod(text.c_str(), &end);
-        const bool number = !text.empty() && end == text.c_str() + text.size();
-        return number && std::isfinite(value) && accept(value)
+        double value = 0;
+        return parses_as_number(text, value) && std::isfinite(value) && accept(value)
                    ? std::string()
                    : "expected " + expected + ", got " + text;
       },
@@ -81,10 +108,10 @@ inline CLI::Validator byte_size() {
             {"B", 1.0},      {"", 1.0}};
         const std::string expected =
             "expected a size in bytes such as 6GiB, 512MiB or 1000000, got " + text;
-        char* end = nullptr;
-        const double number = std::strtod(text.c_str(), &end);
-        if (text.empty() || end == text.c_str() || !std::isfinite(number)) return expected;
-        const std::string unit(end);
+        double number = 0;
+        const size_t used = number_prefix(text, number);
+        if (used == 0 || !std::isfinite(number)) return expected;
+        const std::string unit = text.substr(used);
         for (const auto& [name, factor] : kUnits) {
           if (unit != name) continue;
           const double bytes = std::floor(number * factor);
@@ -95,6 +122,26 @@ inline CLI::Validator byte_size() {
         return expected;
       },
       "SIZE");
+}
+
+// The comma-separated items of an option, each checked against the accepted values and given
+// once (empty items, as in a trailing comma, are skipped); throws Error naming the option.
+inline std::vector<std::string> parse_list(const std::string& text, const char* option,
+                                           const std::vector<std::string>& accepted) {
+  std::vector<std::string> items;
+  for (size_t start = 0; start <= text.size();) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    start = comma + 1;
+    if (item.empty()) continue;
+    require(std::find(accepted.begin(), accepted.end(), item) != accepted.end(), option,
+            "unknown value '", item, "'");
+    require(std::find(items.begin(), items.end(), item) == items.end(), option, "'", item,
+            "' is given twice");
+    items.push_back(item);
+  }
+  require(!items.empty(), option, "expected at least one value, got '", text, "'");
+  return items;
 }
 
 // Check of a path option: "" is refused instead of silently meaning "not given".

@@ -1010,8 +1010,9 @@ void add_common_options(CLI::App& app, Options& options, float default_lr) {
       ->transform(any_uint64())
       ->capture_default_str();
   app.add_option("--lr", options.lr, "learning rate")
-      ->check(finite_number([](double v) { return v >= 0 && v <= FLT_MAX; },
-                            "a finite number >= 0 (at most 3.4e38)"))
+      ->check(finite_number( // stored as a float: no value that the float rounds to 0, no -0
+          [](double v) { return !std::signbit(v) && v <= FLT_MAX && (v == 0 || float(v) != 0); },
+          "a finite number >= 0 (at most 3.4e38; above 0, at least 1.4e-45)"))
       ->capture_default_str();
   app.add_option("--out", options.out, "output directory (default out/<example>)")
       ->check(kNonEmptyPath);
@@ -1233,10 +1234,7 @@ std::string stop_line(const TrainSpec& spec, const Options& options,
 
 int run_example(const TrainSpec& spec, const Options& options) {
   const Device device = resolve_device(options.device);
-  // An unknown MINAMP_GEMM_VERSION or MINAMP_GEMM_PERSISTENT is refused here, before anything is
-  // written.
-  gemm_version();
-  gemm_persistent_tiles();
+  require_valid_environment();
   require(options.resume.empty() || options.load_weights.empty(), "--resume",
           "continues from the checkpoint's weights; it cannot be combined with --load-weights");
   require(options.resume.empty() || (!options.compare && !options.compare_dtypes), "--resume",

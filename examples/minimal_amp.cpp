@@ -32,6 +32,7 @@ int main(int argc, char** argv) try {
       ->capture_default_str();
   examples::use_one_line_errors(app);
   CLI11_PARSE(app, argc, argv);
+  examples::require_valid_environment();
   const Device device = device_name == "cuda" ? Device::cuda : Device::cpu;
   require(device == Device::cpu || cuda_available(), "--device cuda", cuda_unavailable_reason());
   const DType dtype = parse_half_precision(amp_dtype);

@@ -2,7 +2,7 @@
 // Linear(16->1), MSE, SGD lr 1e-3, batch 512, 50 seeded random batches reused every epoch.
 // PyTorch equivalent: nn.Sequential(nn.Linear(8,16), nn.ReLU(), nn.Linear(16,16), nn.ReLU(),
 // nn.Linear(16,1)).
-#include <sstream>
+#include <algorithm>
 
 #include "cli.h"
 #include "common.h"
@@ -11,24 +11,37 @@ using namespace minamp;
 
 namespace {
 
+// The hidden widths of "16,16" (or "16, 16"): positive integers separated by commas, each with
+// spaces around it or none; no empty item. Throws Error naming --widths and the item otherwise.
 std::vector<int64_t> parse_widths(const std::string& text) {
   std::vector<int64_t> widths;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      size_t used = 0;
-      const long long w = std::stoll(item, &used);
-      require(used == item.size() && w > 0, "--widths", "'", item, "' is not a positive integer");
-      require(w <= examples::kMaxWidth, "--widths", item, " is wider than ", examples::kMaxWidth);
-      widths.push_back(w);
-    } catch (const std::logic_error&) {
-      throw Error(cat("--widths: '", item, "' is not a positive integer (expected e.g. 16,16)"));
-    }
+  for (size_t start = 0;;) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    std::string item = text.substr(start, comma - start);
+    item.erase(0, std::min(item.find_first_not_of(' '), item.size()));
+    item.erase(item.find_last_not_of(' ') + 1);
+    int64_t width = 0;
+    require(examples::parses_as_integer(item, width) && width > 0, "--widths", "'", item,
+            "' is not a positive integer (expected widths like 16,16, got '", text, "')");
+    require(width <= examples::kMaxWidth, "--widths", item, " is wider than ", examples::kMaxWidth);
+    widths.push_back(width);
+    if (comma == text.size()) return widths;
+    start = comma + 1;
   }
-  require(!widths.empty(), "--widths", "expected hidden widths like 16,16, got '", text, "'");
-  return widths;
 }
+
+// Check of --widths: parse_widths's error as CLI11's, as every other option's is.
+const CLI::Validator kWidths(
+    [](const std::string& text) {
+      try {
+        parse_widths(text);
+        return std::string();
+      } catch (const Error& e) {
+        const std::string message = e.what();
+        return message.substr(message.find(": ") + 2);
+      }
+    },
+    "W,W,...");
 
 } // namespace
 
@@ -39,7 +52,9 @@ int main(int argc, char** argv) {
     examples::add_common_options(app, options, 1e-3f);
     std::string widths_text = "16,16";
     int64_t batch_size = 512, epochs = 10, batches = 50;
-    app.add_option("--widths", widths_text, "hidden layer widths")->capture_default_str();
+    app.add_option("--widths", widths_text, "hidden layer widths")
+        ->check(kWidths)
+        ->capture_default_str();
     app.add_option("--batch-size", batch_size, "rows per batch")
         ->transform(examples::integer_in(1, examples::kMaxBatch))
         ->capture_default_str();

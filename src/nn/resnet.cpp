@@ -181,6 +181,12 @@ int64_t ResNet::num_features(const ResNetOptions& options) {
   return 8 * options.width * expansion;
 }
 
+int64_t ResNet::output_side(int64_t image_side) {
+  int64_t side = image_side;
+  for (int halvings = 0; halvings < 5; ++halvings) side = (side + 1) / 2;
+  return side;
+}
+
 Var ResNet::features(const Var& x) {
   Var h = conv1(x);
   h = bn1(h);

@@ -88,6 +88,10 @@ public:
   // The width of the features fc reads: 8 x width x the block's expansion.
   int64_t num_features() const { return num_features(options_); }
   static int64_t num_features(const ResNetOptions& options);
+  // The side of layer4's output (what its batch norms see per image) for square images of side
+  // `image_side`: the stem's conv and max pool and the first blocks of layers 2-4 each halve it,
+  // rounding up (stride 2, "same" padding).
+  static int64_t output_side(int64_t image_side);
 
   Conv2d conv1;
   BatchNorm bn1;

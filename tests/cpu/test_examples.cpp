@@ -66,10 +66,10 @@ TEST(Examples, UnknownFlagIsAUsageErrorNamingIt) {
   EXPECT_NE(run.output.find("--bogus-flag"), std::string::npos) << run.output;
 }
 
-// MINAMP_GEMM_VERSION and MINAMP_GEMM_PERSISTENT (kernels/gemm_version.h) are read before anything
-// is written: an unknown value is a one-line error naming the variable, on every backend, and
-// leaves no output folder.
-TEST(Examples, UnknownGemmVersionIsRefusedBeforeAnythingIsWritten) {
+// MINAMP_GEMM_VERSION, MINAMP_GEMM_PERSISTENT (kernels/gemm_version.h) and MINAMP_FUSION
+// (nn/module.h) are read before anything is written: an unknown value is a one-line error naming
+// the variable, on every backend and in every program, and leaves no output folder.
+TEST(Examples, UnknownEnvironmentSettingsAreRefusedBeforeAnythingIsWritten) {
   std::string out = fresh_dir("bad_gemm_version");
   ProgramRun run = run_program("mlp", "--epochs 1 --out " + out, "MINAMP_GEMM_VERSION=v9");
   expect_one_line_error(run, "MINAMP_GEMM_VERSION=v9",
@@ -80,6 +80,15 @@ TEST(Examples, UnknownGemmVersionIsRefusedBeforeAnythingIsWritten) {
   expect_one_line_error(run, "MINAMP_GEMM_PERSISTENT=yes",
                         {"MINAMP_GEMM_PERSISTENT", "expected 0 or 1, got 'yes'"});
   EXPECT_FALSE(std::filesystem::exists(out)) << out;
+  // MINAMP_FUSION matters only where a batch norm runs on CUDA, but is read first everywhere.
+  out = fresh_dir("bad_fusion");
+  run = run_program("sine",
+                    "--size 4 --hidden 2 --steps 1 --out " + out + " --save-weights " + out + "/w",
+                    "MINAMP_FUSION=2");
+  expect_one_line_error(run, "MINAMP_FUSION=2", {"MINAMP_FUSION", "expected 0 or 1, got '2'"});
+  EXPECT_FALSE(std::filesystem::exists(out)) << out;
+  run = run_program("minimal_amp", "--steps 1", "MINAMP_GEMM_VERSION=v9");
+  expect_one_line_error(run, "minimal_amp", {"MINAMP_GEMM_VERSION", "got 'v9'"});
 }
 
 TEST(Examples, BadValuesAreOneLineErrors) {
@@ -104,10 +113,17 @@ TEST(Examples, BadValuesAreOneLineErrors) {
       {"--widths 65537", {"--widths", "65537 is wider than 65536"}},
       {"--widths 16,16x", {"--widths", "'16x' is not a positive integer"}},
       {"--widths 1.5", {"--widths", "'1.5' is not a positive integer"}},
+      {"--widths 16,", {"--widths", "'' is not a positive integer", "got '16,'"}},
+      {"--widths 16,,16", {"--widths", "'' is not a positive integer"}},
+      {"--widths 0x10", {"--widths", "'0x10' is not a positive integer"}},
       {"--seed -5", {"--seed", "expected an integer from 0 to 18446744073709551615, got -5"}},
       {"--seed 18446744073709551616", {"--seed", "got 18446744073709551616"}}, // not clamped
-      {"--lr nan", {"--lr", "expected a finite number >= 0 (at most 3.4e38), got nan"}},
+      {"--lr nan", {"--lr", "expected a finite number >= 0 (at most 3.4e38", "got nan"}},
       {"--lr -1", {"--lr", "got -1"}},
+      {"--lr 1e-50", {"--lr", "at least 1.4e-45), got 1e-50"}}, // a float would hold 0
+      {"--lr -0", {"--lr", "got -0"}},
+      {"--lr 0x10", {"--lr", "got 0x10"}}, // decimal only, as the integers
+      {"'--lr= 1'", {"--lr", "got  1"}},
       {"--amp --compare", {"--amp", "--compare trains both FP32 and AMP"}},
       {"--log-every -1", {"--log-every"}},
       {"--init-scale 1024", {"--init-scale", "only with --amp, --compare or --compare-dtypes"}},
@@ -229,7 +245,7 @@ TEST(Examples, ResumeRefusesACheckpointOfOtherDataSeedLearningRateOrScaler) {
   EXPECT_NE(odd_run.output.find("epoch 1 does not match step 6 (this example counts no epochs"),
             std::string::npos)
       << odd_run.output;
-  EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3 --widths '16, 16'" + resume).status, 0)
+  EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3 --widths '16, 16 '" + resume).status, 0)
       << "the same widths, written another way, are the same model";
   EXPECT_EQ(run_program("mlp", "--epochs 3 --batches 3" + resume).status, 0)
       << "more epochs of the same data resume";
@@ -326,7 +342,9 @@ TEST(Examples, BenchTrainRefusesBadListsAndNumbers) {
         {"--steps 1e2", {"--steps", "expected an integer from 1 to 1000000000, got 1e2"}},
         {"--seed -1", {"--seed", "expected an integer from 0"}},
         {"--unfused", {"--unfused", "needs --device cuda (the CPU backend never fuses)"}},
-        {"--cuda-graph", {"--cuda-graph", "needs --device cuda"}}}) {
+        {"--cuda-graph", {"--cuda-graph", "needs --device cuda"}},
+        {"--models resnet18 --resnet-size 32 --resnet-batch 1",
+         {"--resnet-batch", "1 at --resnet-size 32", "one value per channel"}}}) {
     const ProgramRun run = run_program("bench_train", args + " --device cpu --json " + json);
     EXPECT_NE(run.status, 0) << args;
     for (const std::string& part : parts)
@@ -342,6 +360,31 @@ TEST(Examples, BenchTrainRefusesBadListsAndNumbers) {
       << run.output;
   EXPECT_EQ(run.output.find("timed steps"), std::string::npos) << "a benchmark ran: " << run.output;
   EXPECT_FALSE(std::filesystem::exists(json)) << "a refused run wrote its JSON";
+  const ProgramRun empty = run_program("bench_train", "--device cpu --json ''");
+  EXPECT_NE(empty.status, 0);
+  EXPECT_NE(empty.output.find("--json: expected a path"), std::string::npos) << empty.output;
+}
+
+// bench_gemm checks its options before it looks for a GPU: unknown precisions (not a substring
+// match: "bf16" is no f16), an empty --json, options --kernels would ignore.
+TEST(Examples, BenchGemmRefusesBadOptions) {
+  const std::string program = std::string(MINAMP_BINARY_DIR) + "/bench_gemm";
+  if (!std::filesystem::exists(program)) GTEST_SKIP() << "bench_gemm needs the CUDA toolkit";
+  for (const auto& [args, parts] :
+       {std::pair<std::string, std::vector<std::string>>{
+            "--precisions bf16", {"--precisions", "unknown value 'bf16'"}},
+        {"--precisions f16,bogus", {"--precisions", "unknown value 'bogus'"}},
+        {"--precisions f32,f32", {"--precisions", "'f32' is given twice"}},
+        {"--json ''", {"--json", "expected a path"}},
+        {"--kernels --shapes square", {"--kernels", "takes no --shapes"}},
+        {"--kernels --json x.json", {"--kernels", "takes no --json"}}})
+  {
+    const ProgramRun run = run_program("bench_gemm", args);
+    EXPECT_NE(run.status, 0) << args;
+    EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << args << run.output;
+    for (const std::string& part : parts)
+      EXPECT_NE(run.output.find(part), std::string::npos) << args << ": " << run.output;
+  }
 }
 
 // bench_train's figures from its own runs: from one init, runs of 1, 2, 10 and 11 timed steps
