@@ -275,6 +275,7 @@ int main(int argc, char** argv) {
                           {"channels", std::to_string(channels)},
                           {"holdout_every", std::to_string(holdout_every)}});
     spec.input_files = data.files;
+    if (!images_root.empty()) spec.input_dirs = {images_root};
     spec.build_model = [&](Rng& rng) {
       return build_cnn(rng, data.train.images.shape(), width, data.classes);
     };

@@ -90,12 +90,29 @@ private:
   std::array<struct sigaction, 2> previous_{};
 };
 
-// A directory a run writes into: the option that names it and the files it will write there.
+// A directory a run writes into: the option that names it, the files it will write there, and
+// those that the program writes there in other configurations only (an earlier run's are removed:
+// a folder holds one run's outputs).
 struct OutputDir {
   std::string dir;
   const char* option;
   std::vector<std::string> files;
+  std::vector<std::string> others;
 };
+
+// The training checkpoint in a run's --out folder: an earlier run's is kept until this run writes
+// its own, so that a run started again without --resume loses nothing.
+constexpr const char* kCheckpointFile = "checkpoint.safetensors";
+
+// Whether `path` lies inside the folder `dir` (or is it), after resolving links and "..".
+bool is_inside(const std::string& path, const std::string& dir) {
+  std::error_code ignored;
+  const std::filesystem::path inner = std::filesystem::weakly_canonical(path, ignored);
+  std::filesystem::path outer = std::filesystem::weakly_canonical(dir, ignored);
+  if (!outer.has_filename()) outer = outer.parent_path(); // "root/" as "root"
+  const std::filesystem::path relative = inner.lexically_relative(outer);
+  return !relative.empty() && *relative.begin() != "..";
+}
 
 // The directories that creating `dir` would make, deepest first (none when `dir` exists), and
 // in `existing` the nearest ancestor that exists.
@@ -113,13 +130,19 @@ std::vector<std::filesystem::path> missing_dirs(const std::string& dir,
 }
 
 // Throws Error naming the option unless each directory is one or could be made one (the
-// nearest existing ancestor is a directory this process may write to), each of its files is
-// absent or a regular file (a directory found only when the run writes it would throw the run
-// away; a device, FIFO or link is not replaced), and none is one of the run's `inputs`.
+// nearest existing ancestor is a directory this process may write to) outside every one of
+// `input_dirs` (folders the run reads all files of, such as an image folder: a plot written there
+// would join the data), each of its files is absent or a regular file (a directory found only
+// when the run writes it would throw the run away; a device, FIFO or link is not replaced), and
+// none is one of the run's `inputs`.
 void require_outputs_usable(const std::vector<OutputDir>& outputs,
-                            const std::vector<std::string>& inputs) {
+                            const std::vector<std::string>& inputs,
+                            const std::vector<std::string>& input_dirs) {
   std::error_code ignored;
   for (const OutputDir& out : outputs) {
+    for (const std::string& data : input_dirs)
+      require(!is_inside(out.dir, data), out.option, out.dir, " lies inside ", data,
+              ", which the run reads every file of: its outputs would join the data");
     std::filesystem::path existing;
     missing_dirs(out.dir, existing);
     const bool is_dir = std::filesystem::is_directory(existing, ignored);
@@ -138,30 +161,39 @@ void require_outputs_usable(const std::vector<OutputDir>& outputs,
   }
 }
 
-// The directories a run of `spec` in `precision` writes into, with the files it writes there.
+// The directories a run of `spec` in `precision` writes into, with the files it writes there and
+// those that runs in other configurations write there.
 std::vector<OutputDir> output_dirs(const TrainSpec& spec, const Options& options,
                                    const Precision& precision, const std::string& out_dir) {
-  OutputDir out{out_dir, "--out", {"metrics.csv", "summary.json", "loss.png"}};
+  OutputDir out{out_dir, "--out", {"metrics.csv", "summary.json", "loss.png"}, {}};
   out.files.insert(out.files.end(), spec.output_files.begin(), spec.output_files.end());
-  if (spec.steps_per_epoch > 0 && spec.eval_batch)
-    out.files.insert(out.files.end(), {"epochs.csv", "accuracy.png"});
-  if (scales_loss(options, precision)) out.files.push_back("loss_scale.png");
-  if (options.profile) out.files.push_back("profile.txt");
-  if (options.diagnose) out.files.push_back("gradients.png");
-  if (options.checkpoint_every > 0) out.files.push_back("checkpoint.safetensors");
+  const bool evaluates = spec.steps_per_epoch > 0 && bool(spec.eval_batch);
+  for (const char* file : {"epochs.csv", "accuracy.png"})
+    (evaluates ? out.files : out.others).push_back(file);
+  const std::pair<bool, const char*> optional[] = {
+      {scales_loss(options, precision), "loss_scale.png"},
+      {options.profile, "profile.txt"},
+      {options.diagnose, "gradients.png"},
+      {options.checkpoint_every > 0, kCheckpointFile}};
+  for (const auto& [written, file] : optional) (written ? out.files : out.others).push_back(file);
   if (options.save_weights.empty()) return {out};
-  return {out, {options.save_weights, "--save-weights", {"init.safetensors", "final.safetensors"}}};
+  return {out,
+          {options.save_weights, "--save-weights", {"init.safetensors", "final.safetensors"}, {}}};
 }
 
 // The output directories of a program's runs, held while they train: created where missing,
 // each locked against other minamp runs (io::FolderLock: a second run on the same folder is
-// refused), and cleared of the temp files that a killed run's atomic writes of these files left.
-// On destruction, however the runs ended, the locks are released and every directory this made
-// that is still empty is removed, deepest first: a failed run leaves no empty folder behind and
-// never touches anything else.
+// refused), and cleared of the temp files that a killed run's atomic writes of these files left
+// and of an earlier run's outputs (OutputDir's files and others), but for the files in `keep`
+// (what the run reads) and an earlier checkpoint (kCheckpointFile), which the run's own replaces;
+// the earlier outputs that this run will not write again are named in a note. On destruction,
+// however the runs ended, the locks are released and every directory this made that is still
+// empty is removed, deepest first: a failed run leaves no empty folder behind and never touches
+// anything else.
 class OutputFolders {
 public:
-  explicit OutputFolders(const std::vector<OutputDir>& outputs) {
+  OutputFolders(const std::vector<OutputDir>& outputs, const std::vector<std::string>& keep)
+      : keep_(keep) {
     try {
       for (const OutputDir& out : outputs) hold(out);
     } catch (...) {
@@ -187,6 +219,27 @@ private:
     if (locked_.insert(std::filesystem::weakly_canonical(out.dir, error).string()).second)
       locks_.push_back(std::make_unique<io::FolderLock>(out.dir, out.option));
     for (const std::string& file : out.files) io::remove_stale_temp_files(out.dir, file);
+    remove_earlier_outputs(out);
+  }
+  void remove_earlier_outputs(const OutputDir& out) const {
+    std::string removed; // of the files this run does not write
+    for (const std::vector<std::string>* names : {&out.files, &out.others})
+      for (const std::string& name : *names) {
+        const std::string path = out.dir + "/" + name;
+        std::error_code error;
+        if (name == kCheckpointFile || !std::filesystem::is_regular_file(path, error)) continue;
+        if (std::any_of(keep_.begin(), keep_.end(), [&](const std::string& input) {
+              return std::filesystem::equivalent(input, path, error);
+            }))
+          continue;
+        require(std::filesystem::remove(path, error), out.option, "cannot remove ", path,
+                ", an earlier run's output (", error.message(), ")");
+        if (names == &out.others) removed += (removed.empty() ? "" : ", ") + name;
+      }
+    if (!removed.empty())
+      std::fprintf(stderr,
+                   "note: %s %s: removed an earlier run's %s, which this run does not write\n",
+                   out.option, out.dir.c_str(), removed.c_str());
   }
   void release() {
     locks_.clear();
@@ -196,6 +249,7 @@ private:
       if (std::filesystem::is_empty(dir, ignored)) std::filesystem::remove(dir, ignored);
     made_.clear();
   }
+  std::vector<std::string> keep_;
   std::vector<std::filesystem::path> made_;
   std::set<std::string> locked_;
   std::vector<std::unique_ptr<io::FolderLock>> locks_;
@@ -669,6 +723,7 @@ private:
   // evaluation.
   void finish_epoch(int64_t epoch, double wall_s, int64_t first_step, int64_t last_step,
                     double train_s, size_t peak_bytes, Progress& progress);
+  void write_logs(const std::string& out_dir) const; // metrics.csv (and epochs.csv)
   void write_outputs(const std::string& out_dir, const RunResult& result) const;
   void write_profile(const std::string& out_dir, int64_t steps) const;
 
@@ -932,6 +987,7 @@ RunResult Run::train(const std::string& out_dir) {
   backend::cuda_synchronize();
   result.wall_s = seconds_since(start);
   result.peak_bytes = std::max(peak_before_epoch, allocator.peak_bytes());
+  write_logs(out_dir); // first: should a later write fail, the run's record is kept
   if (options_.profile) write_profile(out_dir, steps_done - first_step_);
   if (save_weights && !stopped) save_final_weights();
 
@@ -991,12 +1047,16 @@ void Run::write_outputs(const std::string& out_dir, const RunResult& result) con
     summary["epochs"] = log_.epochs.size();
     summary["test_loss"] = result.test_loss;
     summary["test_accuracy"] = result.test_accuracy;
-    io::write_file_atomically(out_dir + "/epochs.csv", epochs_csv(log_));
   }
-  io::write_file_atomically(out_dir + "/metrics.csv", metrics_csv(log_));
-  io::write_file_atomically(out_dir + "/summary.json", summary.dump(2) + "\n");
   write_plots(out_dir, cat(spec_.example, " ", name_), log_, spec_.steps_per_epoch,
               scaler_->is_enabled());
+  // Last: a folder with a summary.json holds every output of its run.
+  io::write_file_atomically(out_dir + "/summary.json", summary.dump(2) + "\n");
+}
+
+void Run::write_logs(const std::string& out_dir) const {
+  if (evaluates()) io::write_file_atomically(out_dir + "/epochs.csv", epochs_csv(log_));
+  io::write_file_atomically(out_dir + "/metrics.csv", metrics_csv(log_));
 }
 
 } // namespace
@@ -1253,8 +1313,10 @@ int run_example(const TrainSpec& spec, const Options& options) {
       outputs.push_back(std::move(dir));
   std::vector<std::string> inputs = spec.input_files;
   if (!options.load_weights.empty()) inputs.push_back(options.load_weights);
-  require_outputs_usable(outputs, inputs);
-  const OutputFolders folders(outputs);
+  require_outputs_usable(outputs, inputs, spec.input_dirs);
+  std::vector<std::string> keep = inputs; // and the checkpoint resumed, which the run replaces
+  if (!options.resume.empty()) keep.push_back(options.resume);
+  const OutputFolders folders(outputs, keep);
   const StopOnSignal stop_on_signal;
 
   std::vector<RunResult> results;
@@ -1301,10 +1363,11 @@ int run_example(const TrainSpec& spec, const Options& options) {
 
 void with_output_folder(const std::string& dir, const std::vector<std::string>& files,
                         const std::vector<std::string>& inputs,
+                        const std::vector<std::string>& input_dirs,
                         const std::function<void()>& write) {
-  const std::vector<OutputDir> outputs{{dir, "--out", files}};
-  require_outputs_usable(outputs, inputs);
-  const OutputFolders folders(outputs);
+  const std::vector<OutputDir> outputs{{dir, "--out", files, {}}};
+  require_outputs_usable(outputs, inputs, input_dirs);
+  const OutputFolders folders(outputs, inputs);
   write();
 }
 

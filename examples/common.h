@@ -108,6 +108,8 @@ struct TrainSpec {
   std::vector<std::string> output_files; // the files `finish` writes into out_dir
   // The files the run reads (e.g. its data set): a run whose output would replace one is refused.
   std::vector<std::string> input_files;
+  // The folders the run reads every file of (an image folder): an output inside one is refused.
+  std::vector<std::string> input_dirs;
 };
 
 struct RunResult {
@@ -140,17 +142,21 @@ RunResult train(const TrainSpec& spec, const Options& options, Device device,
 
 // Runs the example as its options say: one run, or --compare (FP32 then AMP, then the table), or
 // --compare-dtypes (FP32, AMP-f16 and AMP-bf16, then the table).
-// The output folders are created and locked first (a second run on one is refused) and a folder
-// it made is removed if it fails before writing into it. The first SIGINT or SIGTERM stops the
-// run after its current step (train), the second ends the program at once; the program then
+// The output folders are created and locked first (a second run on one is refused) and cleared
+// of an earlier run's outputs (but an earlier checkpoint, which the run's first replaces), and a
+// folder it made is removed if it fails before writing into it. The first SIGINT or SIGTERM stops
+// the run after its current step (train), the second ends the program at once; the program then
 // returns 128 + the signal (130 for SIGINT, 143 for SIGTERM) with one line saying so.
 int run_example(const TrainSpec& spec, const Options& options);
 
 // For what a program writes without training (transfer --predict and --max-batch): checks the
 // folder `dir` (named by --out) and its `files` as run_example checks its runs' (none may be one
-// of `inputs`), makes and locks it, runs `write`, and removes it again if it is left empty.
+// of `inputs`, the folder not inside one of `input_dirs`), makes and locks it, runs `write`, and
+// removes it again if it is left empty.
 void with_output_folder(const std::string& dir, const std::vector<std::string>& files,
-                        const std::vector<std::string>& inputs, const std::function<void()>& write);
+                        const std::vector<std::string>& inputs,
+                        const std::vector<std::string>& input_dirs,
+                        const std::function<void()>& write);
 
 // Names the options that set how much memory the program needs, as given (e.g. "--size 8192,
 // --hidden 256 and --layers 2"), for guarded_main's out-of-memory error.

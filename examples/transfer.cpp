@@ -334,12 +334,13 @@ void find_max_batch(const examples::TrainSpec& spec, const examples::Options& op
   require(t.memory_limit > 0 || (device == Device::cuda && !cuda_emulated()), "--max-batch",
           "needs --memory-limit on ", cuda_emulated() ? "the CUDA emulator" : "the cpu",
           ": without one the search would fill the host's memory");
-  std::printf("transfer: largest batch of a training step, %s at %lldx%lld%s, on %s, %s\n",
-              t.arch.c_str(), static_cast<long long>(t.image_size),
-              static_cast<long long>(t.image_size), t.freeze_backbone ? ", frozen backbone" : "",
-              device_description(device).c_str(),
-              t.memory_limit > 0 ? cat("memory limit ", mib(size_t(t.memory_limit))).c_str()
-                                 : "no memory limit");
+  std::printf(
+      "transfer: largest batch of a training step, %s at %lldx%lld%s, on %s, %s\n", t.arch.c_str(),
+      static_cast<long long>(t.image_size), static_cast<long long>(t.image_size),
+      t.freeze_backbone ? ", frozen backbone" : "", device_description(device).c_str(),
+      t.memory_limit <= 0        ? "no memory limit"
+      : t.memory_limit < 1048576 ? cat("memory limit ", t.memory_limit, " bytes").c_str()
+                                 : cat("memory limit ", mib(size_t(t.memory_limit))).c_str());
   nlohmann::json max_batch, peaks, limited_by;
   std::vector<std::pair<std::string, LargestBatch>> rows;
   for (bool amp : {false, true}) {
@@ -359,8 +360,13 @@ void find_max_batch(const examples::TrainSpec& spec, const examples::Options& op
   for (const auto& [name, found] : rows)
     std::printf("  %-6s %10lld %14s  %s\n", name.c_str(), static_cast<long long>(found.batch),
                 mib(found.peak_bytes).c_str(), limit_name(found.limit));
-  const double ratio =
-      rows[0].second.batch > 0 ? double(rows[1].second.batch) / double(rows[0].second.batch) : 0.0;
+  for (const auto& [name, found] : rows)
+    require(found.batch > 0, "--max-batch", name,
+            ": a step of 2 images (the fewest a batch norm trains on) ", describe(found.limit),
+            t.memory_limit > 0 ? cat(" under --memory-limit ", t.memory_limit, " bytes")
+                               : std::string(),
+            ": raise the limit or lower --image-size or --width");
+  const double ratio = double(rows[1].second.batch) / double(rows[0].second.batch);
   std::printf("  AMP / FP32: %.2f\n", ratio);
   const nlohmann::json summary = {{"example", "transfer"},
                                   {"mode", "max_batch"},
@@ -368,6 +374,7 @@ void find_max_batch(const examples::TrainSpec& spec, const examples::Options& op
                                   {"device_name", device_description(device)},
                                   {"arch", t.arch},
                                   {"image_size", t.image_size},
+                                  {"width", t.width},
                                   {"freeze_backbone", t.freeze_backbone},
                                   {"classes", classes},
                                   {"memory_limit", t.memory_limit},
@@ -377,6 +384,35 @@ void find_max_batch(const examples::TrainSpec& spec, const examples::Options& op
                                   {"amp_over_fp32", ratio}};
   io::write_file_atomically(out + "/summary.json", summary.dump(2) + "\n");
   std::printf("wrote %s/summary.json\n", out.c_str());
+}
+
+// `path` made absolute, links and ".." resolved, as checkpoints record it (UTF-8): a resumed run
+// may name the same file another way.
+std::string canonical_path(const std::string& path, const char* option) {
+  std::error_code error;
+  const std::string canonical = std::filesystem::canonical(path, error).string();
+  require(!error, option, path, ": ", error.message());
+  return io::escape_to_utf8(canonical);
+}
+
+// The options that --predict and --max-batch would ignore are refused, as the harness refuses an
+// option that no run uses.
+void refuse_unused_options(const CLI::App& app, const TransferOptions& t) {
+  const char* mode = t.predict ? "--predict" : t.max_batch ? "--max-batch" : nullptr;
+  if (!mode) return;
+  std::vector<const char*> unused = {"--compare-dtypes", "--resume",   "--checkpoint-every",
+                                     "--save-weights",   "--diagnose", "--profile",
+                                     "--epochs",         "--augment",  "--log-every"};
+  const char* what = t.predict ? "trains nothing: it predicts with --load-weights or --pretrained"
+                               : "times one training step of each precision at each batch it "
+                                 "tries, from --pretrained's or the seeded weights";
+  if (t.predict)
+    unused.insert(unused.end(), {"--lr", "--freeze-backbone", "--init-scale", "--growth-interval",
+                                 "--no-loss-scaling", "--loss-scaling"});
+  else
+    unused.insert(unused.end(), {"--load-weights", "--batch-size", "--compare"});
+  for (const char* name : unused)
+    require(app.count(name) == 0, name, "is not used with ", mode, ", which ", what);
 }
 
 } // namespace
@@ -433,8 +469,10 @@ int main(int argc, char** argv) {
         ->transform(examples::byte_size());
     examples::use_one_line_errors(app);
     CLI11_PARSE(app, argc, argv);
+    examples::require_valid_environment();
     require(t.pretrained.empty() || options.load_weights.empty(), "--pretrained",
             "and --load-weights both give the starting weights; give one");
+    refuse_unused_options(app, t);
     require(!t.predict || !options.compare, "--predict", "runs one precision; use --amp or not");
     require(!t.predict || !t.pretrained.empty() || !options.load_weights.empty(), "--predict",
             "needs trained weights: --load-weights FILE (e.g. a run's final.safetensors) or "
@@ -443,9 +481,12 @@ int main(int argc, char** argv) {
     if (t.memory_limit > 0) allocator_for(device).set_memory_limit(size_t(t.memory_limit));
     examples::set_memory_options(
         cat("--batch-size ", t.batch_size, ", --image-size ", t.image_size, ", --arch ", t.arch,
+            ", --width ", t.width,
             t.memory_limit > 0 ? cat(" and --memory-limit ", t.memory_limit) : std::string()));
 
     const io::ImageFolderFiles folder = io::list_image_folder(t.images);
+    // Images are decoded batch by batch: each one's header is checked before anything is written.
+    for (const std::string& file : folder.files) io::check_image_header(file);
     const int64_t classes = int64_t(folder.classes.size());
     require(classes >= 2, "transfer", t.images, ": ", classes, " class; a classifier needs two");
     const std::pair<Split, Split> split = stratified_split(folder, t.val_fraction, options.seed);
@@ -461,16 +502,24 @@ int main(int argc, char** argv) {
     resnet.arch = nn::parse_resnet_arch(t.arch);
     resnet.num_classes = classes;
     resnet.width = t.width;
+    // --pretrained: its fc is left out only when it has this backbone's features for another
+    // number of classes; any other difference is the loader's error.
     std::string skipped;
     if (!t.pretrained.empty()) {
       const io::SafetensorsFile file = io::load_safetensors(t.pretrained);
-      const Shape fc{classes, nn::ResNet::num_features(resnet)};
-      if (file.has_tensor("fc.weight") && file.tensor("fc.weight").shape() != fc) {
-        skipped = "fc";
-        std::printf("transfer: %s's fc is %s, this folder has %lld classes: fc starts from its "
-                    "seeded initialisation\n",
-                    t.pretrained.c_str(), cat(file.tensor("fc.weight").shape()).c_str(),
-                    static_cast<long long>(classes));
+      const int64_t features = nn::ResNet::num_features(resnet);
+      if (file.has_tensor("fc.weight")) {
+        const Shape fc = file.tensor("fc.weight").shape();
+        if (fc.rank() == 2 && fc[1] == features && fc[0] != classes) {
+          skipped = "fc";
+          require(!t.predict, "--predict", t.pretrained, "'s fc has ", fc[0],
+                  " classes, this folder ", classes,
+                  ": its predictions would come from an untrained classifier (fine-tune first, "
+                  "then --predict --load-weights final.safetensors)");
+          std::printf("transfer: %s's fc is %s, this folder has %lld classes: fc starts from its "
+                      "seeded initialisation\n",
+                      t.pretrained.c_str(), cat(fc).c_str(), static_cast<long long>(classes));
+        }
       }
     }
 
@@ -493,28 +542,28 @@ int main(int argc, char** argv) {
       if (!file.empty()) inputs.push_back(file);
     const BatchMaker batches(t);
     if (t.predict) {
-      examples::with_output_folder(out, {"predictions.csv"}, inputs, [&] {
+      examples::with_output_folder(out, {"predictions.csv"}, inputs, {t.images}, [&] {
         predict(spec, options, val, folder, batches, t.batch_size, out);
       });
       return 0;
     }
     if (t.max_batch) {
-      examples::with_output_folder(out, {"summary.json"}, inputs,
+      examples::with_output_folder(out, {"summary.json"}, inputs, {t.images},
                                    [&] { find_max_batch(spec, options, t, classes, out); });
       return 0;
     }
 
     require(train.size() >= t.batch_size, "--batch-size", t.batch_size, " is more than the ",
             train.size(), " training images of ", t.images);
+    const int64_t last_side = nn::ResNet::output_side(t.image_size);
+    require(t.batch_size * last_side * last_side > 1, "--batch-size", "1 at --image-size ",
+            t.image_size, " gives layer4's batch norms one value per channel (its output is ",
+            "1x1), too few to train them: use --batch-size 2 or more, or an --image-size above 32");
     spec.steps_per_epoch = train.size() / t.batch_size; // the last partial batch is dropped
     require(t.epochs <= examples::kMaxSteps / spec.steps_per_epoch, "--epochs", "at most ",
             examples::kMaxSteps, " steps, got ", t.epochs, " epochs of ", spec.steps_per_epoch);
     spec.steps = t.epochs * spec.steps_per_epoch;
-    std::error_code error;
-    const std::string root =
-        io::escape_to_utf8(std::filesystem::canonical(t.images, error).string());
-    require(!error, "--images", t.images, ": ", error.message());
-    spec.config = {{"images", root},
+    spec.config = {{"images", canonical_path(t.images, "--images")},
                    {"arch", t.arch},
                    {"width", std::to_string(t.width)},
                    {"image_size", std::to_string(t.image_size)},
@@ -523,8 +572,11 @@ int main(int argc, char** argv) {
                    {"normalize", t.normalize},
                    {"augment", t.augment ? "yes" : "no"},
                    {"freeze_backbone", t.freeze_backbone ? "yes" : "no"},
-                   {"pretrained", io::escape_to_utf8(t.pretrained)}};
+                   {"pretrained", t.pretrained.empty()
+                                      ? std::string()
+                                      : canonical_path(t.pretrained, "--pretrained")}};
     spec.input_files = inputs;
+    spec.input_dirs = {t.images};
     std::vector<int64_t> train_order(size_t(train.size()));
     spec.start_epoch = [&](int64_t, Rng& rng) { rng.permutation(train_order); };
     spec.batch = [&](int64_t step, Device on) {

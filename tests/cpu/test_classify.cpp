@@ -286,6 +286,16 @@ TEST(Classify, ImageFoldersThatCannotTrainAreOneLineErrors) {
   expect_one_line_error(run_program("classify", "--images " + one_each + " --out " + out),
                         {one_each, "no training images", "--holdout-every"});
   EXPECT_FALSE(fs::exists(out)) << "a failed run wrote output";
+  // An output inside the image folder would add its plots to the data: refused.
+  const std::string copy = fresh_dir("classify_out_inside");
+  fs::copy(fixture, copy, fs::copy_options::recursive);
+  for (const std::string& inside : {copy + "/new_class", copy + "/circles"})
+    expect_one_line_error(
+        run_program("classify", "--images " + copy + " --batch-size 2 --out " + inside),
+        {"--out", "lies inside " + copy});
+  EXPECT_FALSE(fs::exists(copy + "/new_class"));
+  expect_one_line_error(run_program("classify", "--images " + copy + " --channels ''"),
+                        {"--channels", "expected 1 or 3, got"});
 }
 
 // A FIFO where a data file should be is refused at once (opening it would wait for a writer

@@ -160,6 +160,35 @@ TEST(Reliability, TheNextRunRemovesTheTempFilesOfKilledWrites) {
   EXPECT_FALSE(fs::exists(out + "/" + io::FolderLock::kFileName));
 }
 
+// A folder holds one run's outputs: the next run in it removes what the earlier one wrote and it
+// will not write again (named in a note), and what it may fail to write (the final weights of a run
+// that diverges), but not an earlier checkpoint, which a run started again without --resume
+// would otherwise lose; nor files of other names.
+TEST(Reliability, ARunRemovesAnEarlierRunsOutputsButItsCheckpoint) {
+  const std::string out = fresh_dir("earlier_outputs");
+  const std::string both = " --epochs 4 --batches 2 --out " + out + " --save-weights " + out + "/w";
+  ProgramRun run = run_program("mlp", "--amp --profile --checkpoint-every 1" + both);
+  ASSERT_EQ(run.status, 0) << run.output;
+  for (const char* file :
+       {"loss_scale.png", "profile.txt", "checkpoint.safetensors", "w/final.safetensors"})
+    ASSERT_TRUE(fs::exists(out + "/" + file)) << file;
+  io::write_file_atomically(out + "/notes.txt", "mine");
+  run = run_program("mlp", "--lr 1e10" + both); // diverges: no final weights
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("note: --out " + out +
+                            ": removed an earlier run's loss_scale.png, "
+                            "profile.txt, which this run does not write"),
+            std::string::npos)
+      << run.output;
+  EXPECT_FALSE(fs::exists(out + "/loss_scale.png"));
+  EXPECT_FALSE(fs::exists(out + "/profile.txt"));
+  EXPECT_FALSE(fs::exists(out + "/w/final.safetensors")) << "the earlier run's, beside this init";
+  EXPECT_TRUE(fs::exists(out + "/w/init.safetensors"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoint.safetensors"));
+  EXPECT_EQ(io::read_file(out + "/notes.txt"), "mine");
+  EXPECT_EQ(read_output_json(out + "/summary.json")["lr"], 1e10f);
+}
+
 // No run replaces a file it reads, or anything that is not a regular file.
 TEST(Reliability, OutputsNeverReplaceInputsOrWhatIsNotAFile) {
   const std::string dir = fresh_dir("inputs_kept");
