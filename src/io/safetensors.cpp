@@ -153,8 +153,13 @@ uint64_t read_little_endian_u64(const std::string& bytes) {
 }
 
 // Parses the JSON header, refusing duplicate top-level names (which JSON parsers would
-// otherwise silently merge).
+// otherwise silently merge), and what the format's JSON text is not: a NUL byte (the JSON parser
+// would stop reading there) or a byte-order mark (which safetensors' own parser refuses).
 json parse_header(const std::string& path, const std::string& text) {
+  check_file(text.find('\0') == std::string::npos, path, "header holds a NUL byte at byte ",
+             kLengthBytes + text.find('\0'), " (it is JSON text, padded with spaces)");
+  check_file(text.rfind("\xEF\xBB\xBF", 0) != 0, path,
+             "header starts with a byte-order mark (it is JSON text, which has none)");
   std::set<std::string> names;
   std::vector<std::string> duplicates;
   auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {

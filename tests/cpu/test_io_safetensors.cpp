@@ -249,6 +249,18 @@ TEST(Safetensors, SpecificCorruptionsNameTheFileAndTheProblem) {
                     std::string(reinterpret_cast<const char*>(&not_json_length), 8) + not_json);
   expect_load_error(path, "not valid JSON");
 
+  // A valid header with a NUL byte and more after it, and one behind a byte-order mark.
+  const std::string valid = R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
+  for (const auto& [header, message] :
+       {std::pair<std::string, std::string>{valid + std::string(1, '\0') + "junk",
+                                            "header holds a NUL byte at byte 63"},
+        {"\xEF\xBB\xBF" + valid, "header starts with a byte-order mark"}}) {
+    const uint64_t header_length = header.size();
+    test::write_bytes(path, std::string(reinterpret_cast<const char*>(&header_length), 8) +
+                                header + data);
+    expect_load_error(path, message);
+  }
+
   expect_load_error(dir.path("missing.safetensors"), "cannot open");
 }
 
