@@ -606,14 +606,10 @@ int run(int argc, char** argv) {
   if (cfg.resnet_batch == 0) cfg.resnet_batch = gpu ? 64 : emulated ? 2 : 4;
   if (cfg.resnet_width == 0) cfg.resnet_width = emulated ? 8 : 64;
   examples::require_valid_environment(); // before any model runs
-  for (const std::string& name : model_names)
-    require(name.rfind("resnet", 0) != 0 || cfg.resnet_batch *
-                                                    nn::ResNet::output_side(cfg.resnet_size) *
-                                                    nn::ResNet::output_side(cfg.resnet_size) >
-                                                1,
-            "--resnet-batch", "1 at --resnet-size ", cfg.resnet_size,
-            " gives layer4's batch norms one value per channel (its output is 1x1), too few to ",
-            "train them: use 2 or more, or a --resnet-size above 32");
+  if (std::any_of(model_names.begin(), model_names.end(),
+                  [](const std::string& name) { return name.rfind("resnet", 0) == 0; }))
+    examples::require_resnet_batch_trains(cfg.resnet_batch, cfg.resnet_size, "--resnet-batch",
+                                          "--resnet-size");
   const std::string gemm = cat(gemm_version_name(gemm_version()),
                                gemm_persistent_tiles() ? ", v5's large tiles persistent" : "");
 

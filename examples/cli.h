@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/csv.h"
 #include "kernels/gemm_version.h"
 #include "nn/module.h"
+#include "nn/resnet.h"
 
 namespace minamp::examples {
 
@@ -27,6 +29,18 @@ inline void require_valid_environment() {
   gemm_version();
   gemm_persistent_tiles();
   nn::fusion_enabled();
+}
+
+// Refuses a ResNet training batch its batch norms cannot train on: `batch` images of side `side`
+// give layer4's batch norms batch x ResNet::output_side(side)^2 values per channel, and one is too
+// few. The error names the options that set the two.
+inline void require_resnet_batch_trains(int64_t batch, int64_t side, const char* batch_option,
+                                        const char* side_option) {
+  const int64_t last = nn::ResNet::output_side(side);
+  require(batch * last * last > 1, batch_option, batch, " at ", side_option, " ", side,
+          " gives layer4's batch norms one value per channel (its output is 1x1), too few to "
+          "train them: use 2 or more, or a ",
+          side_option, " above 32");
 }
 
 inline void use_one_line_errors(CLI::App& app) {
@@ -67,19 +81,10 @@ inline CLI::Validator any_uint64() {
   return integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max());
 }
 
-// The length of the decimal number `text` starts with, read into `value` (0 when it starts with
-// none): an optional sign, digits with an optional point and exponent, or "inf" / "nan"; no
-// hexadecimal, no spaces (std::from_chars's syntax, and a leading '+'); out of double's range is
-// no number.
-inline size_t number_prefix(const std::string& text, double& value) {
-  const char* begin = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-');
-  const auto [stop, error] = std::from_chars(begin, text.data() + text.size(), value);
-  return error == std::errc() ? size_t(stop - text.data()) : 0;
-}
-
-// Whether `text` is, in full, such a number.
+// Whether `text` is, in full, a decimal number (io::decimal_number_prefix: no hexadecimal, no
+// spaces).
 inline bool parses_as_number(const std::string& text, double& value) {
-  return !text.empty() && number_prefix(text, value) == text.size();
+  return !text.empty() && io::decimal_number_prefix(text, value) == text.size();
 }
 
 // Check of a real-valued option: a finite number, in full, that `accept` takes; otherwise
@@ -109,7 +114,7 @@ inline CLI::Validator byte_size() {
         const std::string expected =
             "expected a size in bytes such as 6GiB, 512MiB or 1000000, got " + text;
         double number = 0;
-        const size_t used = number_prefix(text, number);
+        const size_t used = io::decimal_number_prefix(text, number);
         if (used == 0 || !std::isfinite(number)) return expected;
         const std::string unit = text.substr(used);
         for (const auto& [name, factor] : kUnits) {

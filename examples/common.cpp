@@ -184,16 +184,17 @@ std::vector<OutputDir> output_dirs(const TrainSpec& spec, const Options& options
 // The output directories of a program's runs, held while they train: created where missing,
 // each locked against other minamp runs (io::FolderLock: a second run on the same folder is
 // refused), and cleared of the temp files that a killed run's atomic writes of these files left
-// and of an earlier run's outputs (OutputDir's files and others), but for the files in `keep`
-// (what the run reads) and an earlier checkpoint (kCheckpointFile), which the run's own replaces;
+// and of an earlier run's outputs (OutputDir's files and others; require_outputs_usable made sure
+// none is an input), but for the checkpoint `resumed` (the run reads it first) and an earlier
+// checkpoint (kCheckpointFile), which the run's own replaces;
 // the earlier outputs that this run will not write again are named in a note. On destruction,
 // however the runs ended, the locks are released and every directory this made that is still
 // empty is removed, deepest first: a failed run leaves no empty folder behind and never touches
 // anything else.
 class OutputFolders {
 public:
-  OutputFolders(const std::vector<OutputDir>& outputs, const std::vector<std::string>& keep)
-      : keep_(keep) {
+  OutputFolders(const std::vector<OutputDir>& outputs, const std::string& resumed)
+      : resumed_(resumed) {
     try {
       for (const OutputDir& out : outputs) hold(out);
     } catch (...) {
@@ -227,10 +228,8 @@ private:
       for (const std::string& name : *names) {
         const std::string path = out.dir + "/" + name;
         std::error_code error;
-        if (name == kCheckpointFile || !std::filesystem::is_regular_file(path, error)) continue;
-        if (std::any_of(keep_.begin(), keep_.end(), [&](const std::string& input) {
-              return std::filesystem::equivalent(input, path, error);
-            }))
+        if (name == kCheckpointFile || !std::filesystem::is_regular_file(path, error) ||
+            std::filesystem::equivalent(resumed_, path, error))
           continue;
         require(std::filesystem::remove(path, error), out.option, "cannot remove ", path,
                 ", an earlier run's output (", error.message(), ")");
@@ -249,7 +248,7 @@ private:
       if (std::filesystem::is_empty(dir, ignored)) std::filesystem::remove(dir, ignored);
     made_.clear();
   }
-  std::vector<std::string> keep_;
+  std::string resumed_;
   std::vector<std::filesystem::path> made_;
   std::set<std::string> locked_;
   std::vector<std::unique_ptr<io::FolderLock>> locks_;
@@ -1314,9 +1313,7 @@ int run_example(const TrainSpec& spec, const Options& options) {
   std::vector<std::string> inputs = spec.input_files;
   if (!options.load_weights.empty()) inputs.push_back(options.load_weights);
   require_outputs_usable(outputs, inputs, spec.input_dirs);
-  std::vector<std::string> keep = inputs; // and the checkpoint resumed, which the run replaces
-  if (!options.resume.empty()) keep.push_back(options.resume);
-  const OutputFolders folders(outputs, keep);
+  const OutputFolders folders(outputs, options.resume);
   const StopOnSignal stop_on_signal;
 
   std::vector<RunResult> results;
@@ -1367,7 +1364,7 @@ void with_output_folder(const std::string& dir, const std::vector<std::string>& 
                         const std::function<void()>& write) {
   const std::vector<OutputDir> outputs{{dir, "--out", files, {}}};
   require_outputs_usable(outputs, inputs, input_dirs);
-  const OutputFolders folders(outputs, inputs);
+  const OutputFolders folders(outputs, "");
   write();
 }
 

@@ -43,14 +43,13 @@ std::pair<std::string, std::string> file_and_label(const std::string& input) {
 // The column of x values: "step" when every input has one, else "epoch" when every input has
 // one, else "" (the row number).
 std::string x_column(const std::vector<std::string>& paths) {
-  for (const char* name : {"step", "epoch"}) {
-    bool everywhere = true;
-    for (const std::string& path : paths) {
-      const std::vector<std::string> header = io::read_csv_header(path);
-      everywhere = everywhere && std::find(header.begin(), header.end(), name) != header.end();
-    }
-    if (everywhere) return name;
-  }
+  std::vector<std::vector<std::string>> headers;
+  for (const std::string& path : paths) headers.push_back(io::read_csv_header(path));
+  for (const char* name : {"step", "epoch"})
+    if (std::all_of(headers.begin(), headers.end(), [&](const std::vector<std::string>& header) {
+          return std::find(header.begin(), header.end(), name) != header.end();
+        }))
+      return name;
   return "";
 }
 

@@ -555,10 +555,8 @@ int main(int argc, char** argv) {
 
     require(train.size() >= t.batch_size, "--batch-size", t.batch_size, " is more than the ",
             train.size(), " training images of ", t.images);
-    const int64_t last_side = nn::ResNet::output_side(t.image_size);
-    require(t.batch_size * last_side * last_side > 1, "--batch-size", "1 at --image-size ",
-            t.image_size, " gives layer4's batch norms one value per channel (its output is ",
-            "1x1), too few to train them: use --batch-size 2 or more, or an --image-size above 32");
+    examples::require_resnet_batch_trains(t.batch_size, t.image_size, "--batch-size",
+                                          "--image-size");
     spec.steps_per_epoch = train.size() / t.batch_size; // the last partial batch is dropped
     require(t.epochs <= examples::kMaxSteps / spec.steps_per_epoch, "--epochs", "at most ",
             examples::kMaxSteps, " steps, got ", t.epochs, " epochs of ", spec.steps_per_epoch);

@@ -25,17 +25,13 @@ std::vector<std::string> fields_of(std::string line) {
 // Whether `line` holds nothing (but a '\r'): a blank line, skipped as pandas skips it.
 bool is_blank(const std::string& line) { return line.empty() || line == "\r"; }
 
-// `text` as a number when all of it is one: decimal, with an optional sign, point and exponent,
-// or "nan" / "inf" (std::from_chars's syntax and a leading '+'; no hexadecimal, no spaces).
+// `text` as a number when all of it is one (decimal_number_prefix).
 bool parse_number(const std::string& text, double& value) {
-  const char* begin = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-');
-  const char* end = text.data() + text.size();
-  const auto [stop, error] = std::from_chars(begin, end, value);
-  return !text.empty() && error == std::errc() && stop == end;
+  return !text.empty() && decimal_number_prefix(text, value) == text.size();
 }
 
-// The file's lines after its header, and the header's fields; throws Error naming the file when
-// it cannot be read or has no header. A UTF-8 byte-order mark before the header is dropped.
+// The header's fields, read from `in` (which is left at the first row); throws Error naming the
+// file when it has no header. A UTF-8 byte-order mark before the header is dropped.
 std::vector<std::string> read_header(const std::string& path, std::istringstream& in) {
   std::string line;
   require(static_cast<bool>(std::getline(in, line)), "read_csv_column", path, ": empty file");
@@ -50,6 +46,12 @@ std::string joined(const std::vector<std::string>& fields) {
 }
 
 } // namespace
+
+size_t decimal_number_prefix(const std::string& text, double& value) {
+  const char* begin = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-');
+  const auto [stop, error] = std::from_chars(begin, text.data() + text.size(), value);
+  return error == std::errc() ? size_t(stop - text.data()) : 0;
+}
 
 std::vector<std::string> read_csv_header(const std::string& path) {
   std::istringstream in(read_file(path)); // names the path and the reason when it cannot

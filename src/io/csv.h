@@ -3,10 +3,17 @@
 // end in "\r\n"; blank lines and a UTF-8 byte-order mark are skipped).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
 namespace minamp::io {
+
+// The length of the decimal number `text` starts with, read into `value` (0 when it starts with
+// none): an optional sign, digits with an optional point and exponent, or "inf" / "nan"; no
+// hexadecimal, no spaces (std::from_chars's syntax, and a leading '+'); out of double's range is
+// no number. CSV fields and the programs' real-valued options are read with it.
+size_t decimal_number_prefix(const std::string& text, double& value);
 
 // The column names of the file's header. Throws Error naming the file when it cannot be read or
 // is empty.

@@ -103,15 +103,16 @@ template <class Keep> std::vector<fs::path> sorted_entries(const fs::path& dir, 
   return entries;
 }
 
-// stb_image 2.27 (Debian's libstb-dev) writes past its Huffman tables when a JPEG's DHT segment
-// declares more than 256 codes (stb issue #1289, fixed upstream in 2.28). This walks the JPEG's
-// marker segments as a decoder does and says whether every Huffman table fits; files that are
-// not JPEG pass, for stb to judge.
+// Whether `bytes` begin with a JPEG's start-of-image marker.
 bool starts_as_jpeg(const std::string& bytes) {
   return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0xff &&
          static_cast<unsigned char>(bytes[1]) == 0xd8;
 }
 
+// stb_image 2.27 (Debian's libstb-dev) writes past its Huffman tables when a JPEG's DHT segment
+// declares more than 256 codes (stb issue #1289, fixed upstream in 2.28). This walks the JPEG's
+// marker segments as a decoder does and says whether every Huffman table fits; files that are
+// not JPEG pass, for stb to judge.
 bool jpeg_huffman_tables_fit(const std::string& bytes) {
   auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
   if (!starts_as_jpeg(bytes)) return true;
