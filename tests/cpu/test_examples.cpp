@@ -371,14 +371,13 @@ TEST(Examples, BenchGemmRefusesBadOptions) {
   const std::string program = std::string(MINAMP_BINARY_DIR) + "/bench_gemm";
   if (!std::filesystem::exists(program)) GTEST_SKIP() << "bench_gemm needs the CUDA toolkit";
   for (const auto& [args, parts] :
-       {std::pair<std::string, std::vector<std::string>>{
-            "--precisions bf16", {"--precisions", "unknown value 'bf16'"}},
+       {std::pair<std::string, std::vector<std::string>>{"--precisions bf16",
+                                                         {"--precisions", "unknown value 'bf16'"}},
         {"--precisions f16,bogus", {"--precisions", "unknown value 'bogus'"}},
         {"--precisions f32,f32", {"--precisions", "'f32' is given twice"}},
         {"--json ''", {"--json", "expected a path"}},
         {"--kernels --shapes square", {"--kernels", "takes no --shapes"}},
-        {"--kernels --json x.json", {"--kernels", "takes no --json"}}})
-  {
+        {"--kernels --json x.json", {"--kernels", "takes no --json"}}}) {
     const ProgramRun run = run_program("bench_gemm", args);
     EXPECT_NE(run.status, 0) << args;
     EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << args << run.output;

@@ -256,8 +256,8 @@ TEST(Safetensors, SpecificCorruptionsNameTheFileAndTheProblem) {
                                             "header holds a NUL byte at byte 63"},
         {"\xEF\xBB\xBF" + valid, "header starts with a byte-order mark"}}) {
     const uint64_t header_length = header.size();
-    test::write_bytes(path, std::string(reinterpret_cast<const char*>(&header_length), 8) +
-                                header + data);
+    test::write_bytes(path, std::string(reinterpret_cast<const char*>(&header_length), 8) + header +
+                                data);
     expect_load_error(path, message);
   }
 
