@@ -114,7 +114,8 @@ bool starts_as_jpeg(const std::string& bytes) {
 // marker segments as a decoder does and says whether every Huffman table fits; files that are
 // not JPEG pass, for stb to judge.
 bool jpeg_huffman_tables_fit(const std::string& bytes) {
-  auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  // Past the end of the file stb reads zeros, and so does this.
+  auto byte = [&](size_t i) { return i < bytes.size() ? static_cast<unsigned char>(bytes[i]) : 0; };
   if (!starts_as_jpeg(bytes)) return true;
   size_t pos = 2;
   while (pos + 4 <= bytes.size()) {
@@ -129,16 +130,19 @@ bool jpeg_huffman_tables_fit(const std::string& bytes) {
       continue;
     }
     if (marker == 0xd9) break; // end of image
-    const size_t end =
-        std::min(bytes.size(), pos + 2 + (size_t(byte(pos + 2)) << 8) + byte(pos + 3));
-    if (marker == 0xc4) // DHT: tables of [class/id, 16 code counts, the codes' values]
-      for (size_t table = pos + 4; table + 17 <= end;) {
+    const size_t length = (size_t(byte(pos + 2)) << 8) + byte(pos + 3);
+    if (marker == 0xc4) { // DHT: tables of [class/id, 16 code counts, the codes' values]
+      // As stb reads it: tables while the segment's length (which may run past the file) lasts.
+      size_t table = pos + 4;
+      for (int64_t left = int64_t(length) - 2; left > 0;) {
         size_t codes = 0;
         for (size_t i = 1; i <= 16; ++i) codes += byte(table + i);
         if (codes > 256) return false;
         table += 17 + codes;
+        left -= int64_t(17 + codes);
       }
-    pos = std::max(end, pos + 4);
+    }
+    pos = std::max(pos + 2 + length, pos + 4);
   }
   return true;
 }

@@ -240,7 +240,19 @@ TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
   bytes += std::string(16, char(255)) + std::string(16 * 255, '\0') + "\xff\xd9";
   test::TempDir dir;
   test::write_bytes(dir.path("bad.jpg"), bytes);
-  expect_error([&] { io::load_image(dir.path("bad.jpg"), 3); }, dir.path("bad.jpg"));
+  expect_error([&] { io::load_image(dir.path("bad.jpg"), 3); }, dir.path("bad.jpg"),
+               "more than 256 codes");
+
+  // The same where the counts run past the end of the file, which stb reads as zeros: a segment
+  // of two tables, the first empty, the second's counts 255 + 255 and then the end of the file.
+  std::string cut = "\xff\xd8\xff\xc4";
+  cut += '\0';
+  cut += char(2 + 2 * 17);
+  cut += '\0' + std::string(16, '\0') + "\x10\xff\xff";
+  test::write_bytes(dir.path("cut.jpg"), cut);
+  for (auto read : {+[](const std::string& path) { io::check_image_header(path); },
+                    +[](const std::string& path) { io::load_image(path, 3); }})
+    expect_error([&] { read(dir.path("cut.jpg")); }, dir.path("cut.jpg"), "more than 256 codes");
 }
 
 // True when `pixel` (3 floats in [0, 1]) is exactly the 8-bit colour (r, g, b).
