@@ -236,9 +236,8 @@ private:
         if (names == &out.others) removed += (removed.empty() ? "" : ", ") + name;
       }
     if (!removed.empty())
-      std::fprintf(stderr,
-                   "note: %s %s: removed an earlier run's %s, which this run does not write\n",
-                   out.option, out.dir.c_str(), removed.c_str());
+      print_to_stderr(cat("note: ", out.option, " ", out.dir, ": removed an earlier run's ",
+                          removed, ", which this run does not write"));
   }
   void release() {
     locks_.clear();
@@ -814,8 +813,8 @@ void Run::save_final_weights() {
 
 void Run::warn_not_written(const std::string& file, const std::string& reason) {
   if (!not_written_.insert(file).second) return; // said once per file
-  std::fprintf(stderr, "warning: %s: training diverged by step %zu (a lower --lr may help): %s%s\n",
-               name_.c_str(), log_.steps.size(), reason.c_str(), checkpoint_note().c_str());
+  print_to_stderr(cat("warning: ", name_, ": training diverged by step ", log_.steps.size(),
+                      " (a lower --lr may help): ", reason, checkpoint_note()));
 }
 
 std::string Run::checkpoint_note() const {
@@ -1243,10 +1242,8 @@ std::string device_label(Device device) {
 // loss went): in FP32 nothing skips such steps, and in AMP every step was skipped at the end.
 void warn_if_diverged(const RunResult& r) {
   if (std::isfinite(r.final_loss)) return;
-  std::fprintf(stderr,
-               "warning: %s: the final loss is %g: training diverged (a lower --lr may "
-               "help)\n",
-               r.precision.c_str(), r.final_loss);
+  print_to_stderr(cat("warning: ", r.precision, ": the final loss is ", r.final_loss,
+                      ": training diverged (a lower --lr may help)"));
 }
 
 // The run in `precision` of a comparison: into out/<name>, its weights into their own
@@ -1322,7 +1319,7 @@ int run_example(const TrainSpec& spec, const Options& options) {
     results.push_back(train(spec, run.options, device, run.precision, run.out_dir));
   }
   if (stop_signal() != 0) {
-    std::fprintf(stderr, "%s\n", stop_line(spec, options, runs, results, stop_signal()).c_str());
+    print_to_stderr(stop_line(spec, options, runs, results, stop_signal()));
     return 128 + stop_signal();
   }
   for (const RunResult& r : results) warn_if_diverged(r);
@@ -1378,21 +1375,27 @@ std::string out_of_memory(const std::string& what) {
              "): ", named ? g_memory_options + " ask for" : std::string("the sizes asked for need"),
              " more memory than is available", named ? "; lower them" : "");
 }
+
 } // namespace
 
 void set_memory_options(const std::string& options) { g_memory_options = options; }
+
+void print_to_stderr(const std::string& line) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
 
 int guarded_main(const std::function<int()>& body) {
   try {
     return body();
   } catch (const OutOfMemory& e) {
-    std::fprintf(stderr, "error: %s\n", out_of_memory(e.what()).c_str());
+    print_to_stderr("error: " + out_of_memory(e.what()));
   } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    print_to_stderr(std::string("error: ") + e.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error: %s\n", out_of_memory("std::bad_alloc").c_str());
+    print_to_stderr("error: " + out_of_memory("std::bad_alloc"));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    print_to_stderr(std::string("error: ") + e.what());
   }
   return 1;
 }

@@ -158,6 +158,11 @@ void with_output_folder(const std::string& dir, const std::vector<std::string>& 
                         const std::vector<std::string>& input_dirs,
                         const std::function<void()>& write);
 
+// Prints `line` and a newline to stderr, after flushing what stdout holds: piped, stdout is
+// block-buffered, and a log that merges the two would otherwise show a warning or an error before
+// the lines that led to it.
+void print_to_stderr(const std::string& line);
+
 // Names the options that set how much memory the program needs, as given (e.g. "--size 8192,
 // --hidden 256 and --layers 2"), for guarded_main's out-of-memory error.
 void set_memory_options(const std::string& options);

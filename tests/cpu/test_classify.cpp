@@ -221,6 +221,28 @@ TEST(Classify, TrainsOnTheImageFolderFixture) {
     EXPECT_NE(subset.output.find(line), std::string::npos) << line << "\n" << subset.output;
 }
 
+// An error is the last line of the run's output, after the lines printed before it, also when
+// stdout (block-buffered in a pipe) and stderr go to one file.
+TEST(Classify, AnErrorComesAfterTheLinesPrintedBeforeIt) {
+  const std::string folder = std::string("--images ") + MINAMP_SOURCE_DIR +
+                             "/data/tiny-images --image-size 8 --batch-size 2 --epochs 1 ";
+  const std::string narrow = fresh_dir("classify_order_narrow");
+  ASSERT_EQ(
+      run_program("classify", folder + "--width 4 --out " + narrow + " --save-weights " + narrow)
+          .status,
+      0);
+  const ProgramRun run =
+      run_program("classify", folder + "--width 8 --out " + fresh_dir("classify_order_wide") +
+                                  " --load-weights " + narrow + "/final.safetensors");
+  EXPECT_NE(run.status, 0);
+  const size_t info = run.output.find("6 training and 3 test images");
+  const size_t error = run.output.find("error: load_weights: ");
+  ASSERT_NE(info, std::string::npos) << run.output;
+  ASSERT_NE(error, std::string::npos) << run.output;
+  EXPECT_LT(info, error) << run.output;
+  EXPECT_EQ(run.output.find('\n', error), run.output.size() - 1) << run.output;
+}
+
 // The last partial batch of an epoch is dropped: 384 images in batches of 100 make 3 steps an
 // epoch, each epoch over its own order of the images.
 TEST(Classify, EpochsDropTheLastPartialBatch) {
