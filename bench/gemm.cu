@@ -614,6 +614,7 @@ int run(int argc, char** argv) {
                "shared memory; for bench/gemm_sass.py) and exit; needs no GPU");
   examples::use_one_line_errors(app);
   CLI11_PARSE(app, argc, argv);
+  examples::require_valid_environment();
   if (kernels_only) {
     for (const char* name : {"--shapes", "--precisions", "--json", "--no-versions", "--sweep"})
       require(app.count(name) == 0, "--kernels", "prints the kernels and exits; it takes no ",
@@ -700,6 +701,7 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
+    std::fflush(stdout); // the table so far first, also when stdout is a pipe
     std::fprintf(stderr, "bench_gemm: error: %s\n", e.what());
     return 1;
   }

@@ -32,8 +32,9 @@ std::pair<std::string, std::string> file_and_label(const std::string& input) {
     if (std::filesystem::is_regular_file(input.substr(0, colon), ignored))
       readings.push_back({input.substr(0, colon), input.substr(colon + 1)});
   if (std::filesystem::is_regular_file(input, ignored)) readings.push_back({input, input});
-  require(readings.size() <= 1, "plot_metrics", "'", input, "' could be the file ",
-          readings[0].first, " or ", readings[1].first, " (with a label or without): rename one");
+  if (readings.size() > 1)
+    throw Error(cat("plot_metrics: '", input, "' could be the file ", readings[0].first, " or ",
+                    readings[1].first, " (with a label or without): rename one"));
   if (!readings.empty()) return readings[0];
   const size_t last = input.rfind(':');
   if (last == std::string::npos) return {input, input};
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   examples::use_one_line_errors(app);
   CLI11_PARSE(app, argc, argv);
   try {
+    examples::require_valid_environment();
     io::require_writable(out, "--out");
     std::vector<std::pair<std::string, std::string>> files;
     std::vector<std::string> paths;

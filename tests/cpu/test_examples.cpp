@@ -89,6 +89,22 @@ TEST(Examples, UnknownEnvironmentSettingsAreRefusedBeforeAnythingIsWritten) {
   EXPECT_FALSE(std::filesystem::exists(out)) << out;
   run = run_program("minimal_amp", "--steps 1", "MINAMP_GEMM_VERSION=v9");
   expect_one_line_error(run, "minimal_amp", {"MINAMP_GEMM_VERSION", "got 'v9'"});
+  // Also where no GEMM runs: plot_metrics, and bench_gemm's --kernels and the check for a GPU.
+  out = fresh_dir("bad_fusion_plot");
+  std::filesystem::create_directories(out);
+  minamp::io::write_file_atomically(out + "/metrics.csv", "step,loss\n1,0.5\n2,0.25\n");
+  run =
+      run_program("plot_metrics", out + "/metrics.csv --out " + out + "/p.png", "MINAMP_FUSION=2");
+  expect_one_line_error(run, "plot_metrics", {"MINAMP_FUSION", "got '2'"});
+  EXPECT_FALSE(std::filesystem::exists(out + "/p.png"));
+  if (std::filesystem::exists(std::string(MINAMP_BINARY_DIR) + "/bench_gemm"))
+    for (const char* args : {"--kernels", "--shapes tiny"}) {
+      run = run_program("bench_gemm", args, "MINAMP_GEMM_PERSISTENT=x");
+      EXPECT_NE(run.status, 0) << args;
+      EXPECT_EQ(run.output.rfind("bench_gemm: error: MINAMP_GEMM_PERSISTENT", 0), 0u)
+          << args << ": " << run.output;
+      EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << args << run.output;
+    }
 }
 
 TEST(Examples, BadValuesAreOneLineErrors) {
