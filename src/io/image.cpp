@@ -103,11 +103,16 @@ template <class Keep> std::vector<fs::path> sorted_entries(const fs::path& dir, 
   return entries;
 }
 
-// Whether `bytes` begin with a JPEG's start-of-image marker.
-bool starts_as_jpeg(const std::string& bytes) {
-  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0xff &&
-         static_cast<unsigned char>(bytes[1]) == 0xd8;
+// Where a JPEG's start-of-image marker (0xd8 after one or more 0xff, as stb reads it) ends in
+// `bytes`; 0 when they do not begin with one.
+size_t jpeg_start_end(const std::string& bytes) {
+  size_t pos = 0;
+  while (pos < bytes.size() && static_cast<unsigned char>(bytes[pos]) == 0xff) ++pos;
+  return pos > 0 && pos < bytes.size() && static_cast<unsigned char>(bytes[pos]) == 0xd8 ? pos + 1
+                                                                                         : 0;
 }
+
+bool starts_as_jpeg(const std::string& bytes) { return jpeg_start_end(bytes) > 0; }
 
 // stb_image 2.27 (Debian's libstb-dev) writes past its Huffman tables when a JPEG's DHT segment
 // declares more than 256 codes (stb issue #1289, fixed upstream in 2.28). This walks the JPEG's
@@ -116,8 +121,8 @@ bool starts_as_jpeg(const std::string& bytes) {
 bool jpeg_huffman_tables_fit(const std::string& bytes) {
   // Past the end of the file stb reads zeros, and so does this.
   auto byte = [&](size_t i) { return i < bytes.size() ? static_cast<unsigned char>(bytes[i]) : 0; };
-  if (!starts_as_jpeg(bytes)) return true;
-  size_t pos = 2;
+  size_t pos = jpeg_start_end(bytes);
+  if (pos == 0) return true;
   while (pos + 4 <= bytes.size()) {
     const unsigned char marker = byte(pos + 1);
     if (byte(pos) != 0xff || marker == 0xff) { // entropy-coded data or fill bytes

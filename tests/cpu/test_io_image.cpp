@@ -253,6 +253,10 @@ TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
   for (auto read : {+[](const std::string& path) { io::check_image_header(path); },
                     +[](const std::string& path) { io::load_image(path, 3); }})
     expect_error([&] { read(dir.path("cut.jpg")); }, dir.path("cut.jpg"), "more than 256 codes");
+  // And where fill bytes come before the start-of-image marker, which stb skips.
+  test::write_bytes(dir.path("filled.jpg"), "\xff\xff" + bytes.substr(1));
+  expect_error([&] { io::load_image(dir.path("filled.jpg"), 3); }, dir.path("filled.jpg"),
+               "more than 256 codes");
 }
 
 // True when `pixel` (3 floats in [0, 1]) is exactly the 8-bit colour (r, g, b).
