@@ -81,12 +81,6 @@ inline CLI::Validator any_uint64() {
   return integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max());
 }
 
-// Whether `text` is, in full, a decimal number (io::decimal_number_prefix: no hexadecimal, no
-// spaces).
-inline bool parses_as_number(const std::string& text, double& value) {
-  return !text.empty() && io::decimal_number_prefix(text, value) == text.size();
-}
-
 // Check of a real-valued option: a finite number, in full, that `accept` takes; otherwise
 // "expected <expected>, got <text>".
 inline CLI::Validator finite_number(std::function<bool(double)> accept,
@@ -94,7 +88,7 @@ inline CLI::Validator finite_number(std::function<bool(double)> accept,
   return CLI::Validator(
       [accept, expected](const std::string& text) {
         double value = 0;
-        return parses_as_number(text, value) && std::isfinite(value) && accept(value)
+        return io::parse_decimal_number(text, value) && std::isfinite(value) && accept(value)
                    ? std::string()
                    : "expected " + expected + ", got " + text;
       },

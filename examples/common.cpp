@@ -1375,7 +1375,6 @@ std::string out_of_memory(const std::string& what) {
              "): ", named ? g_memory_options + " ask for" : std::string("the sizes asked for need"),
              " more memory than is available", named ? "; lower them" : "");
 }
-
 } // namespace
 
 void set_memory_options(const std::string& options) { g_memory_options = options; }

@@ -25,11 +25,6 @@ std::vector<std::string> fields_of(std::string line) {
 // Whether `line` holds nothing (but a '\r'): a blank line, skipped as pandas skips it.
 bool is_blank(const std::string& line) { return line.empty() || line == "\r"; }
 
-// `text` as a number when all of it is one (decimal_number_prefix).
-bool parse_number(const std::string& text, double& value) {
-  return !text.empty() && decimal_number_prefix(text, value) == text.size();
-}
-
 // The header's fields, read from `in` (which is left at the first row); throws Error naming the
 // file when it has no header. A UTF-8 byte-order mark before the header is dropped.
 std::vector<std::string> read_header(const std::string& path, std::istringstream& in) {
@@ -51,6 +46,10 @@ size_t decimal_number_prefix(const std::string& text, double& value) {
   const char* begin = text.data() + (text.size() > 1 && text[0] == '+' && text[1] != '-');
   const auto [stop, error] = std::from_chars(begin, text.data() + text.size(), value);
   return error == std::errc() ? size_t(stop - text.data()) : 0;
+}
+
+bool parse_decimal_number(const std::string& text, double& value) {
+  return !text.empty() && decimal_number_prefix(text, value) == text.size();
 }
 
 std::vector<std::string> read_csv_header(const std::string& path) {
@@ -78,7 +77,7 @@ std::vector<double> read_csv_column(const std::string& path, const std::string& 
     require(fields.size() == header.size(), "read_csv_column", path, ":", row, ": ", fields.size(),
             fields.size() == 1 ? " field" : " fields", " where the header has ", header.size());
     double value = 0;
-    require(parse_number(fields[index], value), "read_csv_column", path, ":", row, ": '",
+    require(parse_decimal_number(fields[index], value), "read_csv_column", path, ":", row, ": '",
             fields[index], "' is not a number");
     values.push_back(value);
   }

@@ -14,6 +14,8 @@ namespace minamp::io {
 // hexadecimal, no spaces (std::from_chars's syntax, and a leading '+'); out of double's range is
 // no number. CSV fields and the programs' real-valued options are read with it.
 size_t decimal_number_prefix(const std::string& text, double& value);
+// Whether `text` is, in full, such a number (read into `value`).
+bool parse_decimal_number(const std::string& text, double& value);
 
 // The column names of the file's header. Throws Error naming the file when it cannot be read or
 // is empty.

@@ -112,8 +112,6 @@ size_t jpeg_start_end(const std::string& bytes) {
                                                                                          : 0;
 }
 
-bool starts_as_jpeg(const std::string& bytes) { return jpeg_start_end(bytes) > 0; }
-
 // stb_image 2.27 (Debian's libstb-dev) writes past its Huffman tables when a JPEG's DHT segment
 // declares more than 256 codes (stb issue #1289, fixed upstream in 2.28). This walks the JPEG's
 // marker segments as a decoder does and says whether every Huffman table fits; files that are
@@ -162,8 +160,8 @@ const char* failure_reason() {
 // short), the one its PNG probe left ("bad png sig") would mislead.
 std::string decode_failure_reason(const std::string& bytes) {
   const std::string reason = failure_reason();
-  return starts_as_jpeg(bytes) && reason == "bad png sig" ? "corrupt or truncated JPEG data"
-                                                          : reason;
+  return jpeg_start_end(bytes) > 0 && reason == "bad png sig" ? "corrupt or truncated JPEG data"
+                                                              : reason;
 }
 
 // The bytes of the image file at `path`, checked as far as can be without decoding its pixels:
