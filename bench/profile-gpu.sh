@@ -11,13 +11,14 @@
 #     pipe or by stalls: the tensor pipe's busy share, instructions issued per cycle, cycles
 #     between a warp's instructions and their split by stall reason.
 # Nsight Compute runs with --clock-control none and --cache-control none (the GPU's own clocks,
-# caches kept between kernels as in training). A metric this ncu does not know (named in one of
-# its ==ERROR== lines) is dropped and the profile run again without it. The tables go to
-# bench/results/ncu-<device>-<date>-<commit>.md and $OUT (default /tmp), ncu's CSV files packed
-# into $OUT/<name>-csv.tgz; a run with no table writes nothing to bench/results. Every profile
-# has a time limit, cut to what is left of the run's limit, $TIME_LIMIT_S seconds (default 300);
-# expect ~2-3 minutes on an H200. PROFILES (default: sine-step sine-step-unfused gemm-loop) names
-# the profiles to run; COMMIT, PYTHON, CUDA_HOME and RESULTS as in bench/run-gpu.sh.
+# caches kept between kernels as in training). A metric this ncu does not know (named in one of its
+# ==ERROR== lines) is dropped and the profile run again without it. The tables go to
+# bench/results/ncu-<device>-<date>-<commit>.md and $OUT (default /tmp), ncu's CSV files (written to
+# ${TMPDIR:-/tmp}/<name>-csv) packed into $OUT/<name>-csv.tgz; a run with no table writes nothing to
+# bench/results. Every profile has a time limit, cut to what is left of the run's limit,
+# $TIME_LIMIT_S seconds (default 300); expect ~2-3 minutes on an H200. PROFILES (default: sine-step
+# sine-step-unfused gemm-loop) names the profiles to run; COMMIT, PYTHON, CUDA_HOME and RESULTS as
+# in bench/run-gpu.sh.
 #
 #   COMMIT=<sha> bash bench/profile-gpu.sh      (no arguments)
 set -uo pipefail
@@ -37,7 +38,7 @@ export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin"
 device=$(gpu_device)
 commit=$(measured_commit)
 name="ncu-${device:-unknown}-$(date -u +%Y%m%d-%H%M)-$commit"
-work=/tmp/$name-csv
+work=${TMPDIR:-/tmp}/$name-csv
 run_limit=${TIME_LIMIT_S:-300}
 all_profiles="sine-step sine-step-unfused gemm-loop"
 profiles=${PROFILES:-$all_profiles}
@@ -153,7 +154,7 @@ main() {
 
 main 2>&1 | tee "$out/$name.log"
 rc=${PIPESTATUS[0]}
-tar -czf "$out/$name-csv.tgz" -C /tmp "$(basename "$work")"
+tar -czf "$out/$name-csv.tgz" -C "$(dirname "$work")" "$(basename "$work")"
 if grep -q '^## ' "$work/$name.md" 2>/dev/null; then
   cp "$work/$name.md" "$results/$name.md"
   cp "$work/$name.md" "$out/"

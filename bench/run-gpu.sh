@@ -7,23 +7,23 @@
 # classify; FP32, AMP and AMP-bf16) each model followed by bench/pytorch/train.py --device cuda with
 # $PYTHON, the examples' own comparison tables (sine --compare-dtypes at 512x512: FP32, AMP-f16 and
 # AMP-bf16; mlp --compare; images and metrics under the parts folder), and sine again from five more
-# seeds. The log is written to ${OUT:-/tmp} as it comes, and the parts folder (/tmp/<name>-parts:
-# the per-tool JSON and the examples' outputs) is packed into $OUT/<name>-parts.tgz after every
-# stage, so that $OUT holds at most four files whatever happens (the log, the parts .tgz, and the
-# report's .json and .md when there is one), in one folder. The report (whatever results there are,
-# the missing ones listed) goes to bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the
-# log beside it, and is copied to $OUT. A run with no results at all writes nothing to
-# bench/results. A target that does not build leaves the others to run. MODELS (default: mlp sine
-# classify resnet50 resnet50-frozen) names the models whose bench_train and PyTorch stages run;
-# the report lists the others as missing. Every stage has a time limit, cut to what is left of
-# the whole run's limit, $TIME_LIMIT_S seconds (default 540), so a result comes back even when
-# one hangs (later stages are then skipped); expect 3-5 minutes on an H100, and up to 2 more for
-# the seeds. COMMIT names the measured commit where the tree has no .git (an
-# exported tree): its sha, with -dirty if it had uncommitted changes (git diff --quiet HEAD || echo
-# -dirty, in the repository it came from). PYTHON (default python3) runs bench/pytorch/train.py and
-# bench/report.py; CUDA_HOME (default /usr/local/cuda) has its bin/ appended to PATH; RESULTS
-# (default bench/results) is where the report goes (tests/bench/test_run_gpu.py runs the whole
-# script on stand-in tools).
+# seeds. The log is written to ${OUT:-/tmp} as it comes, and the parts folder
+# (${TMPDIR:-/tmp}/<name>-parts: the per-tool JSON and the examples' outputs) is packed into
+# $OUT/<name>-parts.tgz after every stage, so that $OUT holds at most four files whatever happens
+# (the log, the parts .tgz, and the report's .json and .md when there is one), in one folder. The
+# report (whatever results there are, the missing ones listed) goes to
+# bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log beside it, and is copied to
+# $OUT. A run with no results at all writes nothing to bench/results. A target that does not build
+# leaves the others to run. MODELS (default: mlp sine classify resnet50 resnet50-frozen) names the
+# models whose bench_train and PyTorch stages run; the report lists the others as missing. Every
+# stage has a time limit, cut to what is left of the whole run's limit, $TIME_LIMIT_S seconds
+# (default 540), so a result comes back even when one hangs (later stages are then skipped); expect
+# 3-5 minutes on an H100, and up to 2 more for the seeds. COMMIT names the measured commit where the
+# tree has no .git (an exported tree): its sha, with -dirty if it had uncommitted changes (git diff
+# --quiet HEAD || echo -dirty, in the repository it came from). PYTHON (default python3) runs
+# bench/pytorch/train.py and bench/report.py; CUDA_HOME (default /usr/local/cuda) has its bin/
+# appended to PATH; RESULTS (default bench/results) is where the report goes
+# (tests/bench/test_run_gpu.py runs the whole script on stand-in tools).
 #
 #   COMMIT=<sha> bash bench/run-gpu.sh      (no arguments)
 set -uo pipefail
@@ -45,7 +45,7 @@ device=$(gpu_device)
 commit=$(measured_commit)
 name="gpu-${device:-unknown}-$(date -u +%Y%m%d-%H%M)-$commit"
 log=$results/$name.log
-work=/tmp/$name-parts
+work=${TMPDIR:-/tmp}/$name-parts
 run_limit=${TIME_LIMIT_S:-540}
 all_models="mlp sine classify resnet50 resnet50-frozen"
 models=${MODELS:-$all_models}

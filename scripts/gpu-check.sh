@@ -76,7 +76,7 @@ run_stage() {
     return
   fi
   echo "== $name (limit $limit s, log: $log)"
-  local stage_log=/tmp/minamp-stage.log
+  local stage_log=${TMPDIR:-/tmp}/minamp-stage.log
   echo "== $name" >>"$log"
   timeout -k 10 "$limit" bash -c '"$@"' stage "$@" 2>&1 | tee "$stage_log" >>"$log"
   rc=${PIPESTATUS[0]}

@@ -103,7 +103,7 @@ class GpuCheckScript(unittest.TestCase):
         for name in ("gemm_v1_fake.cu.o", "gemm_fp32.cu.o"):
             open(os.path.join(objects, name), "w").close()
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
-                   OUT=out, TIME_LIMIT_S=str(time_limit_s), **failures)
+                   OUT=out, TIME_LIMIT_S=str(time_limit_s), TMPDIR=tmp.name, **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh")],
                                  env=env, capture_output=True, text=True, timeout=110)
         summary = process.stdout[process.stdout.find("== summary"):] if "== summary" in \

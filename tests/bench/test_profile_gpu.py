@@ -115,7 +115,7 @@ class ProfileScript(unittest.TestCase):
             make_tool(os.path.join(build, name), name, __file__)
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
                    OUT=out, RESULTS=results, COMMIT="abc1234", TIME_LIMIT_S=str(time_limit_s),
-                   **environment)
+                   TMPDIR=tmp.name,                   **environment)
         process = subprocess.run(["bash", os.path.join(REPO, "bench", "profile-gpu.sh")], env=env,
                                  capture_output=True, text=True, timeout=110)
         tables = ""
