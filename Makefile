@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 DEPS_STAMP := $(BUILD)/.deps-ok
 
-.PHONY: help deps configure build demo test test-emulated test-sanitize bench clean format
+.PHONY: help deps configure build demo test test-emulated test-sanitize fuzz bench clean format
 
 help:
 	@echo "minamp — a minimal mixed-precision training framework (C++17, CUDA)"
@@ -15,6 +15,7 @@ help:
 	@echo "                      on the CPU emulator of the CUDA backend where CUDA headers are)"
 	@echo "  make test-emulated  only the GPU tests run on the CUDA emulator (the CUDA sources on the CPU)"
 	@echo "  make test-sanitize  run the CPU and emulated GPU tests under AddressSanitizer + UBSan"
+	@echo "  make fuzz           fuzz the file loaders with libFuzzer (clang), FUZZ_SECONDS=60 each"
 	@echo "  make bench          run the CPU benchmarks, results under bench/results/"
 	@echo "  make build          configure and build only (BUILD=$(BUILD))"
 	@echo "  make format         clang-format every source file"
@@ -54,6 +55,15 @@ test-emulated: build
 test-sanitize:
 	@MINAMP_CUDA_EXACT_ALLOC=1 $(MAKE) --no-print-directory test BUILD=build-sanitize \
 	  CMAKE_FLAGS="-DMINAMP_CUDA=OFF -DMINAMP_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo"
+
+# Coverage-guided fuzzing of the file loaders (tests/fuzz/, scripts/fuzz.sh): clang's libFuzzer
+# with AddressSanitizer + UBSan, in a build of its own (the CPU backend only).
+fuzz:
+	@bash scripts/install-deps.sh fuzz
+	@cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+	  -DMINAMP_FUZZ=ON -DMINAMP_CUDA=OFF -DMINAMP_CUDA_EMULATOR=OFF >/dev/null
+	@cmake --build build-fuzz -j $(JOBS) --target minamp_fuzz minamp_fuzz_replay
+	@BUILD=build-fuzz bash scripts/fuzz.sh
 
 bench: build
 	@bash bench/run-cpu.sh $(BUILD)

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Installs the Debian packages minamp builds and runs with, only those that are missing.
-# Idempotent; needs root (or sudo) only when something is missing.
+# Idempotent; needs root (or sudo) only when something is missing. With `fuzz`, also clang and its
+# libFuzzer, for `make fuzz`.
 #
-#   bash scripts/install-deps.sh      (no arguments; run by `make deps` and every build target)
+#   bash scripts/install-deps.sh          (run by `make deps` and every build target)
+#   bash scripts/install-deps.sh fuzz     (run by `make fuzz`)
 set -euo pipefail
-# -h/--help prints the comment above; the script takes no arguments.
+# -h/--help prints the comment above; the only argument is `fuzz`.
 # shellcheck source=scripts/args.sh
 source "$(dirname "$0")/args.sh"
+fuzz=
+if [ "${1-}" = fuzz ]; then
+  fuzz=1
+  shift
+fi
 no_arguments install-deps "$@"
 
 packages=(
@@ -20,6 +27,7 @@ packages=(
   dataset-fashion-mnist # the classifier's data set
   python3           # tests of bench/report.py (json, unittest)
 )
+[ -z "$fuzz" ] || packages+=(clang libclang-rt-dev) # libFuzzer and the sanitizers' runtimes
 
 missing=()
 for p in "${packages[@]}"; do
