@@ -756,6 +756,9 @@ void Run::resume(const std::string& path) {
           " does not match step ", state.step,
           spec_.steps_per_epoch > 0 ? cat(" at ", spec_.steps_per_epoch, " steps per epoch")
                                     : std::string(" (this example counts no epochs: expected 0)"));
+  for (const io::NamedTensor& t : state.logs)
+    require(t.name == "steps" || t.name == "epochs", "--resume", path, ": unexpected entry 'log.",
+            t.name, "' (the examples log only 'log.steps' and 'log.epochs')");
   log_.steps = records_from_tensor<StepRecord, kStepColumns>(path, state, "steps", state.step);
   log_.epochs = records_from_tensor<EpochRecord, kEpochColumns>(path, state, "epochs",
                                                                 evaluates() ? state.epoch : 0);

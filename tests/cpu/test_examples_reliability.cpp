@@ -318,6 +318,13 @@ TEST(Reliability, CorruptWeightsAndCheckpointsAreRefused) {
     expect_one_line_error(run_program("sine", resume), c.message, {bad, c.message});
     EXPECT_FALSE(fs::exists(out)) << c.message << ": a refused run wrote output";
   }
+  // A log entry no example writes is refused, as an unexpected model or optimizer entry is.
+  rewrite_safetensors(checkpoint, bad, [](auto& tensors, auto&) {
+    tensors.push_back({"log.extra", Tensor::zeros({1})});
+  });
+  expect_one_line_error(run_program("sine", resume), "log.extra",
+                        {bad, "unexpected entry 'log.extra'"});
+  EXPECT_FALSE(fs::exists(out)) << "log.extra: a refused run wrote output";
   // --load-weights: a non-finite weight is refused the same way.
   rewrite_safetensors(source + "/w/final.safetensors", bad, [](auto& tensors, auto&) {
     for (io::NamedTensor& t : tensors)
