@@ -150,6 +150,32 @@ bool jpeg_huffman_tables_fit(const std::string& bytes) {
   return true;
 }
 
+// stb_image copies each PNG data chunk (IDAT) into a buffer it allocates at the first non-empty
+// one, so an empty IDAT before that is copied to a null pointer (memcpy's undefined behaviour,
+// which lets the compiler drop stb's later "no IDAT" check). Empty IDAT chunks hold nothing; this
+// removes them from a PNG's bytes. Other files, and a PNG's chunks past one cut short, are kept.
+void drop_empty_png_data_chunks(std::string& bytes) {
+  const std::string signature = "\x89PNG\r\n\x1a\n";
+  if (bytes.compare(0, signature.size(), signature) != 0) return;
+  // One pass that moves each kept chunk down over the dropped ones: [signature.size(), kept) is
+  // done, `next` is the next chunk read.
+  size_t kept = signature.size(), next = kept;
+  while (next + 12 <= bytes.size()) { // a chunk: length (4 bytes, big-endian), type, data, CRC
+    uint64_t length = 0;
+    for (size_t i = 0; i < 4; ++i)
+      length = (length << 8) | static_cast<unsigned char>(bytes[next + i]);
+    if (length > bytes.size() - next - 12) break;
+    const size_t chunk = 12 + size_t(length);
+    if (length != 0 || bytes.compare(next + 4, 4, "IDAT") != 0) {
+      if (kept != next)
+        std::copy(bytes.begin() + next, bytes.begin() + next + chunk, bytes.begin() + kept);
+      kept += chunk;
+    }
+    next += chunk;
+  }
+  bytes.erase(kept, next - kept);
+}
+
 // stb's reason for its last failure on this thread, or a stand-in where it gave none.
 const char* failure_reason() {
   const char* reason = stbi_failure_reason();
@@ -166,12 +192,14 @@ std::string decode_failure_reason(const std::string& bytes) {
 
 // The bytes of the image file at `path`, checked as far as can be without decoding its pixels:
 // a size stb can take, a JPEG's Huffman tables, a PNG or JPEG header stb reads (its size in
-// `width` and `height`) and at most kMaxPixels pixels. Throws Error naming the file and `op`.
+// `width` and `height`) and at most kMaxPixels pixels, with a PNG's empty data chunks removed.
+// Throws Error naming the file and `op`.
 std::string read_image_header(const std::string& path, const char* op, int& width, int& height) {
   std::string bytes = read_file(path);
   require(bytes.size() <= size_t(INT_MAX), op, path, ": file too large");
   require(jpeg_huffman_tables_fit(bytes), op, path,
           ": corrupt JPEG (a Huffman table has more than 256 codes)");
+  drop_empty_png_data_chunks(bytes);
   // Each stb call runs before stbi_failure_reason() is read (a function's arguments are evaluated
   // in no fixed order: read within one require(), the reason could be the previous call's).
   int file_channels = 0;

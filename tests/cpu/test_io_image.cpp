@@ -1,6 +1,6 @@
 // Tests for io/image, io/plot and io/atomic_file: PNG round trips, channel conversion,
-// resizing, the image-folder fixture (data/tiny-images) and its errors, corrupt PNGs, a line
-// plot's pixels, and atomic writes.
+// resizing, the image-folder fixture (data/tiny-images) and its errors, corrupt PNGs and JPEGs,
+// a line plot's pixels, and atomic writes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -257,6 +257,29 @@ TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
   test::write_bytes(dir.path("filled.jpg"), "\xff\xff" + bytes.substr(1));
   expect_error([&] { io::load_image(dir.path("filled.jpg"), 3); }, dir.path("filled.jpg"),
                "more than 256 codes");
+}
+
+// Empty PNG data chunks (IDAT) hold nothing: a PNG with them loads as the same image without
+// them (stb would copy one before any image data to a null pointer), and a PNG whose only data
+// chunk is empty is refused as having no image data.
+TEST(Image, EmptyPngDataChunksLoadAsNothing) {
+  test::TempDir dir;
+  Rng rng(8);
+  const Tensor image = random_8bit_image(rng, 5, 6, 3);
+  io::save_png(dir.path("valid.png"), image);
+  const std::string png = io::read_file(dir.path("valid.png"));
+  // Where the data chunk and the end chunk begin (each at its 4-byte length, before its type).
+  const size_t data = png.find("IDAT") - 4, end = png.find("IEND") - 4;
+  ASSERT_EQ(data, size_t(8 + 25)) << "the data chunk does not follow the signature and header";
+  const std::string empty_data("\0\0\0\0IDAT\x35\xaf\x06\x1e", 12); // with its CRC-32
+  test::write_bytes(dir.path("empty.png"), png.substr(0, data) + empty_data +
+                                               png.substr(data, end - data) + empty_data +
+                                               empty_data + png.substr(end));
+  EXPECT_EQ(io::load_image(dir.path("empty.png"), 3).to_vector(), image.to_vector());
+
+  test::write_bytes(dir.path("no-data.png"), png.substr(0, data) + empty_data + png.substr(end));
+  expect_error([&] { io::load_image(dir.path("no-data.png"), 3); }, dir.path("no-data.png"),
+               ": cannot decode (no IDAT)");
 }
 
 // True when `pixel` (3 floats in [0, 1]) is exactly the 8-bit colour (r, g, b).
