@@ -3,10 +3,13 @@
 # after it has built $BUILD (default build-fuzz) with clang and -DMINAMP_FUZZ=ON. Each target runs
 # minamp_fuzz (libFuzzer, AddressSanitizer, UndefinedBehaviorSanitizer) for FUZZ_SECONDS (default
 # 60) from its corpus, $BUILD/corpus/<target>, which starts as the target's seeds and keeps what
-# libFuzzer adds between runs. An input that fails is written to $BUILD/crashes/<target>-*, with
-# its report in $BUILD/crashes/<target>.log; the run goes on to the next target and exits 1 at
-# the end. To keep a failing input as a regression test once it is fixed, copy it to
-# tests/fuzz/regressions/<target>/ (ctest fuzz.regressions.<target> replays it).
+# libFuzzer adds between runs. An input fails when it crashes, trips a sanitizer, or makes a
+# loader allocate more than 1 GiB at once (none needs that: an image at the loaders' pixel limit,
+# 2^25, takes 512 MiB; more means a size read from the file was trusted). A failing input is
+# written to $BUILD/crashes/<target>-*, with its report in $BUILD/crashes/<target>.log; the run
+# goes on to the next target and exits 1 at the end. To keep a failing input as a regression test
+# once it is fixed, copy it to tests/fuzz/regressions/<target>/ (ctest fuzz.regressions.<target>
+# replays it).
 # FUZZ_TARGETS (default: every target) names the targets to run.
 #
 #   bash scripts/fuzz.sh      (no arguments)
@@ -38,8 +41,9 @@ failed=()
 for target in $targets; do
   echo "== $target: $seconds s from $(find "$build/corpus/$target" -type f | wc -l) inputs"
   log=$build/crashes/$target.log
-  if "$build/minamp_fuzz" "--target=$target" -max_total_time="$seconds" -print_final_stats=1 \
-    -artifact_prefix="$build/crashes/$target-" "$build/corpus/$target" >"$log" 2>&1; then
+  if "$build/minamp_fuzz" "--target=$target" -max_total_time="$seconds" -malloc_limit_mb=1024 \
+    -print_final_stats=1 -artifact_prefix="$build/crashes/$target-" "$build/corpus/$target" \
+    >"$log" 2>&1; then
     grep -E '^stat::number_of_executed_units|^Done' "$log" | tail -n 1
     rm -f "$log"
   else

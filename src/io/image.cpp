@@ -150,22 +150,25 @@ bool jpeg_huffman_tables_fit(const std::string& bytes) {
   return true;
 }
 
-// stb_image copies each PNG data chunk (IDAT) into a buffer it allocates at the first non-empty
-// one, so an empty IDAT before that is copied to a null pointer (memcpy's undefined behaviour,
-// which lets the compiler drop stb's later "no IDAT" check). Empty IDAT chunks hold nothing; this
-// removes them from a PNG's bytes. Other files, and a PNG's chunks past one cut short, are kept.
-void drop_empty_png_data_chunks(std::string& bytes) {
+// Readies a PNG's bytes for stb_image, which trusts two things it should not. It allocates for a
+// data chunk (IDAT) as long as the chunk says it is before it finds the bytes missing: up to 2^31
+// from a file of a few dozen. Returns false where a chunk runs past the end of the file (stb only
+// decodes at the end chunk, IEND, so it could not have loaded such a file). And it copies an empty
+// IDAT before any image data to a null pointer (memcpy's undefined behaviour, which lets the
+// compiler drop stb's later "no IDAT" check): empty IDAT chunks, which hold nothing, are removed.
+// Files that are not PNG pass unchanged, for stb to judge.
+bool prepare_png_for_stb(std::string& bytes) {
   const std::string signature = "\x89PNG\r\n\x1a\n";
-  if (bytes.compare(0, signature.size(), signature) != 0) return;
+  if (bytes.compare(0, signature.size(), signature) != 0) return true;
   // One pass that moves each kept chunk down over the dropped ones: [signature.size(), kept) is
-  // done, `next` is the next chunk read.
+  // done, `next` is the next chunk read. A chunk: length (4 bytes, big-endian), type, data, CRC.
   size_t kept = signature.size(), next = kept;
-  while (next + 12 <= bytes.size()) { // a chunk: length (4 bytes, big-endian), type, data, CRC
+  while (next + 8 <= bytes.size() && bytes.compare(next + 4, 4, "IEND") != 0) {
     uint64_t length = 0;
     for (size_t i = 0; i < 4; ++i)
       length = (length << 8) | static_cast<unsigned char>(bytes[next + i]);
-    if (length > bytes.size() - next - 12) break;
-    const size_t chunk = 12 + size_t(length);
+    if (length > bytes.size() - next - 8) return false;
+    const size_t chunk = std::min(size_t(length) + 12, bytes.size() - next); // its CRC may be cut
     if (length != 0 || bytes.compare(next + 4, 4, "IDAT") != 0) {
       if (kept != next)
         std::copy(bytes.begin() + next, bytes.begin() + next + chunk, bytes.begin() + kept);
@@ -174,6 +177,7 @@ void drop_empty_png_data_chunks(std::string& bytes) {
     next += chunk;
   }
   bytes.erase(kept, next - kept);
+  return true;
 }
 
 // stb's reason for its last failure on this thread, or a stand-in where it gave none.
@@ -191,15 +195,16 @@ std::string decode_failure_reason(const std::string& bytes) {
 }
 
 // The bytes of the image file at `path`, checked as far as can be without decoding its pixels:
-// a size stb can take, a JPEG's Huffman tables, a PNG or JPEG header stb reads (its size in
-// `width` and `height`) and at most kMaxPixels pixels, with a PNG's empty data chunks removed.
-// Throws Error naming the file and `op`.
+// a size stb can take, a JPEG's Huffman tables, a PNG's chunk lengths, a PNG or JPEG header stb
+// reads (its size in `width` and `height`) and at most kMaxPixels pixels; a PNG's empty data
+// chunks are removed. Throws Error naming the file and `op`.
 std::string read_image_header(const std::string& path, const char* op, int& width, int& height) {
   std::string bytes = read_file(path);
   require(bytes.size() <= size_t(INT_MAX), op, path, ": file too large");
   require(jpeg_huffman_tables_fit(bytes), op, path,
           ": corrupt JPEG (a Huffman table has more than 256 codes)");
-  drop_empty_png_data_chunks(bytes);
+  require(prepare_png_for_stb(bytes), op, path,
+          ": corrupt or truncated PNG (a chunk's length runs past the end of the file)");
   // Each stb call runs before stbi_failure_reason() is read (a function's arguments are evaluated
   // in no fixed order: read within one require(), the reason could be the previous call's).
   int file_channels = 0;

@@ -282,6 +282,36 @@ TEST(Image, EmptyPngDataChunksLoadAsNothing) {
                ": cannot decode (no IDAT)");
 }
 
+// A chunk that says it is longer than what is left of the file is refused before stb allocates
+// for it (up to 2^31 bytes from a file of a few dozen); the end chunk, of which stb reads nothing,
+// may say what it likes.
+TEST(Image, RejectsAPngChunkThatRunsPastTheEndOfTheFile) {
+  test::TempDir dir;
+  Rng rng(9);
+  const Tensor image = random_8bit_image(rng, 4, 3, 3);
+  io::save_png(dir.path("valid.png"), image);
+  const std::string png = io::read_file(dir.path("valid.png"));
+  auto with_length = [&](size_t chunk, uint32_t length) {
+    std::string bytes = png;
+    for (size_t b = 0; b < 4; ++b) bytes[chunk + b] = char(length >> (8 * (3 - b)));
+    return bytes;
+  };
+  const size_t data = png.find("IDAT") - 4, end = png.find("IEND") - 4;
+  for (const uint32_t length : {uint32_t(png.size() - data - 7), uint32_t(0x7fffffff)}) {
+    test::write_bytes(dir.path("long.png"), with_length(data, length));
+    for (auto read : {+[](const std::string& path) { io::check_image_header(path); },
+                      +[](const std::string& path) { io::load_image(path, 3); }})
+      expect_error([&] { read(dir.path("long.png")); }, dir.path("long.png"),
+                   ": corrupt or truncated PNG (a chunk's length runs past the end of the file)");
+  }
+  // The longest data chunk the file holds, its CRC cut short, gets as far as stb.
+  test::write_bytes(dir.path("fits.png"), with_length(data, uint32_t(png.size() - data - 8)));
+  expect_error([&] { io::load_image(dir.path("fits.png"), 3); }, dir.path("fits.png"),
+               ": cannot decode (");
+  test::write_bytes(dir.path("end.png"), with_length(end, 1000));
+  EXPECT_EQ(io::load_image(dir.path("end.png"), 3).to_vector(), image.to_vector());
+}
+
 // True when `pixel` (3 floats in [0, 1]) is exactly the 8-bit colour (r, g, b).
 bool is_colour(const float* pixel, int r, int g, int b) {
   return std::lround(pixel[0] * 255) == r && std::lround(pixel[1] * 255) == g &&
