@@ -230,6 +230,18 @@ TEST(Image, ATruncatedJpegIsNamedAsOne) {
   EXPECT_GT(named, 0) << "no cut reached the decoder";
 }
 
+// data/progressive-jpeg/stripes.jpg is the fixture's baseline JPEG rewritten as progressive
+// without loss (`jpegtran -progressive`): the same coefficients, so the same pixels.
+TEST(Image, AProgressiveJpegDecodesAsItsBaseline) {
+  const std::string data = std::string(MINAMP_SOURCE_DIR) + "/data/";
+  const std::string progressive = io::read_file(data + "progressive-jpeg/stripes.jpg");
+  ASSERT_NE(progressive.find("\xff\xc2"), std::string::npos) << "no progressive frame header";
+  const Tensor baseline = io::load_image(data + "tiny-images/stripes/img1.jpg", 3);
+  const Tensor image = io::load_image(data + "progressive-jpeg/stripes.jpg", 3);
+  EXPECT_EQ(image.shape(), baseline.shape());
+  EXPECT_EQ(image.to_vector(), baseline.to_vector());
+}
+
 TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
   // SOI, then a DHT segment whose 16 code counts sum to 16 * 255 (a table holds at most 256).
   std::string bytes = "\xff\xd8\xff\xc4";

@@ -160,14 +160,17 @@ void load_image(const std::string& path) {
   io::resize_image(image, 7, 5);
 }
 
-// PNGs in colour and grey, and the JPEG of the image-folder fixture (minamp writes no JPEG).
+// PNGs in colour and grey, and the JPEG of the image-folder fixture, baseline and progressive
+// (minamp writes no JPEG).
 std::vector<std::string> image_seeds() {
   const int width = 6, height = 5;
   std::vector<uint8_t> pixels(width * height * 3);
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = uint8_t(i * 29);
+  const std::string data = std::string(MINAMP_SOURCE_DIR) + "/data/";
   return {io::encode_png(pixels.data(), width, height, 3),
           io::encode_png(pixels.data(), width, height, 1),
-          io::read_file(std::string(MINAMP_SOURCE_DIR) + "/data/tiny-images/stripes/img1.jpg")};
+          io::read_file(data + "tiny-images/stripes/img1.jpg"),
+          io::read_file(data + "progressive-jpeg/stripes.jpg")};
 }
 
 } // namespace
