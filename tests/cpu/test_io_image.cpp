@@ -28,6 +28,28 @@ Tensor random_8bit_image(Rng& rng, int64_t h, int64_t w, int64_t c) {
   return image;
 }
 
+// A random 8-bit [h, w, 3] image saved as a PNG in `dir`: the image, the file's bytes, and where
+// its data chunk (IDAT) and end chunk (IEND) begin (each at its 4-byte length, before its type).
+struct SavedPng {
+  Tensor image;
+  std::string bytes;
+  size_t data, end;
+};
+SavedPng save_random_png(const test::TempDir& dir, uint64_t seed, int64_t h, int64_t w) {
+  Rng rng(seed);
+  SavedPng png{random_8bit_image(rng, h, w, 3), "", 0, 0};
+  io::save_png(dir.path("valid.png"), png.image);
+  png.bytes = io::read_file(dir.path("valid.png"));
+  png.data = png.bytes.find("IDAT") - 4;
+  png.end = png.bytes.find("IEND") - 4;
+  return png;
+}
+
+// Both ways an image file is read: its header alone, and in full.
+const std::vector<void (*)(const std::string&)> kImageReads = {
+    +[](const std::string& path) { io::check_image_header(path); },
+    +[](const std::string& path) { io::load_image(path, 3); }};
+
 Tensor constant_image(int64_t h, int64_t w, const std::vector<float>& pixel) {
   Tensor image = Tensor::empty({h, w, int64_t(pixel.size())});
   for (int64_t i = 0; i < image.numel(); ++i) image.data<float>()[i] = pixel[i % pixel.size()];
@@ -262,8 +284,7 @@ TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
   cut += char(2 + 2 * 17);
   cut += '\0' + std::string(16, '\0') + "\x10\xff\xff";
   test::write_bytes(dir.path("cut.jpg"), cut);
-  for (auto read : {+[](const std::string& path) { io::check_image_header(path); },
-                    +[](const std::string& path) { io::load_image(path, 3); }})
+  for (auto read : kImageReads)
     expect_error([&] { read(dir.path("cut.jpg")); }, dir.path("cut.jpg"), "more than 256 codes");
   // And where fill bytes come before the start-of-image marker, which stb skips.
   test::write_bytes(dir.path("filled.jpg"), "\xff\xff" + bytes.substr(1));
@@ -276,20 +297,17 @@ TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
 // chunk is empty is refused as having no image data.
 TEST(Image, EmptyPngDataChunksLoadAsNothing) {
   test::TempDir dir;
-  Rng rng(8);
-  const Tensor image = random_8bit_image(rng, 5, 6, 3);
-  io::save_png(dir.path("valid.png"), image);
-  const std::string png = io::read_file(dir.path("valid.png"));
-  // Where the data chunk and the end chunk begin (each at its 4-byte length, before its type).
-  const size_t data = png.find("IDAT") - 4, end = png.find("IEND") - 4;
-  ASSERT_EQ(data, size_t(8 + 25)) << "the data chunk does not follow the signature and header";
+  const SavedPng png = save_random_png(dir, 8, 5, 6);
+  ASSERT_EQ(png.data, size_t(8 + 25)) << "the data chunk does not follow the signature and header";
   const std::string empty_data("\0\0\0\0IDAT\x35\xaf\x06\x1e", 12); // with its CRC-32
-  test::write_bytes(dir.path("empty.png"), png.substr(0, data) + empty_data +
-                                               png.substr(data, end - data) + empty_data +
-                                               empty_data + png.substr(end));
-  EXPECT_EQ(io::load_image(dir.path("empty.png"), 3).to_vector(), image.to_vector());
+  const std::string& bytes = png.bytes;
+  test::write_bytes(dir.path("empty.png"), bytes.substr(0, png.data) + empty_data +
+                                               bytes.substr(png.data, png.end - png.data) +
+                                               empty_data + empty_data + bytes.substr(png.end));
+  EXPECT_EQ(io::load_image(dir.path("empty.png"), 3).to_vector(), png.image.to_vector());
 
-  test::write_bytes(dir.path("no-data.png"), png.substr(0, data) + empty_data + png.substr(end));
+  test::write_bytes(dir.path("no-data.png"),
+                    bytes.substr(0, png.data) + empty_data + bytes.substr(png.end));
   expect_error([&] { io::load_image(dir.path("no-data.png"), 3); }, dir.path("no-data.png"),
                ": cannot decode (no IDAT)");
 }
@@ -299,29 +317,25 @@ TEST(Image, EmptyPngDataChunksLoadAsNothing) {
 // may say what it likes.
 TEST(Image, RejectsAPngChunkThatRunsPastTheEndOfTheFile) {
   test::TempDir dir;
-  Rng rng(9);
-  const Tensor image = random_8bit_image(rng, 4, 3, 3);
-  io::save_png(dir.path("valid.png"), image);
-  const std::string png = io::read_file(dir.path("valid.png"));
+  const SavedPng png = save_random_png(dir, 9, 4, 3);
   auto with_length = [&](size_t chunk, uint32_t length) {
-    std::string bytes = png;
+    std::string bytes = png.bytes;
     for (size_t b = 0; b < 4; ++b) bytes[chunk + b] = char(length >> (8 * (3 - b)));
     return bytes;
   };
-  const size_t data = png.find("IDAT") - 4, end = png.find("IEND") - 4;
-  for (const uint32_t length : {uint32_t(png.size() - data - 7), uint32_t(0x7fffffff)}) {
-    test::write_bytes(dir.path("long.png"), with_length(data, length));
-    for (auto read : {+[](const std::string& path) { io::check_image_header(path); },
-                      +[](const std::string& path) { io::load_image(path, 3); }})
+  const size_t left = png.bytes.size() - png.data - 8; // after the data chunk's length and type
+  for (const uint32_t length : {uint32_t(left + 1), uint32_t(0x7fffffff)}) {
+    test::write_bytes(dir.path("long.png"), with_length(png.data, length));
+    for (auto read : kImageReads)
       expect_error([&] { read(dir.path("long.png")); }, dir.path("long.png"),
                    ": corrupt or truncated PNG (a chunk's length runs past the end of the file)");
   }
   // The longest data chunk the file holds, its CRC cut short, gets as far as stb.
-  test::write_bytes(dir.path("fits.png"), with_length(data, uint32_t(png.size() - data - 8)));
+  test::write_bytes(dir.path("fits.png"), with_length(png.data, uint32_t(left)));
   expect_error([&] { io::load_image(dir.path("fits.png"), 3); }, dir.path("fits.png"),
                ": cannot decode (");
-  test::write_bytes(dir.path("end.png"), with_length(end, 1000));
-  EXPECT_EQ(io::load_image(dir.path("end.png"), 3).to_vector(), image.to_vector());
+  test::write_bytes(dir.path("end.png"), with_length(png.end, 1000));
+  EXPECT_EQ(io::load_image(dir.path("end.png"), 3).to_vector(), png.image.to_vector());
 }
 
 // True when `pixel` (3 floats in [0, 1]) is exactly the 8-bit colour (r, g, b).
