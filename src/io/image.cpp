@@ -5,12 +5,37 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
 
-// Only the formats minamp reads, and no image larger than 2^14 on a side.
+namespace {
+
+// What stb_image may reallocate to while it decodes one image on this thread, and whether it
+// asked for more. Its only growing buffers are a PNG's compressed data (IDAT), gathered from the
+// file, and that data inflated, which stb lets grow, doubling, past what the pixels need: a small
+// file (deflate packs up to ~1000:1) would otherwise have it allocate gigabytes.
+thread_local size_t stb_realloc_budget = SIZE_MAX;
+thread_local bool stb_realloc_refused = false;
+
+void* stb_realloc_within_budget(void* pointer, size_t size) {
+  if (size > stb_realloc_budget) {
+    stb_realloc_refused = true;
+    return nullptr;
+  }
+  return realloc(pointer, size);
+}
+
+} // namespace
+
+// Only the formats minamp reads, and no image larger than 2^14 on a side; stb's reallocations
+// held to the budget above.
+#define STBI_MALLOC(size) malloc(size)
+#define STBI_REALLOC(pointer, size) stb_realloc_within_budget(pointer, size)
+#define STBI_FREE(pointer) free(pointer)
 #define STBI_ONLY_PNG
 #define STBI_ONLY_JPEG
 #define STBI_MAX_DIMENSIONS (1 << 14)
@@ -217,6 +242,23 @@ std::string read_image_header(const std::string& path, const char* op, int& widt
   return bytes;
 }
 
+// Holds stb's reallocations, while it lives, to twice what decoding `file_bytes` of a `width` x
+// `height` image can need, and at least 1 MiB: the file's bytes, or the most its pixels inflate to
+// (8 bytes a pixel, 16-bit RGBA, and a filter byte a row). stb starts the inflated buffer at the
+// size its pixels need and doubles it when the data runs on: an interlaced image's passes take a
+// few bytes a row more, and some writers pad.
+class StbReallocBudget {
+public:
+  StbReallocBudget(size_t file_bytes, int width, int height) {
+    const size_t inflated = size_t(8) * size_t(width) * size_t(height) + size_t(height);
+    stb_realloc_budget = std::max(size_t(1) << 20, 2 * std::max(file_bytes, inflated));
+    stb_realloc_refused = false;
+  }
+  ~StbReallocBudget() { stb_realloc_budget = SIZE_MAX; }
+  StbReallocBudget(const StbReallocBudget&) = delete;
+  StbReallocBudget& operator=(const StbReallocBudget&) = delete;
+};
+
 void append_png_bytes(void* context, void* data, int size) {
   static_cast<std::string*>(context)->append(static_cast<const char*>(data), size_t(size));
 }
@@ -227,9 +269,15 @@ Tensor load_image(const std::string& path, int channels) {
   require_channels(channels, "load_image");
   int width = 0, height = 0, file_channels = 0;
   const std::string bytes = read_image_header(path, "load_image", width, height);
-  stbi_uc* pixels =
-      stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()), int(bytes.size()),
-                            &width, &height, &file_channels, channels);
+  stbi_uc* pixels = nullptr;
+  {
+    const StbReallocBudget budget(bytes.size(), width, height);
+    pixels = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()),
+                                   int(bytes.size()), &width, &height, &file_channels, channels);
+  }
+  require(pixels != nullptr || !stb_realloc_refused, "load_image", path,
+          ": corrupt PNG (its image data inflates to far more than ", width, "x", height,
+          " pixels hold)");
   require(pixels != nullptr, "load_image", path, ": cannot decode (", decode_failure_reason(bytes),
           ")");
   Tensor image = Tensor::empty({height, width, channels});

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <zlib.h>
+
 #include "core/rng.h"
 #include "io/atomic_file.h"
 #include "io/image.h"
@@ -336,6 +338,79 @@ TEST(Image, RejectsAPngChunkThatRunsPastTheEndOfTheFile) {
                ": cannot decode (");
   test::write_bytes(dir.path("end.png"), with_length(png.end, 1000));
   EXPECT_EQ(io::load_image(dir.path("end.png"), 3).to_vector(), png.image.to_vector());
+}
+
+// A PNG chunk: its data's length (big-endian), its type, the data and the CRC-32 of type and data.
+std::string png_chunk(const std::string& type, const std::string& data) {
+  auto big_endian = [](uint32_t v) {
+    return std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+  };
+  const std::string typed = type + data;
+  const uint32_t crc =
+      uint32_t(crc32(0, reinterpret_cast<const Bytef*>(typed.data()), uInt(typed.size())));
+  return big_endian(uint32_t(data.size())) + typed + big_endian(crc);
+}
+
+// An 8-bit greyscale PNG of `width` x `height` whose image data is `raw` (filter bytes and
+// pixels, as the decoder inflates them), deflated at zlib's best compression.
+std::string grey_png(uint32_t width, uint32_t height, bool interlaced, const std::string& raw) {
+  uLongf packed_size = compressBound(uLong(raw.size()));
+  std::string packed(packed_size, '\0');
+  EXPECT_EQ(compress2(reinterpret_cast<Bytef*>(packed.data()), &packed_size,
+                      reinterpret_cast<const Bytef*>(raw.data()), uLong(raw.size()), 9),
+            Z_OK);
+  packed.resize(packed_size);
+  std::string header;
+  for (uint32_t v : {width, height})
+    header += std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+  header += std::string{8, 0, 0, 0, char(interlaced)}; // depth, grey, deflate, filters, interlace
+  return "\x89PNG\r\n\x1a\n" + png_chunk("IHDR", header) + png_chunk("IDAT", packed) +
+         png_chunk("IEND", "");
+}
+
+// An interlaced (Adam7) PNG decodes to its pixels. Its seven passes inflate to more bytes than the
+// same image without interlacing, which stb's first guess of the size holds: its buffer grows.
+TEST(Image, AnInterlacedPngDecodesToItsPixels) {
+  Rng rng(12);
+  const int64_t h = 13, w = 10;
+  const Tensor image = random_8bit_image(rng, h, w, 1);
+  // Adam7's passes: where each starts in an 8x8 cell (x, y) and its steps (dx, dy).
+  const int pass[7][4] = {{0, 0, 8, 8}, {4, 0, 8, 8}, {0, 4, 4, 8}, {2, 0, 4, 4},
+                          {0, 2, 2, 4}, {1, 0, 2, 2}, {0, 1, 1, 2}};
+  std::string raw;
+  for (const auto& p : pass)
+    for (int64_t y = p[1]; y < h; y += p[3]) {
+      if (p[0] >= w) break; // a pass with no columns has no rows either
+      raw += '\0';          // filter: none
+      for (int64_t x = p[0]; x < w; x += p[2])
+        raw += char(std::lround(image.data<float>()[y * w + x] * 255));
+    }
+  ASSERT_GT(raw.size(), size_t(h * (w + 1))) << "the passes fit stb's first guess";
+  test::TempDir dir;
+  test::write_bytes(dir.path("interlaced.png"), grey_png(w, h, true, raw));
+  const Tensor back = io::load_image(dir.path("interlaced.png"), 1);
+  EXPECT_EQ(back.shape(), image.shape());
+  EXPECT_EQ(back.to_vector(), image.to_vector());
+}
+
+// A PNG whose image data inflates to far more than its pixels hold (stb ignores the excess, but
+// would allocate for all of it, doubling: gigabytes from a file of a few megabytes) is refused
+// once the data outgrows twice what the pixels or the file could need, or 1 MiB. Here 64 MiB from
+// 64 KiB.
+TEST(Image, RejectsAPngWhoseDataInflatesFarPastItsPixels) {
+  test::TempDir dir;
+  std::string raw(size_t(64) << 20, '\0');
+  raw[1] = char(200); // the one pixel, after its row's filter byte
+  const std::string bomb = grey_png(1, 1, false, raw);
+  ASSERT_LT(bomb.size(), size_t(128) << 10);
+  test::write_bytes(dir.path("bomb.png"), bomb);
+  expect_error([&] { io::load_image(dir.path("bomb.png"), 1); }, dir.path("bomb.png"),
+               ": corrupt PNG (its image data inflates to far more than 1x1 pixels hold)");
+  // Some excess still loads: the pixels, the rest ignored.
+  raw.resize(100000);
+  test::write_bytes(dir.path("padded.png"), grey_png(1, 1, false, raw));
+  EXPECT_EQ(io::load_image(dir.path("padded.png"), 1).to_vector(),
+            std::vector<float>{200 / 255.0f});
 }
 
 // True when `pixel` (3 floats in [0, 1]) is exactly the 8-bit colour (r, g, b).
