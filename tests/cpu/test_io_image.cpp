@@ -393,6 +393,20 @@ TEST(Image, AnInterlacedPngDecodesToItsPixels) {
   EXPECT_EQ(back.to_vector(), image.to_vector());
 }
 
+// The interlaced 16-bit RGBA fixture (data/interlaced-png/README.txt) loads as its RGB levels: its
+// passes put back in place, 16 bits read as their high byte, alpha dropped.
+TEST(Image, TheInterlaced16BitRgbaFixtureLoadsAsItsLevels) {
+  const Tensor image =
+      io::load_image(std::string(MINAMP_SOURCE_DIR) + "/data/interlaced-png/rgba16.png", 3);
+  ASSERT_EQ(image.shape(), Shape({5, 7, 3}));
+  for (int64_t y = 0; y < 5; ++y)
+    for (int64_t x = 0; x < 7; ++x)
+      for (int64_t c = 0; c < 3; ++c)
+        EXPECT_EQ(image.data<float>()[(y * 7 + x) * 3 + c],
+                  ((37 * x + 101 * y + 53 * c) % 256) / 255.0f)
+            << "pixel (" << x << ", " << y << ") channel " << c;
+}
+
 // A PNG whose image data inflates to far more than its pixels hold (stb ignores the excess, but
 // would allocate for all of it, doubling: gigabytes from a file of a few megabytes) is refused
 // once the data outgrows twice what the pixels or the file could need, or 1 MiB. Here 64 MiB from

@@ -160,8 +160,8 @@ void load_image(const std::string& path) {
   io::resize_image(image, 7, 5);
 }
 
-// PNGs in colour and grey, and the JPEG of the image-folder fixture, baseline and progressive
-// (minamp writes no JPEG).
+// PNGs in colour and grey, the interlaced 16-bit RGBA fixture, and the JPEG of the image-folder
+// fixture, baseline and progressive (minamp writes neither of those).
 std::vector<std::string> image_seeds() {
   const int width = 6, height = 5;
   std::vector<uint8_t> pixels(width * height * 3);
@@ -169,6 +169,7 @@ std::vector<std::string> image_seeds() {
   const std::string data = std::string(MINAMP_SOURCE_DIR) + "/data/";
   return {io::encode_png(pixels.data(), width, height, 3),
           io::encode_png(pixels.data(), width, height, 1),
+          io::read_file(data + "interlaced-png/rgba16.png"),
           io::read_file(data + "tiny-images/stripes/img1.jpg"),
           io::read_file(data + "progressive-jpeg/stripes.jpg")};
 }
