@@ -55,7 +55,7 @@ template <class... T> int pack_for(int channels, const BatchNormChannels& bn, co
   const bool aligned = (aligned_for_pack(data) && ...) && aligned_for_pack(bn.gamma) &&
                        aligned_for_pack(bn.beta) && aligned_for_pack(bn.mean) &&
                        aligned_for_pack(bn.invstd);
-  return channels % 4 == 0 && aligned ? 4 : 1;
+  return pack_width(channels, aligned);
 }
 
 // The parameters and statistics of kPack consecutive channels from c on, one 16-byte load each

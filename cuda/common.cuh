@@ -59,6 +59,9 @@ struct Float4 {
 template <class T> bool aligned_for_pack(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
+// The values a thread takes at a time along rows of `width`: 4 (a pack) when the rows are whole
+// packs and every tensor is `aligned` for them (aligned_for_pack), else 1.
+inline int pack_width(int64_t width, bool aligned) { return width % 4 == 0 && aligned ? 4 : 1; }
 // A pair of 16-bit values as the 32 bits it is stored in, x in the low half (and for __half2,
 // back): two pairs move as one 8-byte access, where a struct of the two would be copied member by
 // member, as two 4-byte ones.

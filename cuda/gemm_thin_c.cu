@@ -271,7 +271,7 @@ template <class T, class CT> void launch(const GemmArgs& args) {
                                                 aligned_for_pack(wide_op.normalization.beta) &&
                                                 aligned_for_pack(wide_op.normalization.mean) &&
                                                 aligned_for_pack(wide_op.normalization.invstd)));
-  const int pack = wide_cols % 4 == 0 && aligned ? 4 : 1;
+  const int pack = pack_width(wide_cols, aligned);
   const int thin_template = thin_cols <= 2 ? thin_cols : int(kThinN); // the kernel's kThinCols
   const ThinCShape s = thin_c_shape(args.k, wide_cols, thin_cols, pack,
                                     thin_c_blocks_per_sm(thin_template, wide, int(sizeof(T))));

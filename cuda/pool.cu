@@ -190,11 +190,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Calls launch(std::integral_constant<int, kPack>) with 4 when every tensor allows packs of 4
-// channels (C a multiple of 4, the pointers aligned for them), else 1.
+// Calls launch(std::integral_constant<int, kPack>) with the channels' pack_width: 4 when every
+// tensor allows packs of 4 channels, else 1.
 template <class Launch>
 void with_channel_pack(int64_t channels, bool aligned, const Launch& launch) {
-  if (channels % 4 == 0 && aligned)
+  if (pack_width(channels, aligned) == 4)
     launch(std::integral_constant<int, 4>{});
   else
     launch(std::integral_constant<int, 1>{});
