@@ -137,15 +137,19 @@ size_t jpeg_start_end(const std::string& bytes) {
                                                                                          : 0;
 }
 
-// stb_image 2.27 (Debian's libstb-dev) writes past its Huffman tables when a JPEG's DHT segment
-// declares more than 256 codes (stb issue #1289, fixed upstream in 2.28). This walks the JPEG's
-// marker segments as a decoder does and says whether every Huffman table fits; files that are
-// not JPEG pass, for stb to judge.
-bool jpeg_huffman_tables_fit(const std::string& bytes) {
+// Two things stb_image 2.27 (Debian's libstb-dev) does not check in a JPEG's Huffman tables: it
+// writes past them when a DHT segment declares more than 256 codes (stb issue #1289, fixed
+// upstream in 2.28), and it decodes a scan with a table no DHT segment has defined yet (its
+// tables are uninitialised memory: it reads wherever their garbage points). This walks the
+// JPEG's marker segments as stb does and says what is wrong with its tables, or "" when nothing
+// is; files that are not JPEG pass, for stb to judge.
+std::string jpeg_huffman_problem(const std::string& bytes) {
   // Past the end of the file stb reads zeros, and so does this.
   auto byte = [&](size_t i) { return i < bytes.size() ? static_cast<unsigned char>(bytes[i]) : 0; };
   size_t pos = jpeg_start_end(bytes);
-  if (pos == 0) return true;
+  if (pos == 0) return "";
+  bool defined[2][4] = {}; // [class: DC, AC][id]
+  int frame = 0;           // the frame's marker once seen: 0xc0/0xc1 sequential, 0xc2 progressive
   while (pos + 4 <= bytes.size()) {
     const unsigned char marker = byte(pos + 1);
     if (byte(pos) != 0xff || marker == 0xff) { // entropy-coded data or fill bytes
@@ -159,20 +163,40 @@ bool jpeg_huffman_tables_fit(const std::string& bytes) {
     }
     if (marker == 0xd9) break; // end of image
     const size_t length = (size_t(byte(pos + 2)) << 8) + byte(pos + 3);
+    if (marker >= 0xc0 && marker <= 0xc2 && frame == 0) frame = marker;
     if (marker == 0xc4) { // DHT: tables of [class/id, 16 code counts, the codes' values]
       // As stb reads it: tables while the segment's length (which may run past the file) lasts.
       size_t table = pos + 4;
       for (int64_t left = int64_t(length) - 2; left > 0;) {
         size_t codes = 0;
         for (size_t i = 1; i <= 16; ++i) codes += byte(table + i);
-        if (codes > 256) return false;
+        if (codes > 256) return "a Huffman table has more than 256 codes";
+        const int table_class = byte(table) >> 4, id = byte(table) & 15;
+        if (table_class <= 1 && id <= 3) defined[table_class][id] = true; // stb refuses others
         table += 17 + codes;
         left -= int64_t(17 + codes);
       }
     }
+    // SOS: [count, count x (component, DC table << 4 | AC table), first and last coefficient,
+    // successive approximation]. A sequential scan decodes with both tables; a progressive one
+    // with the DC table in a first DC scan, the AC table in any AC scan, neither in a DC
+    // refinement. Before the frame stb refuses the scan.
+    if (marker == 0xda && frame != 0) {
+      const int count = byte(pos + 4);
+      const size_t spectral = pos + 5 + 2 * size_t(count);
+      const bool ac_scan = byte(spectral) > 0, refinement = (byte(spectral + 2) >> 4) != 0;
+      const bool uses_dc = frame != 0xc2 || (!ac_scan && !refinement);
+      const bool uses_ac = frame != 0xc2 || ac_scan;
+      for (int c = 0; c < count; ++c) {
+        const int tables = byte(pos + 6 + 2 * size_t(c)), dc = tables >> 4, ac = tables & 15;
+        if (dc > 3 || ac > 3) break; // stb refuses the scan
+        if ((uses_dc && !defined[0][dc]) || (uses_ac && !defined[1][ac]))
+          return "a scan uses a Huffman table that no DHT segment before it defines";
+      }
+    }
     pos = std::max(pos + 2 + length, pos + 4);
   }
-  return true;
+  return "";
 }
 
 // Readies a PNG's bytes for stb_image, which trusts two things it should not. It allocates for a
@@ -226,8 +250,8 @@ std::string decode_failure_reason(const std::string& bytes) {
 std::string read_image_header(const std::string& path, const char* op, int& width, int& height) {
   std::string bytes = read_file(path);
   require(bytes.size() <= size_t(INT_MAX), op, path, ": file too large");
-  require(jpeg_huffman_tables_fit(bytes), op, path,
-          ": corrupt JPEG (a Huffman table has more than 256 codes)");
+  const std::string huffman_problem = jpeg_huffman_problem(bytes);
+  require(huffman_problem.empty(), op, path, ": corrupt JPEG (", huffman_problem, ")");
   require(prepare_png_for_stb(bytes), op, path,
           ": corrupt or truncated PNG (a chunk's length runs past the end of the file)");
   // Each stb call runs before stbi_failure_reason() is read (a function's arguments are evaluated

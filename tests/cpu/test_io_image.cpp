@@ -294,6 +294,51 @@ TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
                "more than 256 codes");
 }
 
+// Where the first Huffman table `class_id` (class << 4 | id: 0x10 is AC table 0) is defined in a
+// JPEG's bytes: its class/id byte in a DHT segment (0xff 0xc4 never occurs in entropy-coded data).
+size_t huffman_table_at(const std::string& jpeg, unsigned char class_id) {
+  for (size_t segment = jpeg.find("\xff\xc4"); segment != std::string::npos;
+       segment = jpeg.find("\xff\xc4", segment + 2)) {
+    const size_t end =
+        segment + 2 + (size_t(uint8_t(jpeg[segment + 2])) << 8) + uint8_t(jpeg[segment + 3]);
+    for (size_t table = segment + 4; table < end;) {
+      if (uint8_t(jpeg[table]) == class_id) return table;
+      size_t codes = 0;
+      for (size_t i = 1; i <= 16; ++i) codes += uint8_t(jpeg[table + i]);
+      table += 17 + codes;
+    }
+  }
+  return std::string::npos;
+}
+
+// A scan that decodes with a Huffman table no DHT segment has defined before it is refused (stb
+// would decode with its tables' uninitialised memory): in the baseline fixture with its AC table 0
+// renamed AC table 2, and in the progressive one without the segment that first defines AC
+// table 0, which its first AC scan needs. The progressive one's first scan, of DC coefficients,
+// names AC table 0 too, before any AC table is defined, and uses none: that passes.
+TEST(Image, RejectsAJpegScanWithAnUndefinedHuffmanTable) {
+  test::TempDir dir;
+  const std::string data = std::string(MINAMP_SOURCE_DIR) + "/data/";
+  std::string baseline = io::read_file(data + "tiny-images/stripes/img1.jpg");
+  const size_t ac0 = huffman_table_at(baseline, 0x10);
+  ASSERT_NE(ac0, std::string::npos);
+  baseline[ac0] = char(0x12);
+  test::write_bytes(dir.path("baseline.jpg"), baseline);
+
+  const std::string progressive = io::read_file(data + "progressive-jpeg/stripes.jpg");
+  const size_t table = huffman_table_at(progressive, 0x10);
+  ASSERT_NE(table, std::string::npos);
+  const size_t segment = table - 4, length = (size_t(uint8_t(progressive[segment + 2])) << 8) +
+                                             uint8_t(progressive[segment + 3]);
+  test::write_bytes(dir.path("progressive.jpg"),
+                    progressive.substr(0, segment) + progressive.substr(segment + 2 + length));
+  for (const char* name : {"baseline.jpg", "progressive.jpg"})
+    for (auto read : kImageReads)
+      expect_error([&] { read(dir.path(name)); }, dir.path(name),
+                   ": corrupt JPEG (a scan uses a Huffman table that no DHT segment before it "
+                   "defines)");
+}
+
 // Empty PNG data chunks (IDAT) hold nothing: a PNG with them loads as the same image without
 // them (stb would copy one before any image data to a null pointer), and a PNG whose only data
 // chunk is empty is refused as having no image data.
