@@ -137,19 +137,23 @@ size_t jpeg_start_end(const std::string& bytes) {
                                                                                          : 0;
 }
 
-// Two things stb_image 2.27 (Debian's libstb-dev) does not check in a JPEG's Huffman tables: it
-// writes past them when a DHT segment declares more than 256 codes (stb issue #1289, fixed
-// upstream in 2.28), and it decodes a scan with a table no DHT segment has defined yet (its
-// tables are uninitialised memory: it reads wherever their garbage points). This walks the
-// JPEG's marker segments as stb does and says what is wrong with its tables, or "" when nothing
-// is; files that are not JPEG pass, for stb to judge.
-std::string jpeg_huffman_problem(const std::string& bytes) {
+// What stb_image 2.27 (Debian's libstb-dev) does not check in a JPEG's tables: it writes past
+// its Huffman tables when a DHT segment declares more than 256 codes (stb issue #1289, fixed
+// upstream in 2.28), and it decodes a scan with a Huffman or quantization table that no segment
+// has defined yet (its tables are uninitialised memory: a Huffman table's garbage sends its
+// reads out of bounds, a quantization table's gives the pixels whatever the memory held). This
+// walks the JPEG's marker segments as stb does and says what is wrong with its tables, or ""
+// when nothing is (libjpeg refuses the same files); files that are not JPEG pass, for stb to
+// judge.
+std::string jpeg_tables_problem(const std::string& bytes) {
   // Past the end of the file stb reads zeros, and so does this.
   auto byte = [&](size_t i) { return i < bytes.size() ? static_cast<unsigned char>(bytes[i]) : 0; };
   size_t pos = jpeg_start_end(bytes);
   if (pos == 0) return "";
-  bool defined[2][4] = {}; // [class: DC, AC][id]
-  int frame = 0;           // the frame's marker once seen: 0xc0/0xc1 sequential, 0xc2 progressive
+  bool huffman_defined[2][4] = {}; // [class: DC, AC][id]
+  bool quantization_defined[4] = {};
+  int frame = 0;          // the frame's marker once seen: 0xc0/0xc1 sequential, 0xc2 progressive
+  size_t frame_start = 0; // its segment's [length, precision, height, width, count, components]
   while (pos + 4 <= bytes.size()) {
     const unsigned char marker = byte(pos + 1);
     if (byte(pos) != 0xff || marker == 0xff) { // entropy-coded data or fill bytes
@@ -163,24 +167,39 @@ std::string jpeg_huffman_problem(const std::string& bytes) {
     }
     if (marker == 0xd9) break; // end of image
     const size_t length = (size_t(byte(pos + 2)) << 8) + byte(pos + 3);
-    if (marker >= 0xc0 && marker <= 0xc2 && frame == 0) frame = marker;
-    if (marker == 0xc4) { // DHT: tables of [class/id, 16 code counts, the codes' values]
-      // As stb reads it: tables while the segment's length (which may run past the file) lasts.
+    if (marker >= 0xc0 && marker <= 0xc2 && frame == 0) {
+      frame = marker;
+      frame_start = pos + 2;
+    }
+    // DHT: tables of [class/id, 16 code counts, the codes' values]; DQT: tables of [precision/id,
+    // 64 values of 8 or 16 bits]. As stb reads them: tables while the segment's length (which may
+    // run past the file) lasts; an id stb refuses is not recorded.
+    if (marker == 0xc4) {
       size_t table = pos + 4;
       for (int64_t left = int64_t(length) - 2; left > 0;) {
         size_t codes = 0;
         for (size_t i = 1; i <= 16; ++i) codes += byte(table + i);
         if (codes > 256) return "a Huffman table has more than 256 codes";
         const int table_class = byte(table) >> 4, id = byte(table) & 15;
-        if (table_class <= 1 && id <= 3) defined[table_class][id] = true; // stb refuses others
+        if (table_class <= 1 && id <= 3) huffman_defined[table_class][id] = true;
         table += 17 + codes;
         left -= int64_t(17 + codes);
       }
     }
+    if (marker == 0xdb) {
+      size_t table = pos + 4;
+      for (int64_t left = int64_t(length) - 2; left > 0;) {
+        const size_t size = (byte(table) >> 4) != 0 ? 129 : 65;
+        if ((byte(table) & 15) <= 3) quantization_defined[byte(table) & 15] = true;
+        table += size;
+        left -= int64_t(size);
+      }
+    }
     // SOS: [count, count x (component, DC table << 4 | AC table), first and last coefficient,
-    // successive approximation]. A sequential scan decodes with both tables; a progressive one
-    // with the DC table in a first DC scan, the AC table in any AC scan, neither in a DC
-    // refinement. Before the frame stb refuses the scan.
+    // successive approximation]. A sequential scan decodes with both Huffman tables; a progressive
+    // one with the DC table in a first DC scan, the AC table in any AC scan, neither in a DC
+    // refinement. Each component takes the quantization table the frame gives it. stb refuses a
+    // scan before the frame, a table id past 3 and a component the frame does not have.
     if (marker == 0xda && frame != 0) {
       const int count = byte(pos + 4);
       const size_t spectral = pos + 5 + 2 * size_t(count);
@@ -188,10 +207,18 @@ std::string jpeg_huffman_problem(const std::string& bytes) {
       const bool uses_dc = frame != 0xc2 || (!ac_scan && !refinement);
       const bool uses_ac = frame != 0xc2 || ac_scan;
       for (int c = 0; c < count; ++c) {
+        const int component = byte(pos + 5 + 2 * size_t(c));
         const int tables = byte(pos + 6 + 2 * size_t(c)), dc = tables >> 4, ac = tables & 15;
-        if (dc > 3 || ac > 3) break; // stb refuses the scan
-        if ((uses_dc && !defined[0][dc]) || (uses_ac && !defined[1][ac]))
+        if (dc > 3 || ac > 3) break;
+        if ((uses_dc && !huffman_defined[0][dc]) || (uses_ac && !huffman_defined[1][ac]))
           return "a scan uses a Huffman table that no DHT segment before it defines";
+        for (int f = 0; f < byte(frame_start + 7); ++f) {
+          const size_t frame_component = frame_start + 8 + 3 * size_t(f);
+          const int quantization = byte(frame_component + 2);
+          if (byte(frame_component) == component && quantization <= 3 &&
+              !quantization_defined[quantization])
+            return "a scan uses a quantization table that no DQT segment before it defines";
+        }
       }
     }
     pos = std::max(pos + 2 + length, pos + 4);
@@ -244,14 +271,14 @@ std::string decode_failure_reason(const std::string& bytes) {
 }
 
 // The bytes of the image file at `path`, checked as far as can be without decoding its pixels:
-// a size stb can take, a JPEG's Huffman tables, a PNG's chunk lengths, a PNG or JPEG header stb
+// a size stb can take, a JPEG's tables, a PNG's chunk lengths, a PNG or JPEG header stb
 // reads (its size in `width` and `height`) and at most kMaxPixels pixels; a PNG's empty data
 // chunks are removed. Throws Error naming the file and `op`.
 std::string read_image_header(const std::string& path, const char* op, int& width, int& height) {
   std::string bytes = read_file(path);
   require(bytes.size() <= size_t(INT_MAX), op, path, ": file too large");
-  const std::string huffman_problem = jpeg_huffman_problem(bytes);
-  require(huffman_problem.empty(), op, path, ": corrupt JPEG (", huffman_problem, ")");
+  const std::string tables_problem = jpeg_tables_problem(bytes);
+  require(tables_problem.empty(), op, path, ": corrupt JPEG (", tables_problem, ")");
   require(prepare_png_for_stb(bytes), op, path,
           ": corrupt or truncated PNG (a chunk's length runs past the end of the file)");
   // Each stb call runs before stbi_failure_reason() is read (a function's arguments are evaluated

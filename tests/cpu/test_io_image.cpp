@@ -294,49 +294,62 @@ TEST(Image, RejectsAJpegHuffmanTableWithTooManyCodes) {
                "more than 256 codes");
 }
 
-// Where the first Huffman table `class_id` (class << 4 | id: 0x10 is AC table 0) is defined in a
-// JPEG's bytes: its class/id byte in a DHT segment (0xff 0xc4 never occurs in entropy-coded data).
-size_t huffman_table_at(const std::string& jpeg, unsigned char class_id) {
-  for (size_t segment = jpeg.find("\xff\xc4"); segment != std::string::npos;
-       segment = jpeg.find("\xff\xc4", segment + 2)) {
+// Where the first table `id_byte` of the segments `marker` defines is in a JPEG's bytes (0xc4:
+// Huffman tables, class << 4 | id, 0x10 being AC table 0; 0xdb: quantization tables, precision
+// << 4 | id): at that byte (0xff followed by a marker never occurs in entropy-coded data).
+size_t jpeg_table_at(const std::string& jpeg, char marker, unsigned char id_byte) {
+  const std::string start{'\xff', marker};
+  for (size_t segment = jpeg.find(start); segment != std::string::npos;
+       segment = jpeg.find(start, segment + 2)) {
     const size_t end =
         segment + 2 + (size_t(uint8_t(jpeg[segment + 2])) << 8) + uint8_t(jpeg[segment + 3]);
     for (size_t table = segment + 4; table < end;) {
-      if (uint8_t(jpeg[table]) == class_id) return table;
-      size_t codes = 0;
-      for (size_t i = 1; i <= 16; ++i) codes += uint8_t(jpeg[table + i]);
-      table += 17 + codes;
+      if (uint8_t(jpeg[table]) == id_byte) return table;
+      size_t size = (uint8_t(jpeg[table]) >> 4) != 0 ? 129 : 65;
+      if (marker == '\xc4') {
+        size = 17;
+        for (size_t i = 1; i <= 16; ++i) size += uint8_t(jpeg[table + i]);
+      }
+      table += size;
     }
   }
   return std::string::npos;
 }
 
-// A scan that decodes with a Huffman table no DHT segment has defined before it is refused (stb
-// would decode with its tables' uninitialised memory): in the baseline fixture with its AC table 0
-// renamed AC table 2, and in the progressive one without the segment that first defines AC
-// table 0, which its first AC scan needs. The progressive one's first scan, of DC coefficients,
-// names AC table 0 too, before any AC table is defined, and uses none: that passes.
-TEST(Image, RejectsAJpegScanWithAnUndefinedHuffmanTable) {
+// A scan that decodes with a Huffman or quantization table no segment has defined before it is
+// refused (stb would decode with its tables' uninitialised memory): the baseline fixture with its
+// AC table 0 renamed AC table 2, or its quantization table 1 renamed 3, and the progressive one
+// without the segment that first defines AC table 0, which its first AC scan needs. (Its first
+// scan, of DC coefficients, names AC table 0 before any AC table is defined, and uses none: that
+// passes.)
+TEST(Image, RejectsAJpegScanWithAnUndefinedTable) {
   test::TempDir dir;
   const std::string data = std::string(MINAMP_SOURCE_DIR) + "/data/";
-  std::string baseline = io::read_file(data + "tiny-images/stripes/img1.jpg");
-  const size_t ac0 = huffman_table_at(baseline, 0x10);
-  ASSERT_NE(ac0, std::string::npos);
-  baseline[ac0] = char(0x12);
-  test::write_bytes(dir.path("baseline.jpg"), baseline);
+  const std::string baseline = io::read_file(data + "tiny-images/stripes/img1.jpg");
+  auto renamed = [&](char marker, unsigned char id_byte, unsigned char to) {
+    std::string bytes = baseline;
+    const size_t table = jpeg_table_at(bytes, marker, id_byte);
+    EXPECT_NE(table, std::string::npos);
+    if (table != std::string::npos) bytes[table] = char(to);
+    return bytes;
+  };
+  test::write_bytes(dir.path("huffman.jpg"), renamed('\xc4', 0x10, 0x12));
+  test::write_bytes(dir.path("quantization.jpg"), renamed('\xdb', 0x01, 0x03));
 
   const std::string progressive = io::read_file(data + "progressive-jpeg/stripes.jpg");
-  const size_t table = huffman_table_at(progressive, 0x10);
-  ASSERT_NE(table, std::string::npos);
-  const size_t segment = table - 4, length = (size_t(uint8_t(progressive[segment + 2])) << 8) +
-                                             uint8_t(progressive[segment + 3]);
+  const size_t segment = jpeg_table_at(progressive, '\xc4', 0x10) - 4; // its first table
+  const size_t length = static_cast<size_t>(uint8_t(progressive[segment + 2])) << 8 |
+                        uint8_t(progressive[segment + 3]);
   test::write_bytes(dir.path("progressive.jpg"),
                     progressive.substr(0, segment) + progressive.substr(segment + 2 + length));
-  for (const char* name : {"baseline.jpg", "progressive.jpg"})
+  const std::vector<std::pair<const char*, const char*>> expected = {
+      {"huffman.jpg", "a Huffman table that no DHT segment"},
+      {"quantization.jpg", "a quantization table that no DQT segment"},
+      {"progressive.jpg", "a Huffman table that no DHT segment"}};
+  for (const auto& [name, table] : expected)
     for (auto read : kImageReads)
       expect_error([&] { read(dir.path(name)); }, dir.path(name),
-                   ": corrupt JPEG (a scan uses a Huffman table that no DHT segment before it "
-                   "defines)");
+                   std::string(": corrupt JPEG (a scan uses ") + table + " before it defines)");
 }
 
 // Empty PNG data chunks (IDAT) hold nothing: a PNG with them loads as the same image without
