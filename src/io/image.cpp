@@ -31,9 +31,11 @@ void* stb_realloc_within_budget(void* pointer, size_t size) {
 
 } // namespace
 
-// Only the formats minamp reads, and no image larger than 2^14 on a side; stb's reallocations
-// held to the budget above.
-#define STBI_MALLOC(size) malloc(size)
+// Only the formats minamp reads, and no image larger than 2^14 on a side. stb's allocations are
+// zeroed: what a file leaves unwritten (a progressive JPEG's coefficients that no scan codes, a
+// component no scan covers) decodes as zeros, as libjpeg's do, not as what the memory held; its
+// reallocations are held to the budget above.
+#define STBI_MALLOC(size) calloc(1, size)
 #define STBI_REALLOC(pointer, size) stb_realloc_within_budget(pointer, size)
 #define STBI_FREE(pointer) free(pointer)
 #define STBI_ONLY_PNG

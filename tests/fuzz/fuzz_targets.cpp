@@ -161,7 +161,7 @@ void load_image(const std::string& path) {
 }
 
 // PNGs in colour and grey, the interlaced 16-bit RGBA fixture, and the JPEG of the image-folder
-// fixture, baseline and progressive (minamp writes neither of those).
+// fixture: baseline, progressive, and progressive in grey (minamp writes none of those).
 std::vector<std::string> image_seeds() {
   const int width = 6, height = 5;
   std::vector<uint8_t> pixels(width * height * 3);
@@ -171,7 +171,8 @@ std::vector<std::string> image_seeds() {
           io::encode_png(pixels.data(), width, height, 1),
           io::read_file(data + "interlaced-png/rgba16.png"),
           io::read_file(data + "tiny-images/stripes/img1.jpg"),
-          io::read_file(data + "progressive-jpeg/stripes.jpg")};
+          io::read_file(data + "progressive-jpeg/stripes.jpg"),
+          io::read_file(data + "progressive-jpeg/stripes-grey.jpg")};
 }
 
 } // namespace
