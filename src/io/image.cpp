@@ -139,26 +139,95 @@ size_t jpeg_start_end(const std::string& bytes) {
                                                                                          : 0;
 }
 
+// A JPEG's bytes as stb reads them: zeros past the end of the file.
+struct JpegBytes {
+  const std::string& bytes;
+  unsigned char operator[](size_t i) const {
+    return i < bytes.size() ? static_cast<unsigned char>(bytes[i]) : 0;
+  }
+};
+
+// The tables a JPEG's segments have defined so far, and its frame.
+struct JpegTables {
+  bool huffman[2][4] = {}; // [class: DC, AC][id]
+  bool quantization[4] = {};
+  int frame = 0;          // the frame's marker once seen: 0xc0/0xc1 sequential, 0xc2 progressive
+  size_t frame_start = 0; // its segment's [length, precision, height, width, count, components]
+};
+
+// Records the tables of the DHT segment at `segment` (its length first): tables of [class/id, 16
+// code counts, the codes' values]. As stb reads them: while the segment's length (which may run
+// past the file) lasts, an id stb refuses not recorded. Says what is wrong, or "".
+std::string record_huffman_tables(JpegBytes byte, size_t segment, JpegTables& tables) {
+  size_t table = segment + 2;
+  for (int64_t left = (int64_t(byte[segment]) << 8) + byte[segment + 1] - 2; left > 0;) {
+    size_t codes = 0;
+    for (size_t i = 1; i <= 16; ++i) codes += byte[table + i];
+    if (codes > 256) return "a Huffman table has more than 256 codes";
+    const int table_class = byte[table] >> 4, id = byte[table] & 15;
+    if (table_class <= 1 && id <= 3) tables.huffman[table_class][id] = true;
+    table += 17 + codes;
+    left -= int64_t(17 + codes);
+  }
+  return "";
+}
+
+// The same for a DQT segment: tables of [precision/id, 64 values of 8 or 16 bits].
+void record_quantization_tables(JpegBytes byte, size_t segment, JpegTables& tables) {
+  size_t table = segment + 2;
+  for (int64_t left = (int64_t(byte[segment]) << 8) + byte[segment + 1] - 2; left > 0;) {
+    const size_t size = (byte[table] >> 4) != 0 ? 129 : 65;
+    if ((byte[table] & 15) <= 3) tables.quantization[byte[table] & 15] = true;
+    table += size;
+    left -= int64_t(size);
+  }
+}
+
+// What is wrong with the tables the scan whose SOS segment is at `segment` decodes with, or "".
+// SOS: [length, count, count x (component, DC table << 4 | AC table), first and last coefficient,
+// successive approximation]. A sequential scan decodes with both Huffman tables; a progressive
+// one with the DC table in a first DC scan, the AC table in any AC scan, neither in a DC
+// refinement. Each component takes the quantization table the frame gives it. stb refuses a
+// scan before the frame, a table id past 3 and a component the frame does not have.
+std::string scan_tables_problem(JpegBytes byte, size_t segment, const JpegTables& tables) {
+  if (tables.frame == 0) return "";
+  const int count = byte[segment + 2];
+  const size_t spectral = segment + 3 + 2 * size_t(count);
+  const bool ac_scan = byte[spectral] > 0, refinement = (byte[spectral + 2] >> 4) != 0;
+  const bool uses_dc = tables.frame != 0xc2 || (!ac_scan && !refinement);
+  const bool uses_ac = tables.frame != 0xc2 || ac_scan;
+  for (int c = 0; c < count; ++c) {
+    const int component = byte[segment + 3 + 2 * size_t(c)];
+    const int huffman = byte[segment + 4 + 2 * size_t(c)], dc = huffman >> 4, ac = huffman & 15;
+    if (dc > 3 || ac > 3) return "";
+    if ((uses_dc && !tables.huffman[0][dc]) || (uses_ac && !tables.huffman[1][ac]))
+      return "a scan uses a Huffman table that no DHT segment before it defines";
+    for (int f = 0; f < byte[tables.frame_start + 7]; ++f) {
+      const size_t frame_component = tables.frame_start + 8 + 3 * size_t(f);
+      const int quantization = byte[frame_component + 2];
+      if (byte[frame_component] == component && quantization <= 3 &&
+          !tables.quantization[quantization])
+        return "a scan uses a quantization table that no DQT segment before it defines";
+    }
+  }
+  return "";
+}
+
 // What stb_image 2.27 (Debian's libstb-dev) does not check in a JPEG's tables: it writes past
 // its Huffman tables when a DHT segment declares more than 256 codes (stb issue #1289, fixed
 // upstream in 2.28), and it decodes a scan with a Huffman or quantization table that no segment
-// has defined yet (its tables are uninitialised memory: a Huffman table's garbage sends its
-// reads out of bounds, a quantization table's gives the pixels whatever the memory held). This
-// walks the JPEG's marker segments as stb does and says what is wrong with its tables, or ""
-// when nothing is (libjpeg refuses the same files); files that are not JPEG pass, for stb to
-// judge.
+// has defined yet (a Huffman table's stale contents would send its reads out of bounds, a
+// quantization table's give the pixels whatever the memory held). This walks the JPEG's marker
+// segments as stb does and says what is wrong with its tables, or "" when nothing is (libjpeg
+// refuses the same files); files that are not JPEG pass, for stb to judge.
 std::string jpeg_tables_problem(const std::string& bytes) {
-  // Past the end of the file stb reads zeros, and so does this.
-  auto byte = [&](size_t i) { return i < bytes.size() ? static_cast<unsigned char>(bytes[i]) : 0; };
+  const JpegBytes byte{bytes};
   size_t pos = jpeg_start_end(bytes);
   if (pos == 0) return "";
-  bool huffman_defined[2][4] = {}; // [class: DC, AC][id]
-  bool quantization_defined[4] = {};
-  int frame = 0;          // the frame's marker once seen: 0xc0/0xc1 sequential, 0xc2 progressive
-  size_t frame_start = 0; // its segment's [length, precision, height, width, count, components]
+  JpegTables tables;
   while (pos + 4 <= bytes.size()) {
-    const unsigned char marker = byte(pos + 1);
-    if (byte(pos) != 0xff || marker == 0xff) { // entropy-coded data or fill bytes
+    const unsigned char marker = byte[pos + 1];
+    if (byte[pos] != 0xff || marker == 0xff) { // entropy-coded data or fill bytes
       ++pos;
       continue;
     }
@@ -168,62 +237,17 @@ std::string jpeg_tables_problem(const std::string& bytes) {
       continue;
     }
     if (marker == 0xd9) break; // end of image
-    const size_t length = (size_t(byte(pos + 2)) << 8) + byte(pos + 3);
-    if (marker >= 0xc0 && marker <= 0xc2 && frame == 0) {
-      frame = marker;
-      frame_start = pos + 2;
+    const size_t segment = pos + 2;
+    if (marker >= 0xc0 && marker <= 0xc2 && tables.frame == 0) {
+      tables.frame = marker;
+      tables.frame_start = segment;
     }
-    // DHT: tables of [class/id, 16 code counts, the codes' values]; DQT: tables of [precision/id,
-    // 64 values of 8 or 16 bits]. As stb reads them: tables while the segment's length (which may
-    // run past the file) lasts; an id stb refuses is not recorded.
-    if (marker == 0xc4) {
-      size_t table = pos + 4;
-      for (int64_t left = int64_t(length) - 2; left > 0;) {
-        size_t codes = 0;
-        for (size_t i = 1; i <= 16; ++i) codes += byte(table + i);
-        if (codes > 256) return "a Huffman table has more than 256 codes";
-        const int table_class = byte(table) >> 4, id = byte(table) & 15;
-        if (table_class <= 1 && id <= 3) huffman_defined[table_class][id] = true;
-        table += 17 + codes;
-        left -= int64_t(17 + codes);
-      }
-    }
-    if (marker == 0xdb) {
-      size_t table = pos + 4;
-      for (int64_t left = int64_t(length) - 2; left > 0;) {
-        const size_t size = (byte(table) >> 4) != 0 ? 129 : 65;
-        if ((byte(table) & 15) <= 3) quantization_defined[byte(table) & 15] = true;
-        table += size;
-        left -= int64_t(size);
-      }
-    }
-    // SOS: [count, count x (component, DC table << 4 | AC table), first and last coefficient,
-    // successive approximation]. A sequential scan decodes with both Huffman tables; a progressive
-    // one with the DC table in a first DC scan, the AC table in any AC scan, neither in a DC
-    // refinement. Each component takes the quantization table the frame gives it. stb refuses a
-    // scan before the frame, a table id past 3 and a component the frame does not have.
-    if (marker == 0xda && frame != 0) {
-      const int count = byte(pos + 4);
-      const size_t spectral = pos + 5 + 2 * size_t(count);
-      const bool ac_scan = byte(spectral) > 0, refinement = (byte(spectral + 2) >> 4) != 0;
-      const bool uses_dc = frame != 0xc2 || (!ac_scan && !refinement);
-      const bool uses_ac = frame != 0xc2 || ac_scan;
-      for (int c = 0; c < count; ++c) {
-        const int component = byte(pos + 5 + 2 * size_t(c));
-        const int tables = byte(pos + 6 + 2 * size_t(c)), dc = tables >> 4, ac = tables & 15;
-        if (dc > 3 || ac > 3) break;
-        if ((uses_dc && !huffman_defined[0][dc]) || (uses_ac && !huffman_defined[1][ac]))
-          return "a scan uses a Huffman table that no DHT segment before it defines";
-        for (int f = 0; f < byte(frame_start + 7); ++f) {
-          const size_t frame_component = frame_start + 8 + 3 * size_t(f);
-          const int quantization = byte(frame_component + 2);
-          if (byte(frame_component) == component && quantization <= 3 &&
-              !quantization_defined[quantization])
-            return "a scan uses a quantization table that no DQT segment before it defines";
-        }
-      }
-    }
-    pos = std::max(pos + 2 + length, pos + 4);
+    std::string problem;
+    if (marker == 0xc4) problem = record_huffman_tables(byte, segment, tables);
+    if (marker == 0xdb) record_quantization_tables(byte, segment, tables);
+    if (marker == 0xda) problem = scan_tables_problem(byte, segment, tables);
+    if (!problem.empty()) return problem;
+    pos = std::max(segment + (size_t(byte[segment]) << 8) + byte[segment + 1], pos + 4);
   }
   return "";
 }
