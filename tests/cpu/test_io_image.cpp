@@ -31,6 +31,11 @@ Tensor random_8bit_image(Rng& rng, int64_t h, int64_t w, int64_t c) {
   return image;
 }
 
+// The 4 bytes of `v`, most significant first.
+std::string big_endian(uint32_t v) {
+  return std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+}
+
 // A random 8-bit [h, w, 3] image saved as a PNG in `dir`: the image, the file's bytes, and where
 // its data chunk (IDAT) and end chunk (IEND) begin (each at its 4-byte length, before its type).
 struct SavedPng {
@@ -281,6 +286,12 @@ void poison_freed_heap(char byte) {
   for (int i = 0; i < 16; ++i) fill(size_t(64) << 10);
 }
 
+// The length a JPEG's marker segment gives itself: the 2 bytes after its marker, at `marker`.
+size_t jpeg_segment_length(const std::string& jpeg, size_t marker) {
+  return size_t{static_cast<uint8_t>(jpeg[marker + 2])} << 8 |
+         static_cast<uint8_t>(jpeg[marker + 3]);
+}
+
 // A progressive JPEG may leave coefficients uncoded, which decode as zeros whatever the memory
 // stb is given held: the grey fixture (data/progressive-jpeg/README.txt) without its first scan,
 // the blocks' DC coefficients, loads the same after freed memory held one pattern or another
@@ -293,8 +304,9 @@ TEST(Image, AProgressiveJpegsUncodedCoefficientsDecodeAsZeros) {
   const size_t first_scan = grey.find("\xff\xda");
   const size_t second_scan = grey.find("\xff\xda", first_scan + 2);
   ASSERT_NE(second_scan, std::string::npos);
-  // Where the first scan's entropy-coded data ends: the first 0xff that starts a marker segment.
-  size_t first_scan_end = first_scan + 2;
+  // Where the first scan's entropy-coded data, after its header, ends: at the first marker that
+  // is not a restart (0xd0-0xd7) or a stuffed 0xff (0xff 0x00).
+  size_t first_scan_end = first_scan + 2 + jpeg_segment_length(grey, first_scan);
   while (first_scan_end + 1 < grey.size() &&
          !(uint8_t(grey[first_scan_end]) == 0xff && uint8_t(grey[first_scan_end + 1]) != 0 &&
            (uint8_t(grey[first_scan_end + 1]) & 0xf8) != 0xd0))
@@ -359,8 +371,7 @@ size_t jpeg_table_at(const std::string& jpeg, char marker, unsigned char id_byte
   const std::string start{'\xff', marker};
   for (size_t segment = jpeg.find(start); segment != std::string::npos;
        segment = jpeg.find(start, segment + 2)) {
-    const size_t end =
-        segment + 2 + (size_t(uint8_t(jpeg[segment + 2])) << 8) + uint8_t(jpeg[segment + 3]);
+    const size_t end = segment + 2 + jpeg_segment_length(jpeg, segment);
     for (size_t table = segment + 4; table < end;) {
       if (uint8_t(jpeg[table]) == id_byte) return table;
       size_t size = (uint8_t(jpeg[table]) >> 4) != 0 ? 129 : 65;
@@ -396,10 +407,10 @@ TEST(Image, RejectsAJpegScanWithAnUndefinedTable) {
 
   const std::string progressive = io::read_file(data + "progressive-jpeg/stripes.jpg");
   const size_t segment = jpeg_table_at(progressive, '\xc4', 0x10) - 4; // its first table
-  const size_t length = static_cast<size_t>(uint8_t(progressive[segment + 2])) << 8 |
-                        uint8_t(progressive[segment + 3]);
-  test::write_bytes(dir.path("progressive.jpg"),
-                    progressive.substr(0, segment) + progressive.substr(segment + 2 + length));
+  test::write_bytes(
+      dir.path("progressive.jpg"),
+      progressive.substr(0, segment) +
+          progressive.substr(segment + 2 + jpeg_segment_length(progressive, segment)));
   const std::vector<std::pair<const char*, const char*>> expected = {
       {"huffman.jpg", "a Huffman table that no DHT segment"},
       {"quantization.jpg", "a quantization table that no DQT segment"},
@@ -438,7 +449,7 @@ TEST(Image, RejectsAPngChunkThatRunsPastTheEndOfTheFile) {
   const SavedPng png = save_random_png(dir, 9, 4, 3);
   auto with_length = [&](size_t chunk, uint32_t length) {
     std::string bytes = png.bytes;
-    for (size_t b = 0; b < 4; ++b) bytes[chunk + b] = char(length >> (8 * (3 - b)));
+    bytes.replace(chunk, 4, big_endian(length));
     return bytes;
   };
   const size_t left = png.bytes.size() - png.data - 8; // after the data chunk's length and type
@@ -458,9 +469,6 @@ TEST(Image, RejectsAPngChunkThatRunsPastTheEndOfTheFile) {
 
 // A PNG chunk: its data's length (big-endian), its type, the data and the CRC-32 of type and data.
 std::string png_chunk(const std::string& type, const std::string& data) {
-  auto big_endian = [](uint32_t v) {
-    return std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
-  };
   const std::string typed = type + data;
   const uint32_t crc =
       uint32_t(crc32(0, reinterpret_cast<const Bytef*>(typed.data()), uInt(typed.size())));
@@ -476,10 +484,9 @@ std::string grey_png(uint32_t width, uint32_t height, bool interlaced, const std
                       reinterpret_cast<const Bytef*>(raw.data()), uLong(raw.size()), 9),
             Z_OK);
   packed.resize(packed_size);
-  std::string header;
-  for (uint32_t v : {width, height})
-    header += std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
-  header += std::string{8, 0, 0, 0, char(interlaced)}; // depth, grey, deflate, filters, interlace
+  const std::string header =
+      big_endian(width) + big_endian(height) +
+      std::string{8, 0, 0, 0, char(interlaced)}; // depth, grey, deflate, filters, interlace
   return "\x89PNG\r\n\x1a\n" + png_chunk("IHDR", header) + png_chunk("IDAT", packed) +
          png_chunk("IEND", "");
 }
