@@ -2,28 +2,29 @@
 # The GPU benchmark, run from the repository root on a machine with an NVIDIA GPU (no network
 # needed) and deps/ beside it (scripts/gather-deps.sh): uses the configured build in $BUILD (default
 # build-gpu, as scripts/gpu-check.sh leaves it) or configures one from deps/ for sm_90, builds
-# bench_gemm, bench_train and the sine and mlp examples, then runs, in the order the targets need
-# them, bench_gemm (WMMA / fp32 GEMMs vs cuBLAS), bench_train --device cuda (mlp, sine 512x512,
-# classify; FP32, AMP and AMP-bf16) each model followed by bench/pytorch/train.py --device cuda with
-# $PYTHON, the examples' own comparison tables (sine --compare-dtypes at 512x512: FP32, AMP-f16 and
-# AMP-bf16; mlp --compare; images and metrics under the parts folder), and sine again from five more
-# seeds. The log is written to ${OUT:-/tmp} as it comes, and the parts folder
-# (${TMPDIR:-/tmp}/<name>-parts: the per-tool JSON and the examples' outputs) is packed into
-# $OUT/<name>-parts.tgz after every stage, so that $OUT holds at most four files whatever happens
-# (the log, the parts .tgz, and the report's .json and .md when there is one), in one folder. The
-# report (whatever results there are, the missing ones listed) goes to
-# bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log beside it, and is copied to
-# $OUT. A run with no results at all writes nothing to bench/results. A target that does not build
-# leaves the others to run. MODELS (default: mlp sine classify resnet50 resnet50-frozen) names the
-# models whose bench_train and PyTorch stages run; the report lists the others as missing. Every
-# stage has a time limit, cut to what is left of the whole run's limit, $TIME_LIMIT_S seconds
-# (default 540), so a result comes back even when one hangs (later stages are then skipped); expect
-# 3-5 minutes on an H100, and up to 2 more for the seeds. COMMIT names the measured commit where the
-# tree has no .git (an exported tree): its sha, with -dirty if it had uncommitted changes (git diff
-# --quiet HEAD || echo -dirty, in the repository it came from). PYTHON (default python3) runs
-# bench/pytorch/train.py and bench/report.py; CUDA_HOME (default /usr/local/cuda) has its bin/
-# appended to PATH; RESULTS (default bench/results) is where the report goes
-# (tests/bench/test_run_gpu.py runs the whole script on stand-in tools).
+# bench_gemm, bench_train and the sine and mlp examples, launches the GEMM kernels once (rebuilt
+# without compressing the machine code if the driver refuses it: first_launch in
+# scripts/gpu-build.sh), then runs, in the order the targets need them, bench_gemm (WMMA / fp32
+# GEMMs vs cuBLAS), bench_train --device cuda (mlp, sine 512x512, classify; FP32, AMP and AMP-bf16)
+# each model followed by bench/pytorch/train.py --device cuda with $PYTHON, the examples' own
+# comparison tables (sine --compare-dtypes at 512x512: FP32, AMP-f16 and AMP-bf16; mlp --compare;
+# images and metrics under the parts folder), and sine again from five more seeds. The log is
+# written to ${OUT:-/tmp} as it comes, and the parts folder (${TMPDIR:-/tmp}/<name>-parts: the
+# per-tool JSON and the examples' outputs) is packed into $OUT/<name>-parts.tgz after every stage,
+# so that $OUT holds at most four files whatever happens (the log, the parts .tgz, and the report's
+# .json and .md when there is one), in one folder. The report (whatever results there are, the
+# missing ones listed) goes to bench/results/gpu-<device>-<date>-<commit>.{json,md}, with the log
+# beside it, and is copied to $OUT. A run with no results at all writes nothing to bench/results. A
+# target that does not build leaves the others to run. MODELS (default: mlp sine classify resnet50
+# resnet50-frozen) names the models whose bench_train and PyTorch stages run; the report lists the
+# others as missing. Every stage has a time limit, cut to what is left of the whole run's limit,
+# $TIME_LIMIT_S seconds (default 540), so a result comes back even when one hangs (later stages are
+# then skipped); expect 3-5 minutes on an H100, and up to 2 more for the seeds. COMMIT names the
+# measured commit where the tree has no .git (an exported tree): its sha, with -dirty if it had
+# uncommitted changes (git diff --quiet HEAD || echo -dirty, in the repository it came from). PYTHON
+# (default python3) runs bench/pytorch/train.py and bench/report.py; CUDA_HOME (default
+# /usr/local/cuda) has its bin/ appended to PATH; RESULTS (default bench/results) is where the
+# report goes (tests/bench/test_run_gpu.py runs the whole script on stand-in tools).
 #
 #   COMMIT=<sha> bash bench/run-gpu.sh      (no arguments)
 set -uo pipefail
@@ -32,6 +33,8 @@ set -uo pipefail
 source "$(dirname "$0")/../scripts/args.sh"
 # shellcheck source=scripts/run-names.sh
 source "$(dirname "$0")/../scripts/run-names.sh"
+# shellcheck source=scripts/gpu-build.sh
+source "$(dirname "$0")/../scripts/gpu-build.sh" # configure_gpu_build, first_launch, ...
 no_arguments run-gpu "$@"
 cd "$(dirname "$0")/.." || exit 1
 
@@ -80,21 +83,11 @@ declare -A pytorch_extra=([mlp]="--configs fused" [sine]="--configs nchw,fused,n
 # torch.compile's first step compiles: the conv nets' PyTorch stages need longer.
 declare -A pytorch_limit=([mlp]=90 [sine]=200 [classify]=200 [resnet50]=120 [resnet50-frozen]=90)
 
-# GoogleTest is only needed because CMakeLists.txt requires it at configure time.
 # shellcheck disable=SC2317 # configure and build_benches run through `stage` (bash -c)
 configure() {
   [ -f "$build/build.ninja" ] && return 0
   echo "== configuring $build from deps/"
-  if [ ! -d "$gtest_prefix/lib/cmake/GTest" ] && [ ! -d "$gtest_prefix/lib64/cmake/GTest" ]; then
-    rm -rf /tmp/googletest-build
-    cmake -S deps/googletest -B /tmp/googletest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_INSTALL_PREFIX="$gtest_prefix" >/dev/null &&
-      cmake --build /tmp/googletest-build -j16 >/dev/null &&
-      cmake --install /tmp/googletest-build >/dev/null || return 1
-  fi
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINAMP_CUDA_ARCHS=90 \
-    -DMINAMP_CUDA_EMULATOR=OFF \
-    -DCMAKE_PREFIX_PATH="$PWD/deps/prefix;$gtest_prefix" >/dev/null
+  build_googletest >/dev/null && configure_gpu_build >/dev/null
 }
 
 # The binaries are removed first (relinking is quick), so that each one there afterwards was built
@@ -106,7 +99,7 @@ build_benches() {
   cmake --build "$build" --target bench_train bench_gemm sine mlp -j16 -- -k 0
 }
 export build gtest_prefix
-export -f configure build_benches
+export -f build_googletest configure_gpu_build first_launch configure build_benches
 
 # stage NAME SECONDS COMMAND...: runs COMMAND under a time limit (cut to what is left of the
 # run's time limit, less 20 s for the report; killed 10 s after the TERM if it is still there) and says how
@@ -195,6 +188,7 @@ main() {
     echo "bench: neither bench_train nor bench_gemm was built; nothing to run"
     return 1
   fi
+  stage "first launch" 300 first_launch build_benches
   run_gemm square-f16
   run_model mlp
   run_model sine

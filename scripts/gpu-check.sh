@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check, run on a machine with an NVIDIA GPU from the repository root with deps/ beside
-# it (see scripts/gather-deps.sh): builds GoogleTest into /tmp/prefix, configures and builds minamp for
-# sm_90, reads the GEMM kernels' machine code (bench/gemm_sass.py: each version's main loop, no
-# local-memory LDL/STL), runs the whole test binary (a skipped GPU test fails it), then
-# compute-sanitizer memcheck on the GPU tests and racecheck on the GEMM and reduction tests.
+# it (see scripts/gather-deps.sh): builds GoogleTest into /tmp/prefix, configures and builds
+# minamp for sm_90, launches the GEMM kernels once (rebuilt without compressing the machine code if
+# the driver refuses it: first_launch in scripts/gpu-build.sh), reads the GEMM kernels' machine code
+# (bench/gemm_sass.py: each version's main loop, no local-memory LDL/STL), runs the whole test
+# binary (a skipped GPU test fails it), then compute-sanitizer memcheck on the GPU tests and
+# racecheck on the GEMM and reduction tests.
 # Full logs go to ${OUT:-/tmp/minamp-gpu}: setup.log (device, GoogleTest, configure), build.log
-# (build, SASS), sass.json (the SASS figures), tests.log, memcheck.log, racecheck.log and extra.log
-# — seven files at most, all in one folder.
+# (build, first launch, SASS), sass.json (the SASS figures), tests.log, memcheck.log,
+# racecheck.log and extra.log — seven files at most, all in one folder.
 # Every stage runs and is recorded even when an earlier one failed; each has a time limit, cut so
 # that all of them stay within $TIME_LIMIT_S seconds (default 560: under ten minutes), so the
 # summary always prints. A pass/fail table ends the output and the exit status is
@@ -30,6 +32,8 @@ set -uo pipefail
 # arguments are COMMAND's own (scripts/gpu-check.sh build-gpu/sine --help runs sine --help).
 # shellcheck source=scripts/args.sh
 source "$(dirname "$0")/args.sh" # usage
+# shellcheck source=scripts/gpu-build.sh
+source "$(dirname "$0")/gpu-build.sh" # build_googletest, configure_gpu_build, first_launch
 case ${1-} in
 -h | --help) usage; exit 0 ;;
 -*) echo "gpu-check: unknown option '$1' (see: bash $0 --help)" >&2; exit 2 ;;
@@ -89,23 +93,6 @@ run_stage() {
   stage_results+=("$result, $((SECONDS - start)) s")
 }
 
-# Skipped when an earlier run on this machine installed it; a stale build folder (from another
-# checkout) is removed first.
-build_googletest() {
-  [ -d "$gtest_prefix/lib/cmake/GTest" ] || [ -d "$gtest_prefix/lib64/cmake/GTest" ] && return 0
-  rm -rf /tmp/googletest-build
-  cmake -S deps/googletest -B /tmp/googletest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_INSTALL_PREFIX="$gtest_prefix" &&
-    cmake --build /tmp/googletest-build -j16 &&
-    cmake --install /tmp/googletest-build
-}
-
-configure() {
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMINAMP_CUDA_ARCHS=90 \
-    -DMINAMP_CUDA_EMULATOR=OFF \
-    -DCMAKE_PREFIX_PATH="$PWD/deps/prefix;$gtest_prefix"
-}
-
 # The whole test binary; on the GPU machine a skipped GPU test (other than GpuAbsent.*, which
 # needs no device) means the GPU was not usable, which fails the stage instead of passing it.
 run_tests() {
@@ -151,12 +138,13 @@ sass() {
 }
 
 export build gtest_prefix out
-export -f build_googletest configure run_tests memcheck racecheck sass
+export -f build_googletest configure_gpu_build first_launch run_tests memcheck racecheck sass
 rm -f "$out"/{setup,build,tests,memcheck,racecheck,extra}.log "$out"/sass.json
 run_stage "device" setup.log 30 nvidia-smi -L
 run_stage "googletest build" setup.log 120 build_googletest
-run_stage "configure" setup.log 60 configure
+run_stage "configure" setup.log 60 configure_gpu_build
 run_stage "build" build.log 300 cmake --build "$build" -j16
+run_stage "first launch" build.log 330 first_launch cmake --build "$build" -j16
 run_stage "sass (GEMM objects)" build.log 30 sass
 run_stage "tests" tests.log 150 run_tests
 run_stage "memcheck (Gpu*)" memcheck.log 200 memcheck

@@ -1,7 +1,9 @@
 """Test of scripts/gpu-check.sh's plumbing without a GPU: the script runs on stand-in tools
 (nvidia-smi, cmake, cuobjdump, compute-sanitizer and a minamp_tests that writes GoogleTest's JSON
 report), and the test checks the summary's verdicts — every stage passes when the tools do; a
-skipped GPU test fails the test stage; compute-sanitizer refusing the device is UNAVAILABLE,
+skipped GPU test fails the test stage; a driver that refuses the compressed machine code at the first
+launch has the build configured without compression and rebuilt, and the launch then passes, while any
+other first-launch failure fails that stage alone; compute-sanitizer refusing the device is UNAVAILABLE,
 not pass; memcheck runs with the allocator's exact-size mode; ONLY runs the check stages it
 names and no other; a stage that hangs times out within the time limit and the stages after it are
 skipped, not passed; the SASS stage reads each GEMM version's main loop (bench/gemm_sass.py on a
@@ -9,8 +11,9 @@ fake bench_gemm --kernels and cuobjdump) and fails on a spill — and that $OUT 
 and sass.json the header names. Standard library only; ctest runs it as bench.gpu_check.
 
 The same file is the stand-in tools: `test_gpu_check.py --tool NAME ARGS...`; the environment
-variables FAKE_SKIPPED_GPU_TEST, FAKE_TESTS_HANG and FAKE_SANITIZER_REFUSES choose their
-failures."""
+variables FAKE_SKIPPED_GPU_TEST, FAKE_TESTS_HANG, FAKE_SANITIZER_REFUSES, FAKE_SPILLS,
+FAKE_REFUSES_COMPRESSED and FAKE_NO_DEVICE choose their failures; the stand-in cmake appends its
+arguments to $FAKE_CMAKE_LOG."""
 
 import json
 import os
@@ -55,10 +58,33 @@ def fake_compute_sanitizer(args):
 
 
 def fake_bench_gemm(args):
-    """bench_gemm --kernels: one version, whose kernel the fake cuobjdump disassembles."""
-    assert args == ["--kernels"], args
-    print(json.dumps([{"version": "v1", "kernel": "fake_gemm_kernel", "threads": 128,
-                       "smem_bytes": 8192}]))
+    """bench_gemm --kernels: one version, whose kernel the fake cuobjdump disassembles;
+    --shapes tiny: the first launch, which fails as the real one would under FAKE_NO_DEVICE, and
+    under FAKE_REFUSES_COMPRESSED until cmake has configured the build without compression."""
+    if args == ["--kernels"]:
+        print(json.dumps([{"version": "v1", "kernel": "fake_gemm_kernel", "threads": 128,
+                           "smem_bytes": 8192}]))
+        return
+    assert args == ["--shapes", "tiny", "--precisions", "f16"], args
+    if os.environ.get("FAKE_NO_DEVICE"):
+        sys.exit("bench_gemm: cudaGetDeviceCount: CUDA error cudaErrorNoDevice (no CUDA-capable "
+                 "device is detected)")
+    if os.environ.get("FAKE_REFUSES_COMPRESSED") and \
+            "-DMINAMP_CUDA_COMPRESS_FOR_SIZE=OFF" not in cmake_calls():
+        sys.exit("bench_gemm: gemm_v1_kernel launch: CUDA error cudaErrorInvalidKernelImage "
+                 "(device kernel image is invalid)")
+    print("square 64 (64x64x64)  f16  0.00  0.00  33.3%")
+
+
+def fake_cmake(args):
+    with open(os.environ["FAKE_CMAKE_LOG"], "a") as f:
+        f.write(" ".join(args) + "\n")
+
+
+def cmake_calls():
+    """The stand-in cmake's calls so far, one line each."""
+    with open(os.environ["FAKE_CMAKE_LOG"]) as f:
+        return f.read()
 
 
 def fake_cuobjdump(args):
@@ -81,7 +107,7 @@ def fake_cuobjdump(args):
 
 TOOLS = {"minamp_tests": fake_minamp_tests, "compute-sanitizer": fake_compute_sanitizer,
          "cuobjdump": fake_cuobjdump, "nvidia-smi": lambda args: print("GPU 0: NVIDIA H100"),
-         "cmake": lambda args: None, "bench_gemm": fake_bench_gemm}
+         "cmake": fake_cmake, "bench_gemm": fake_bench_gemm}
 
 
 class GpuCheckScript(unittest.TestCase):
@@ -102,22 +128,31 @@ class GpuCheckScript(unittest.TestCase):
         os.makedirs(objects)
         for name in ("gemm_v1_fake.cu.o", "gemm_fp32.cu.o"):
             open(os.path.join(objects, name), "w").close()
+        self.cmake_log = os.path.join(tmp.name, "cmake.log")
+        open(self.cmake_log, "w").close()
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
-                   OUT=out, TIME_LIMIT_S=str(time_limit_s), TMPDIR=tmp.name, **failures)
+                   OUT=out, TIME_LIMIT_S=str(time_limit_s), TMPDIR=tmp.name,
+                   FAKE_CMAKE_LOG=self.cmake_log, **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "scripts", "gpu-check.sh")],
                                  env=env, capture_output=True, text=True, timeout=110)
         summary = process.stdout[process.stdout.find("== summary"):] if "== summary" in \
             process.stdout else ""
         verdicts = dict(re.findall(r"^  (\S.*?)\s{2,}(\S.*?)(?:, \d+ s)?$", summary, re.MULTILINE))
+        self.stdout = process.stdout
         return process.returncode, verdicts, sorted(os.listdir(out))
+
+    def cmake_calls(self):
+        with open(self.cmake_log) as f:
+            return f.read().splitlines()
 
     def test_every_stage_passes_when_its_tools_do(self):
         status, verdicts, files = self.run_script()
         self.assertEqual(status, 0, verdicts)
         self.assertEqual(list(verdicts), ["device", "googletest build", "configure", "build",
-                                          "sass (GEMM objects)", "tests", "memcheck (Gpu*)",
+                                          "first launch", "sass (GEMM objects)", "tests", "memcheck (Gpu*)",
                                           "racecheck (GEMM, reductions)"])
         self.assertEqual(set(verdicts.values()), {"pass"})
+        self.assertNotIn("COMPRESS_FOR_SIZE", "\n".join(self.cmake_calls()))
         self.assertEqual(files, ["build.log", "memcheck.log", "racecheck.log", "sass.json",
                                  "setup.log", "tests.log"])
         with open(os.path.join(self.out, "sass.json")) as f:
@@ -128,6 +163,29 @@ class GpuCheckScript(unittest.TestCase):
                                                   "registers", "blocks_per_sm")},
                          {"loop_hmma": 2, "loop_ldsm": 1, "loop_ldgsts": 0, "registers": 96,
                           "blocks_per_sm": 5})
+
+    def test_a_driver_that_refuses_compressed_code_gets_a_build_without_compression(self):
+        status, verdicts, _ = self.run_script(FAKE_REFUSES_COMPRESSED="1")
+        self.assertEqual(status, 0, self.stdout[-3000:])
+        self.assertEqual(verdicts["first launch"], "pass")
+        self.assertIn("the driver refused the kernel image; rebuilding with "
+                      "-DMINAMP_CUDA_COMPRESS_FOR_SIZE=OFF", self.stdout)
+        calls = self.cmake_calls()
+        reconfigure = next(i for i, call in enumerate(calls)
+                           if "-DMINAMP_CUDA_COMPRESS_FOR_SIZE=OFF" in call)
+        self.assertGreater(reconfigure, 0, "the first configure already turned compression off")
+        self.assertTrue(calls[reconfigure].startswith("-S . -B "), calls)
+        # then one rebuild of the same folder, and nothing else
+        self.assertEqual(calls[reconfigure + 1:], [calls[reconfigure - 1]], calls)
+        self.assertRegex(calls[reconfigure - 1], r"^--build \S+ -j16$")
+
+    def test_any_other_first_launch_failure_fails_that_stage_without_a_rebuild(self):
+        status, verdicts, _ = self.run_script(FAKE_NO_DEVICE="1")
+        self.assertNotEqual(status, 0)
+        self.assertEqual(verdicts["first launch"], "FAIL (exit 1)")
+        self.assertIn("cudaErrorNoDevice", self.stdout)
+        self.assertNotIn("COMPRESS_FOR_SIZE", "\n".join(self.cmake_calls()))
+        self.assertEqual(verdicts["tests"], "pass")
 
     def test_a_gemm_kernel_that_spills_fails_the_sass_stage(self):
         status, verdicts, _ = self.run_script(FAKE_SPILLS="1")
@@ -164,7 +222,7 @@ class GpuCheckScript(unittest.TestCase):
         self.assertEqual(status, 0, verdicts)
         not_run = "not run (ONLY=racecheck)"
         self.assertEqual(verdicts, {"device": "pass", "googletest build": "pass",
-                                    "configure": "pass", "build": "pass",
+                                    "configure": "pass", "build": "pass", "first launch": "pass",
                                     "sass (GEMM objects)": not_run, "tests": not_run,
                                     "memcheck (Gpu*)": not_run,
                                     "racecheck (GEMM, reductions)": "pass"})

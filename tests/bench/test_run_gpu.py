@@ -4,7 +4,8 @@ the files the real one writes, with made-up figures, and refusing an option or v
 refuses), and the test checks what a GPU run depends on: every stage ran, the report lists
 nothing missing, and $OUT holds the four files the script promises;
 a stage that hangs is cut to the run's time limit (TIME_LIMIT_S) and the later ones are skipped, the
-report still written;
+report still written; a driver that refuses the compressed machine code at the first launch has
+the build configured without compression and the benchmarks rebuilt before they run;
 with nothing built the script fails. Standard library only; ctest runs it as bench.run_gpu.
 
 The same file is the stand-in tools: `test_run_gpu.py --tool NAME ARGS...`."""
@@ -91,7 +92,16 @@ def fake_bench_train(args):
 
 
 def fake_bench_gemm(args):
+    """The first launch (--shapes tiny, no JSON) fails under FAKE_REFUSES_COMPRESSED until cmake
+    has configured the build without compression; the other parts write their JSON."""
     check_options("bench_gemm", args)
+    if option(args, "--shapes") == "tiny":
+        with open(os.environ["FAKE_CMAKE_LOG"]) as f:
+            uncompressed = "-DMINAMP_CUDA_COMPRESS_FOR_SIZE=OFF" in f.read()
+        if os.environ.get("FAKE_REFUSES_COMPRESSED") and not uncompressed:
+            sys.exit("bench_gemm: CUDA error cudaErrorInvalidKernelImage (device kernel image "
+                     "is invalid)")
+        return
     row = {"shape": "square 4096", "ab_dtype": "f16", "c_dtype": "f16", "m": 4096, "n": 4096,
            "k": 4096, "ratio": 0.6, "minamp": {"tflops": 400.0}, "cublas": {"tflops": 660.0},
            "check": {"max_rel_diff_vs_cublas": 1e-3}}
@@ -119,7 +129,10 @@ def fake_example(args):
 
 
 def fake_cmake(args):
-    """`cmake --build DIR ...` puts the stand-in programs into DIR; anything else succeeds."""
+    """`cmake --build DIR ...` puts the stand-in programs into DIR; anything else succeeds. Each
+    call's arguments are appended to $FAKE_CMAKE_LOG."""
+    with open(os.environ["FAKE_CMAKE_LOG"], "a") as f:
+        f.write(" ".join(args) + "\n")
     if args[:1] != ["--build"] or os.environ.get("FAKE_NO_BUILD"):
         return
     for program in ("bench_train", "bench_gemm", "sine", "mlp"):
@@ -156,9 +169,12 @@ class RunGpuScript(unittest.TestCase):
         open(os.path.join(build, "build.ninja"), "w").close()  # configured: no configure stage
         for name in ("nvidia-smi", "cmake", "python"):
             make_tool(os.path.join(bin_dir, name), name, __file__)
+        self.cmake_log = os.path.join(tmp.name, "cmake.log")
+        open(self.cmake_log, "w").close()
         env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
                    OUT=out, RESULTS=results, COMMIT="abc1234", TIME_LIMIT_S=str(limit_s),
-                   TMPDIR=tmp.name, PYTHON=os.path.join(bin_dir, "python"), **failures)
+                   TMPDIR=tmp.name, PYTHON=os.path.join(bin_dir, "python"),
+                   FAKE_CMAKE_LOG=self.cmake_log, **failures)
         process = subprocess.run(["bash", os.path.join(REPO, "bench", "run-gpu.sh")], env=env,
                                  capture_output=True, text=True, timeout=280)
         return process, out, results
@@ -167,7 +183,9 @@ class RunGpuScript(unittest.TestCase):
         process, out, results = self.run_script()
         self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
         self.assertNotIn("time limit is spent", process.stdout)
-        self.assertEqual(process.stdout.count(": exit 0,"), 33, process.stdout[-3000:])
+        self.assertEqual(process.stdout.count(": exit 0,"), 34, process.stdout[-3000:])
+        self.assertIn("first launch: the GEMM kernels ran; this driver loads the machine code",
+                      process.stdout)
 
         files = sorted(os.path.relpath(os.path.join(folder, f), out)
                        for folder, _, names in os.walk(out) for f in names)
@@ -197,6 +215,22 @@ class RunGpuScript(unittest.TestCase):
                      "sine/amp-bf16/summary.json", "mlp/fp32/metrics.csv",
                      "seeds/minamp-sine-seed5.json"):
             self.assertIn(part, members)
+
+    def test_a_driver_that_refuses_compressed_code_gets_the_benchmarks_rebuilt_first(self):
+        process, out, results = self.run_script(MODELS="sine", FAKE_REFUSES_COMPRESSED="1")
+        self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
+        self.assertRegex(process.stdout, r"-- first launch: exit 0,")
+        with open(self.cmake_log) as f:
+            calls = f.read().splitlines()
+        build_benches = [c for c in calls if c.startswith("--build ")]
+        self.assertEqual(len(build_benches), 2, calls)  # the build stage's, then the rebuild
+        self.assertIn("-DMINAMP_CUDA_COMPRESS_FOR_SIZE=OFF", calls[1], calls)
+        self.assertEqual(calls[2], build_benches[1], calls)
+        self.assertLess(process.stdout.index("-- first launch: exit 0,"),
+                        process.stdout.index("== bench_gemm square-f16"))
+        [path] = glob.glob(os.path.join(results, "gpu-*.json"))
+        with open(path) as f:
+            self.assertNotIn("bench_gemm: no results", json.load(f)["meta"]["missing"])
 
     def test_a_stage_that_hangs_is_cut_to_the_time_limit_and_the_rest_skipped(self):
         start = time.monotonic()
