@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# bench/NOTES.md's open predictions checked on a GPU in one command of under ten minutes, run from
+# the repository root with deps/ beside it (scripts/gather-deps.sh). The stages, in order, each
+# under a time limit cut to what is left of the run's limit, $TIME_LIMIT_S seconds (default 540):
+#   build_sass  scripts/gpu-check.sh with ONLY=sass: GoogleTest, configure, build, first launch and
+#               the GEMM kernels' SASS figures (check.txt, sass.json; its logs in check-logs.tgz);
+#   tests       the GPU tests but the examples and the large batch norm (tests.txt);
+#   bench       bench/run-gpu.sh with MODELS=sine, until $BENCH_UNTIL_S (default 330) seconds into
+#               the run: the square GEMMs, sine in FP32 and AMP beside PyTorch's configurations,
+#               then the model GEMMs, the library and version rows before the sweep's (bench/);
+#   profile     bench/profile-gpu.sh: every kernel of the fused sine step, and the GEMM loop's
+#               stalls (profile.txt, ncu-*.md, ncu-*-csv.tgz);
+#   depth       bench_gemm's depth rows (sine's forward GEMM by K, with and without the batch norm
+#               hooks, and the sweep's configurations), fitted against K by bench/report.py
+#               (depth.txt, depth.json, depth-report.{json,md});
+#   persistent  sine's AMP step with v5's large tiles on the persistent grid,
+#               MINAMP_GEMM_PERSISTENT=1 (persistent.txt, persistent.json).
+# A stage that fails or runs out of time leaves the later ones to run. Everything goes to
+# ${OUT:-/tmp/minamp-predictions}, a few files in all; a table of the stages (exit status and
+# seconds) ends the output, and the exit status is non-zero when one failed. COMMIT (the measured
+# commit, as in bench/run-gpu.sh), BUILD (default build-gpu), PYTHON (default python3) and
+# CUDA_HOME pass to the scripts it runs.
+#
+#   COMMIT=<sha> bash bench/check-predictions.sh      (no arguments)
+# shellcheck disable=SC2317 # the stage functions run through stage (bash -c)
+set -uo pipefail
+# -h/--help prints the comment above; the script takes no arguments.
+# shellcheck source=scripts/args.sh
+source "$(dirname "$0")/../scripts/args.sh"
+# shellcheck source=scripts/run-names.sh
+source "$(dirname "$0")/../scripts/run-names.sh"
+no_arguments check-predictions "$@"
+cd "$(dirname "$0")/.." || exit 1
+
+out=${OUT:-/tmp/minamp-predictions}
+build=${BUILD:-build-gpu}
+python=${PYTHON:-python3}
+run_limit=${TIME_LIMIT_S:-540}
+bench_until=${BENCH_UNTIL_S:-330}
+commit=$(measured_commit)
+export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin" BUILD=$build PYTHON=$python COMMIT=$commit
+for value in "$run_limit" "$bench_until"; do
+  [[ $value =~ ^[1-9][0-9]*$ ]] || {
+    echo "check-predictions: TIME_LIMIT_S and BENCH_UNTIL_S take whole seconds, got '$value'" >&2
+    exit 2
+  }
+done
+mkdir -p "$out/bench"
+rm -f "$out"/*.txt "$out"/*.log
+
+stage_names=()
+stage_results=()
+# stage NAME SECONDS: runs the function NAME under a time limit cut to what is left of the run's
+# limit (less 10 s for the summary; killed 10 s after the TERM if still there) and records how it
+# ended. The function is given that limit less 5 s, for the script it runs to keep within. A limit
+# under 10 s skips the stage.
+stage() {
+  local name=$1 limit=$2 start=$SECONDS rc
+  local left=$((run_limit - 10 - SECONDS))
+  [ "$left" -lt "$limit" ] && limit=$left
+  stage_names+=("$name")
+  if [ "$limit" -lt 10 ]; then
+    stage_results+=("SKIPPED (time limit reached)")
+    return
+  fi
+  echo "== $name (limit $limit s)"
+  timeout -k 10 "$limit" bash -c '"$@"' stage "$name" $((limit - 5))
+  rc=$?
+  local result=pass
+  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && result="TIMEOUT after $limit s"
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && result="FAIL (exit $rc)"
+  stage_results+=("$result, $((SECONDS - start)) s")
+  echo "-- $name: $result"
+}
+
+# The stages, each given its time limit in seconds; each writes its output to its own files in
+# $out.
+build_sass() {
+  ONLY=sass TIME_LIMIT_S=$1 OUT=$out bash scripts/gpu-check.sh >"$out/check.txt" 2>&1
+}
+tests() {
+  "$build/minamp_tests" --gtest_filter='Gpu*:-GpuExamples.*:GpuBatchNorm.Large*' \
+    >"$out/tests.txt" 2>&1
+}
+bench() {
+  MODELS=sine TIME_LIMIT_S=$1 OUT=$out/bench bash bench/run-gpu.sh >/dev/null 2>&1
+}
+profile() {
+  PROFILES="sine-step gemm-loop" TIME_LIMIT_S=$1 OUT=$out bash bench/profile-gpu.sh \
+    >"$out/profile.txt" 2>&1
+}
+depth() {
+  "$build/bench_gemm" --shapes depth --precisions f16 --no-versions --sweep \
+    --json "$out/depth.json" >"$out/depth.txt" 2>&1 &&
+    "$python" bench/report.py --platform gpu --gemm "$out/depth.json" --commit "$commit" \
+      --out "$out/depth-report.json" --markdown "$out/depth-report.md" >>"$out/depth.txt" 2>&1
+}
+persistent() {
+  MINAMP_GEMM_PERSISTENT=1 "$build/bench_train" --device cuda --models sine --precisions amp \
+    --size 512 --warmup 12 --steps 200 --profile 5 --json "$out/persistent.json" \
+    >"$out/persistent.txt" 2>&1
+}
+export build out python commit
+export -f build_sass tests bench profile depth persistent
+
+echo "minamp: checking the open predictions on $(gpu_device), commit $commit, within $run_limit s"
+stage build_sass 330
+stage tests 60
+stage bench $((bench_until - SECONDS))
+stage profile 90
+stage depth 70
+stage persistent 40
+(cd "$out" && shopt -s nullglob && logs=(*.log) && [ ${#logs[@]} -gt 0 ] &&
+  tar -czf check-logs.tgz "${logs[@]}" && rm -f "${logs[@]}")
+
+echo
+echo "== summary (files in $out)"
+failed=0
+for i in "${!stage_names[@]}"; do
+  printf '  %-12s %s\n' "${stage_names[$i]}" "${stage_results[$i]}"
+  [[ ${stage_results[$i]} == pass* ]] || failed=1
+done
+exit "$failed"

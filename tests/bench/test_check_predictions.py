@@ -1,0 +1,177 @@
+"""Test of bench/check-predictions.sh's plumbing without a GPU: the script runs in a copy of the
+repository's layout whose scripts/gpu-check.sh, bench/run-gpu.sh, bench/profile-gpu.sh and
+bench/report.py are stand-ins, as are the build's minamp_tests, bench_gemm and bench_train; each
+stand-in records how it was called (its arguments and the environment the script sets) and writes
+a file of the kind the real one writes. The test checks: the stages run in order with the options
+and variables that pick the predictions' runs; each script is given a time limit within its stage's
+and the benchmark one that ends by BENCH_UNTIL_S; a failing stage leaves the later ones to run and
+fails the run; a hanging stage is cut to its limit and the whole run keeps to TIME_LIMIT_S; $OUT
+holds the stages' files with the logs packed into one archive. Standard library only; ctest runs
+it as bench.check_predictions.
+
+The same file is the stand-in tools: `test_check_predictions.py --tool NAME ARGS...`;
+FAKE_FAIL and FAKE_HANG name the stand-in that fails or hangs."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import unittest
+
+from stand_ins import make_tool, option
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+# The stand-ins: where each lives in the copied tree (scripts run with bash, the build's programs
+# and report.py directly) and the file it writes (relative to $OUT or named by an option).
+SCRIPTS = {"gpu-check": "scripts/gpu-check.sh", "run-gpu": "bench/run-gpu.sh",
+           "profile-gpu": "bench/profile-gpu.sh"}
+PROGRAMS = ("minamp_tests", "bench_gemm", "bench_train")
+
+
+def record(name, args):
+    """Appends this call to $FAKE_CALLS; fails or hangs when FAKE_FAIL / FAKE_HANG name it."""
+    keys = ("ONLY", "MODELS", "PROFILES", "TIME_LIMIT_S", "OUT", "COMMIT", "BUILD",
+            "MINAMP_GEMM_PERSISTENT")
+    call = {"tool": name, "args": args, "env": {k: os.environ[k] for k in keys if k in os.environ}}
+    with open(os.environ["FAKE_CALLS"], "a") as f:
+        f.write(json.dumps(call) + "\n")
+    if os.environ.get("FAKE_HANG") == name:
+        time.sleep(600)
+    if os.environ.get("FAKE_FAIL") == name:
+        sys.exit(f"{name}: failed")
+
+
+def write(path, text="made up\n"):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def fake_tool(name, args):
+    record(name, args)
+    out = os.environ.get("OUT", "")
+    if name == "gpu-check":
+        for log in ("setup.log", "build.log"):
+            write(os.path.join(out, log))
+        write(os.path.join(out, "sass.json"), "[]\n")
+    elif name == "run-gpu":
+        write(os.path.join(out, "gpu-h200-x.json"), "{}\n")
+    elif name == "profile-gpu":
+        write(os.path.join(out, "ncu-h200-x.md"))
+    elif name in ("bench_gemm", "bench_train"):
+        write(option(args, "--json"), "{}\n")
+    elif name == "report.py":
+        write(option(args, "--out"), "{}\n")
+        write(option(args, "--markdown"))
+    print(f"{name} ran")
+
+
+class CheckPredictionsScript(unittest.TestCase):
+    def run_script(self, limit_s=120, bench_until_s=80, **failures):
+        """Runs check-predictions.sh in a copied tree on the stand-ins; returns the process and
+        the calls the stand-ins recorded."""
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        tree, self.out = os.path.join(tmp.name, "tree"), os.path.join(tmp.name, "out")
+        for folder in ("bench", "scripts", "build-gpu"):
+            os.makedirs(os.path.join(tree, folder))
+        for path in ("bench/check-predictions.sh", "scripts/args.sh", "scripts/run-names.sh"):
+            shutil.copy(os.path.join(REPO, path), os.path.join(tree, path))
+        for name, path in SCRIPTS.items():
+            make_tool(os.path.join(tree, path), name, __file__)
+        for name in PROGRAMS:
+            make_tool(os.path.join(tree, "build-gpu", name), name, __file__)
+        make_tool(os.path.join(tree, "bench", "report.py"), "report.py", __file__)
+        calls = os.path.join(tmp.name, "calls.jsonl")
+        env = dict(os.environ, OUT=self.out, COMMIT="abc1234", TIME_LIMIT_S=str(limit_s),
+                   BENCH_UNTIL_S=str(bench_until_s), PYTHON="bash", FAKE_CALLS=calls,
+                   TMPDIR=tmp.name, **failures)
+        env.pop("BUILD", None)
+        process = subprocess.run(["bash", os.path.join(tree, "bench", "check-predictions.sh")],
+                                 env=env, capture_output=True, text=True, timeout=200)
+        with open(calls) if os.path.exists(calls) else open(os.devnull) as f:
+            return process, [json.loads(line) for line in f]
+
+    def verdicts(self, process):
+        summary = process.stdout[process.stdout.find("== summary"):]
+        return dict(re.findall(r"^  (\S+)\s+(\S.*?)(?:, \d+ s)?$", summary, re.MULTILINE))
+
+    def test_the_stages_run_in_order_with_the_predictions_options(self):
+        process, calls = self.run_script()
+        self.assertEqual(process.returncode, 0, process.stdout + process.stderr)
+        self.assertEqual(self.verdicts(process),
+                         dict.fromkeys(("build_sass", "tests", "bench", "profile", "depth",
+                                        "persistent"), "pass"))
+        self.assertEqual([c["tool"] for c in calls],
+                         ["gpu-check", "minamp_tests", "run-gpu", "profile-gpu", "bench_gemm",
+                          "report.py", "bench_train"])
+        check, tests, bench, profile, depth, report, persistent = calls
+        self.assertEqual(check["env"]["ONLY"], "sass")
+        self.assertEqual(tests["args"],
+                         ["--gtest_filter=Gpu*:-GpuExamples.*:GpuBatchNorm.Large*"])
+        self.assertEqual(bench["env"]["MODELS"], "sine")
+        self.assertEqual(bench["env"]["OUT"], os.path.join(self.out, "bench"))
+        self.assertEqual(profile["env"]["PROFILES"], "sine-step gemm-loop")
+        self.assertEqual(option(depth["args"], "--shapes"), "depth")
+        self.assertIn("--sweep", depth["args"])
+        self.assertEqual(option(report["args"], "--gemm"), option(depth["args"], "--json"))
+        self.assertEqual(persistent["env"]["MINAMP_GEMM_PERSISTENT"], "1")
+        self.assertEqual(option(persistent["args"], "--precisions"), "amp")
+        for call in calls:
+            self.assertEqual(call["env"].get("COMMIT"), "abc1234", call)
+            self.assertEqual(call["env"].get("BUILD"), "build-gpu", call)
+        # Each script keeps within the limit it is given: within its stage's, and the benchmark's
+        # ends by BENCH_UNTIL_S (80 s into the run).
+        self.assertLessEqual(int(check["env"]["TIME_LIMIT_S"]), 330 - 5)
+        self.assertLessEqual(int(bench["env"]["TIME_LIMIT_S"]), 80 - 5)
+        self.assertGreater(int(bench["env"]["TIME_LIMIT_S"]), 60)
+        self.assertLessEqual(int(profile["env"]["TIME_LIMIT_S"]), 90 - 5)
+
+        self.assertEqual(sorted(os.listdir(self.out)),
+                         ["bench", "check-logs.tgz", "check.txt", "depth-report.json",
+                          "depth-report.md", "depth.json", "depth.txt", "ncu-h200-x.md",
+                          "persistent.json", "persistent.txt", "profile.txt", "sass.json",
+                          "tests.txt"])
+        with tarfile.open(os.path.join(self.out, "check-logs.tgz")) as logs:
+            self.assertEqual(sorted(logs.getnames()), ["build.log", "setup.log"])
+        with open(os.path.join(self.out, "tests.txt")) as f:
+            self.assertEqual(f.read(), "minamp_tests ran\n")
+
+    def test_a_failing_stage_leaves_the_later_ones_to_run_and_fails_the_run(self):
+        process, calls = self.run_script(FAKE_FAIL="minamp_tests")
+        self.assertEqual(process.returncode, 1, process.stdout + process.stderr)
+        verdicts = self.verdicts(process)
+        self.assertEqual(verdicts["tests"], "FAIL (exit 1)")
+        self.assertEqual({verdicts[s] for s in ("build_sass", "bench", "persistent")}, {"pass"})
+        self.assertEqual(calls[-1]["tool"], "bench_train")
+
+    def test_a_hanging_stage_is_cut_and_the_run_keeps_to_its_limit(self):
+        start = time.monotonic()
+        process, calls = self.run_script(limit_s=45, bench_until_s=20, FAKE_HANG="run-gpu")
+        self.assertLess(time.monotonic() - start, 45, "the time limit was overrun")
+        self.assertEqual(process.returncode, 1, process.stdout + process.stderr)
+        verdicts = self.verdicts(process)
+        self.assertRegex(verdicts["bench"], r"^TIMEOUT after (1\d|20) s$")
+        self.assertEqual(verdicts["build_sass"], "pass")
+        self.assertEqual(verdicts["profile"], "pass")  # 45 - 10 - ~20 s left for it
+        self.assertIn("== summary", process.stdout)
+
+    def test_it_refuses_a_time_limit_that_is_not_whole_seconds(self):
+        process, calls = self.run_script(limit_s="9m")
+        self.assertEqual(process.returncode, 2)
+        self.assertIn("TIME_LIMIT_S and BENCH_UNTIL_S take whole seconds, got '9m'",
+                      process.stderr)
+        self.assertEqual(calls, [])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--tool"]:
+        fake_tool(sys.argv[2], sys.argv[3:])
+    else:
+        unittest.main()
