@@ -3,7 +3,7 @@
 # the repository root with deps/ beside it (scripts/gather-deps.sh). The stages, in order, each
 # under a time limit cut to what is left of the run's limit, $TIME_LIMIT_S seconds (default 540):
 #   build_sass  scripts/gpu-check.sh with ONLY=sass: GoogleTest, configure, build, first launch and
-#               the GEMM kernels' SASS figures (check.txt, sass.json; its logs in check-logs.tgz);
+#               the GEMM kernels' SASS figures (check.txt, sass.json, setup.log, build.log);
 #   tests       the GPU tests but the examples and the large batch norm (tests.txt);
 #   bench       bench/run-gpu.sh with MODELS=sine, until $BENCH_UNTIL_S (default 330) seconds into
 #               the run: the square GEMMs, sine in FP32 and AMP beside PyTorch's configurations,
@@ -15,11 +15,13 @@
 #               (depth.txt, depth.json, depth-report.{json,md});
 #   persistent  sine's AMP step with v5's large tiles on the persistent grid,
 #               MINAMP_GEMM_PERSISTENT=1 (persistent.txt, persistent.json).
-# A stage that fails or runs out of time leaves the later ones to run. Everything goes to
-# ${OUT:-/tmp/minamp-predictions}, a few files in all; a table of the stages (exit status and
-# seconds) ends the output, and the exit status is non-zero when one failed. COMMIT (the measured
-# commit, as in bench/run-gpu.sh), BUILD (default build-gpu), PYTHON (default python3) and
-# CUDA_HOME pass to the scripts it runs.
+# A stage that fails or runs out of time leaves the later ones to run. The stages' files are
+# written to ${TMPDIR:-/tmp}/minamp-predictions and packed into ${OUT:-/tmp}/predictions.tgz
+# after every stage, so that $OUT holds that one file whatever happens. The output ends with the
+# Markdown tables (the benchmark's report, the profiles, the depth rows' fit) and a table of the
+# stages (exit status and seconds); the exit status is non-zero when a stage did not pass. COMMIT
+# (the measured commit, as in bench/run-gpu.sh), BUILD (default build-gpu), PYTHON (default
+# python3) and CUDA_HOME pass to the scripts it runs.
 #
 #   COMMIT=<sha> bash bench/check-predictions.sh      (no arguments)
 # shellcheck disable=SC2317 # the stage functions run through stage (bash -c)
@@ -32,7 +34,8 @@ source "$(dirname "$0")/../scripts/run-names.sh"
 no_arguments check-predictions "$@"
 cd "$(dirname "$0")/.." || exit 1
 
-out=${OUT:-/tmp/minamp-predictions}
+out=${OUT:-/tmp}
+work=${TMPDIR:-/tmp}/minamp-predictions
 build=${BUILD:-build-gpu}
 python=${PYTHON:-python3}
 run_limit=${TIME_LIMIT_S:-540}
@@ -45,8 +48,8 @@ for value in "$run_limit" "$bench_until"; do
     exit 2
   }
 done
-mkdir -p "$out/bench"
-rm -f "$out"/*.txt "$out"/*.log
+rm -rf "$work"
+mkdir -p "$work/bench" "$out"
 
 stage_names=()
 stage_results=()
@@ -71,36 +74,37 @@ stage() {
   [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && result="FAIL (exit $rc)"
   stage_results+=("$result, $((SECONDS - start)) s")
   echo "-- $name: $result"
+  tar -czf "$out/predictions.tgz" -C "$work" .
 }
 
 # The stages, each given its time limit in seconds; each writes its output to its own files in
-# $out.
+# $work.
 build_sass() {
-  ONLY=sass TIME_LIMIT_S=$1 OUT=$out bash scripts/gpu-check.sh >"$out/check.txt" 2>&1
+  ONLY=sass TIME_LIMIT_S=$1 OUT=$work bash scripts/gpu-check.sh >"$work/check.txt" 2>&1
 }
 tests() {
   "$build/minamp_tests" --gtest_filter='Gpu*:-GpuExamples.*:GpuBatchNorm.Large*' \
-    >"$out/tests.txt" 2>&1
+    >"$work/tests.txt" 2>&1
 }
 bench() {
-  MODELS=sine TIME_LIMIT_S=$1 OUT=$out/bench bash bench/run-gpu.sh >/dev/null 2>&1
+  MODELS=sine TIME_LIMIT_S=$1 OUT=$work/bench bash bench/run-gpu.sh >/dev/null 2>&1
 }
 profile() {
-  PROFILES="sine-step gemm-loop" TIME_LIMIT_S=$1 OUT=$out bash bench/profile-gpu.sh \
-    >"$out/profile.txt" 2>&1
+  PROFILES="sine-step gemm-loop" TIME_LIMIT_S=$1 OUT=$work bash bench/profile-gpu.sh \
+    >"$work/profile.txt" 2>&1
 }
 depth() {
   "$build/bench_gemm" --shapes depth --precisions f16 --no-versions --sweep \
-    --json "$out/depth.json" >"$out/depth.txt" 2>&1 &&
-    "$python" bench/report.py --platform gpu --gemm "$out/depth.json" --commit "$commit" \
-      --out "$out/depth-report.json" --markdown "$out/depth-report.md" >>"$out/depth.txt" 2>&1
+    --json "$work/depth.json" >"$work/depth.txt" 2>&1 &&
+    "$python" bench/report.py --platform gpu --gemm "$work/depth.json" --commit "$commit" \
+      --out "$work/depth-report.json" --markdown "$work/depth-report.md" >>"$work/depth.txt" 2>&1
 }
 persistent() {
   MINAMP_GEMM_PERSISTENT=1 "$build/bench_train" --device cuda --models sine --precisions amp \
-    --size 512 --warmup 12 --steps 200 --profile 5 --json "$out/persistent.json" \
-    >"$out/persistent.txt" 2>&1
+    --size 512 --warmup 12 --steps 200 --profile 5 --json "$work/persistent.json" \
+    >"$work/persistent.txt" 2>&1
 }
-export build out python commit
+export build work python commit
 export -f build_sass tests bench profile depth persistent
 
 echo "minamp: checking the open predictions on $(gpu_device), commit $commit, within $run_limit s"
@@ -110,11 +114,16 @@ stage bench $((bench_until - SECONDS))
 stage profile 90
 stage depth 70
 stage persistent 40
-(cd "$out" && shopt -s nullglob && logs=(*.log) && [ ${#logs[@]} -gt 0 ] &&
-  tar -czf check-logs.tgz "${logs[@]}" && rm -f "${logs[@]}")
-
+# The tables the predictions are read from, then the stages.
+shopt -s nullglob
+for table in "$work"/bench/*.md "$work"/ncu-*.md "$work"/depth-report.md; do
+  [ -f "$table" ] || continue
+  echo
+  echo "== ${table#"$work"/}"
+  cat "$table"
+done
 echo
-echo "== summary (files in $out)"
+echo "== summary (every file in $out/predictions.tgz)"
 failed=0
 for i in "${!stage_names[@]}"; do
   printf '  %-12s %s\n' "${stage_names[$i]}" "${stage_results[$i]}"

@@ -6,7 +6,8 @@ a file of the kind the real one writes. The test checks: the stages run in order
 and variables that pick the predictions' runs; each script is given a time limit within its stage's
 and the benchmark one that ends by BENCH_UNTIL_S; a failing stage leaves the later ones to run and
 fails the run; a hanging stage is cut to its limit and the whole run keeps to TIME_LIMIT_S; $OUT
-holds the stages' files with the logs packed into one archive. Standard library only; ctest runs
+holds one archive of the stages' files, packed after every stage, and the output shows the tables
+the predictions are read from. Standard library only; ctest runs
 it as bench.check_predictions.
 
 The same file is the stand-in tools: `test_check_predictions.py --tool NAME ARGS...`;
@@ -62,13 +63,14 @@ def fake_tool(name, args):
         write(os.path.join(out, "sass.json"), "[]\n")
     elif name == "run-gpu":
         write(os.path.join(out, "gpu-h200-x.json"), "{}\n")
+        write(os.path.join(out, "gpu-h200-x.md"), "| sine AMP step | 1.9 ms |\n")
     elif name == "profile-gpu":
-        write(os.path.join(out, "ncu-h200-x.md"))
+        write(os.path.join(out, "ncu-h200-x.md"), "| gemm_v5_kernel | 200 |\n")
     elif name in ("bench_gemm", "bench_train"):
         write(option(args, "--json"), "{}\n")
     elif name == "report.py":
         write(option(args, "--out"), "{}\n")
-        write(option(args, "--markdown"))
+        write(option(args, "--markdown"), "| K | µs |\n")
     print(f"{name} ran")
 
 
@@ -116,7 +118,7 @@ class CheckPredictionsScript(unittest.TestCase):
         self.assertEqual(tests["args"],
                          ["--gtest_filter=Gpu*:-GpuExamples.*:GpuBatchNorm.Large*"])
         self.assertEqual(bench["env"]["MODELS"], "sine")
-        self.assertEqual(bench["env"]["OUT"], os.path.join(self.out, "bench"))
+        self.assertEqual(os.path.basename(bench["env"]["OUT"]), "bench")
         self.assertEqual(profile["env"]["PROFILES"], "sine-step gemm-loop")
         self.assertEqual(option(depth["args"], "--shapes"), "depth")
         self.assertIn("--sweep", depth["args"])
@@ -133,15 +135,22 @@ class CheckPredictionsScript(unittest.TestCase):
         self.assertGreater(int(bench["env"]["TIME_LIMIT_S"]), 60)
         self.assertLessEqual(int(profile["env"]["TIME_LIMIT_S"]), 90 - 5)
 
-        self.assertEqual(sorted(os.listdir(self.out)),
-                         ["bench", "check-logs.tgz", "check.txt", "depth-report.json",
-                          "depth-report.md", "depth.json", "depth.txt", "ncu-h200-x.md",
-                          "persistent.json", "persistent.txt", "profile.txt", "sass.json",
-                          "tests.txt"])
-        with tarfile.open(os.path.join(self.out, "check-logs.tgz")) as logs:
-            self.assertEqual(sorted(logs.getnames()), ["build.log", "setup.log"])
-        with open(os.path.join(self.out, "tests.txt")) as f:
-            self.assertEqual(f.read(), "minamp_tests ran\n")
+        self.assertEqual(os.listdir(self.out), ["predictions.tgz"])
+        self.assertEqual(self.archived(),
+                         ["bench", "bench/gpu-h200-x.json", "bench/gpu-h200-x.md", "build.log",
+                          "check.txt", "depth-report.json", "depth-report.md", "depth.json",
+                          "depth.txt", "ncu-h200-x.md", "persistent.json", "persistent.txt",
+                          "profile.txt", "sass.json", "setup.log", "tests.txt"])
+        tables = process.stdout[:process.stdout.index("== summary")]
+        for table in ("== bench/gpu-h200-x.md\n| sine AMP step | 1.9 ms |",
+                      "== ncu-h200-x.md\n| gemm_v5_kernel | 200 |",
+                      "== depth-report.md\n| K | µs |"):
+            self.assertIn(table, tables)
+
+    def archived(self):
+        """The files and folders in $OUT/predictions.tgz, without the leading ./"""
+        with tarfile.open(os.path.join(self.out, "predictions.tgz")) as archive:
+            return sorted(os.path.normpath(n) for n in archive.getnames() if n != ".")
 
     def test_a_failing_stage_leaves_the_later_ones_to_run_and_fails_the_run(self):
         process, calls = self.run_script(FAKE_FAIL="minamp_tests")
@@ -161,6 +170,7 @@ class CheckPredictionsScript(unittest.TestCase):
         self.assertEqual(verdicts["build_sass"], "pass")
         self.assertEqual(verdicts["profile"], "pass")  # 45 - 10 - ~20 s left for it
         self.assertIn("== summary", process.stdout)
+        self.assertIn("tests.txt", self.archived())  # the stages before the hang
 
     def test_it_refuses_a_time_limit_that_is_not_whole_seconds(self):
         process, calls = self.run_script(limit_s="9m")
