@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # bench/NOTES.md's open predictions checked on a GPU in one command of under ten minutes, run from
 # the repository root with deps/ beside it (scripts/gather-deps.sh). The stages, in order, each
-# under a time limit cut to what is left of the run's limit, $TIME_LIMIT_S seconds (default 540):
+# under a time limit cut to what is left of the run's limit, $TIME_LIMIT_S seconds (default 570):
 #   build_sass  scripts/gpu-check.sh with ONLY=sass: GoogleTest, configure, build, first launch and
 #               the GEMM kernels' SASS figures (check.txt, sass.json, setup.log, build.log);
 #   tests       the GPU tests but the examples and the large batch norm (tests.txt);
-#   bench       bench/run-gpu.sh with MODELS=sine, until $BENCH_UNTIL_S (default 330) seconds into
-#               the run: the square GEMMs, sine in FP32 and AMP beside PyTorch's configurations,
-#               then the model GEMMs, the library and version rows before the sweep's (bench/);
+#   bench       bench/run-gpu.sh for $MODELS (default: sine classify), until $BENCH_UNTIL_S
+#               (default 390) seconds into the run: the square GEMMs, sine in FP32 and AMP beside
+#               PyTorch's configurations, the model GEMMs (the library and version rows before the
+#               sweep's), classify beside PyTorch's configurations, then what time is left for
+#               (bench/);
 #   profile     bench/profile-gpu.sh: every kernel of the fused sine step, and the GEMM loop's
 #               stalls (profile.txt, ncu-*.md, ncu-*-csv.tgz);
 #   depth       bench_gemm's depth rows (sine's forward GEMM by K, with and without the batch norm
@@ -38,8 +40,9 @@ out=${OUT:-/tmp}
 work=${TMPDIR:-/tmp}/minamp-predictions
 build=${BUILD:-build-gpu}
 python=${PYTHON:-python3}
-run_limit=${TIME_LIMIT_S:-540}
-bench_until=${BENCH_UNTIL_S:-330}
+run_limit=${TIME_LIMIT_S:-570}
+bench_until=${BENCH_UNTIL_S:-390}
+models=${MODELS:-sine classify}
 commit=$(measured_commit)
 export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin" BUILD=$build PYTHON=$python COMMIT=$commit
 for value in "$run_limit" "$bench_until"; do
@@ -87,7 +90,7 @@ tests() {
     >"$work/tests.txt" 2>&1
 }
 bench() {
-  MODELS=sine TIME_LIMIT_S=$1 OUT=$work/bench bash bench/run-gpu.sh >/dev/null 2>&1
+  MODELS=$models TIME_LIMIT_S=$1 OUT=$work/bench bash bench/run-gpu.sh >/dev/null 2>&1
 }
 profile() {
   PROFILES="sine-step gemm-loop" TIME_LIMIT_S=$1 OUT=$work bash bench/profile-gpu.sh \
@@ -104,7 +107,7 @@ persistent() {
     --size 512 --warmup 12 --steps 200 --profile 5 --json "$work/persistent.json" \
     >"$work/persistent.txt" 2>&1
 }
-export build work python commit
+export build work python commit models
 export -f build_sass tests bench profile depth persistent
 
 echo "minamp: checking the open predictions on $(gpu_device), commit $commit, within $run_limit s"
@@ -112,8 +115,8 @@ stage build_sass 330
 stage tests 60
 stage bench $((bench_until - SECONDS))
 stage profile 90
-stage depth 70
-stage persistent 40
+stage depth 50
+stage persistent 30
 # The tables the predictions are read from, then the stages.
 shopt -s nullglob
 for table in "$work"/bench/*.md "$work"/ncu-*.md "$work"/depth-report.md; do

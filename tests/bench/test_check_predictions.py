@@ -117,7 +117,7 @@ class CheckPredictionsScript(unittest.TestCase):
         self.assertEqual(check["env"]["ONLY"], "sass")
         self.assertEqual(tests["args"],
                          ["--gtest_filter=Gpu*:-GpuExamples.*:GpuBatchNorm.Large*"])
-        self.assertEqual(bench["env"]["MODELS"], "sine")
+        self.assertEqual(bench["env"]["MODELS"], "sine classify")
         self.assertEqual(os.path.basename(bench["env"]["OUT"]), "bench")
         self.assertEqual(profile["env"]["PROFILES"], "sine-step gemm-loop")
         self.assertEqual(option(depth["args"], "--shapes"), "depth")
