@@ -6,9 +6,9 @@
 # without compressing the machine code if the driver refuses it: first_launch in
 # scripts/gpu-build.sh), then runs, in the order the targets need them, bench_gemm (WMMA / fp32
 # GEMMs vs cuBLAS), bench_train --device cuda (mlp, sine 512x512, classify; FP32, AMP and AMP-bf16)
-# each model followed by bench/pytorch/train.py --device cuda with $PYTHON, the examples' own
-# comparison tables (sine --compare-dtypes at 512x512: FP32, AMP-f16 and AMP-bf16; mlp --compare;
-# images and metrics under the parts folder), and sine again from five more seeds. The log is
+# each model followed by bench/pytorch/train.py --device cuda with $PYTHON, sine again from five
+# more seeds, and last the examples' own comparison tables (sine --compare-dtypes at 512x512: FP32,
+# AMP-f16 and AMP-bf16; mlp --compare; images and metrics under the parts folder). The log is
 # written to ${OUT:-/tmp} as it comes, and the parts folder (${TMPDIR:-/tmp}/<name>-parts: the
 # per-tool JSON and the examples' outputs) is packed into $OUT/<name>-parts.tgz after every stage,
 # so that $OUT holds at most four files whatever happens (the log, the parts .tgz, and the report's
@@ -164,10 +164,12 @@ run_examples() {
 }
 
 # The sine loss target compares AMP with FP32 from one init (seed 0); the same training from five
-# more seeds gives the report's rows over seeds (informational for AMP, the target for AMP-bf16) (one init's last-10 mean moves by
-# 20% or more with the seed, bench/NOTES.md). Last: a spent time limit skips these first.
+# more seeds gives the report's rows over seeds (informational for AMP, the target for AMP-bf16;
+# one init's last-10 mean moves by 20% or more with the seed, bench/NOTES.md). Where MODELS has
+# sine, they come after the models and before what is only informational.
 run_seeds() {
   local seed
+  [[ " $models " == *" sine "* ]] || return 0
   mkdir -p "$work/seeds"
   for seed in 1 2 3 4 5; do
     stage "bench_train sine seed $seed" 60 "$build/bench_train" --device cuda --models sine \
@@ -177,8 +179,8 @@ run_seeds() {
 }
 
 # The stages in the order the targets need them (a spent time limit skips the last ones): the
-# 4096^3 GEMM, mlp, sine, classify and ResNet-50 (and its GEMMs), then what is only
-# informational.
+# 4096^3 GEMM, mlp, sine, the model GEMMs, classify, ResNet-50 and sine's other seeds, then what
+# is only informational (ResNet-50's GEMMs, the depth rows, the f32 GEMMs, the examples).
 main() {
   echo "minamp GPU benchmark $name"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
@@ -196,11 +198,11 @@ main() {
   run_model classify
   run_model resnet50
   run_model resnet50-frozen
+  run_seeds
   run_gemm resnet50-f16
   run_gemm depth-f16
   run_gemm all-f32
   run_examples
-  run_seeds
   echo "== report"
   local gemm_json=() part
   for part in "${gemm_parts[@]}"; do gemm_json+=("$work/gemm-$part.json"); done

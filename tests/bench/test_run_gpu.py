@@ -5,7 +5,8 @@ refuses), and the test checks what a GPU run depends on: every stage ran, the re
 nothing missing, and $OUT holds the four files the script promises;
 a stage that hangs is cut to the run's time limit (TIME_LIMIT_S) and the later ones are skipped, the
 report still written; a driver that refuses the compressed machine code at the first launch has
-the build configured without compression and the benchmarks rebuilt before they run;
+the build configured without compression and the benchmarks rebuilt before they run; MODELS
+picks the models, and sine's other seeds run with sine, before the informational GEMM parts;
 with nothing built the script fails. Standard library only; ctest runs it as bench.run_gpu.
 
 The same file is the stand-in tools: `test_run_gpu.py --tool NAME ARGS...`."""
@@ -260,6 +261,13 @@ class RunGpuScript(unittest.TestCase):
         with open(path) as f:
             missing = json.load(f)["meta"]["missing"]
         self.assertIn("minamp mlp: no results", missing)
+        # sine's other seeds (a target's) come before the informational GEMM parts
+        self.assertLess(process.stdout.index("== bench_train sine seed 5"),
+                        process.stdout.index("== bench_gemm resnet50-f16"))
+
+        process, _, _ = self.run_script(MODELS="classify")
+        self.assertEqual(process.returncode, 0, process.stdout[-3000:] + process.stderr)
+        self.assertNotIn("sine seed", process.stdout)
 
         process, _, _ = self.run_script(MODELS="sine resnet")
         self.assertEqual(process.returncode, 2)
