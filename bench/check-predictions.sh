@@ -6,10 +6,10 @@
 #               the GEMM kernels' SASS figures (check.txt, sass.json, setup.log, build.log);
 #   tests       the GPU tests but the examples and the large batch norm (tests.txt);
 #   bench       bench/run-gpu.sh for $MODELS (default: sine classify), until $BENCH_UNTIL_S
-#               (default 390) seconds into the run: the square GEMMs, sine in FP32 and AMP beside
-#               PyTorch's configurations, the model GEMMs (the library and version rows before the
-#               sweep's), classify beside PyTorch's configurations, then what time is left for
-#               (bench/);
+#               (default 390) seconds into the run: the square GEMMs, sine in FP32, AMP and
+#               AMP-bf16 beside PyTorch's configurations, the model GEMMs (the library and version
+#               rows before the sweep's), classify beside PyTorch's, then sine's other seeds and
+#               the later stages while time is left (the files in bench/);
 #   profile     bench/profile-gpu.sh: every kernel of the fused sine step, and the GEMM loop's
 #               stalls (profile.txt, ncu-*.md, ncu-*-csv.tgz);
 #   depth       bench_gemm's depth rows (sine's forward GEMM by K, with and without the batch norm
