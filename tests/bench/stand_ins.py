@@ -7,10 +7,11 @@ import stat
 import sys
 
 
-def make_tool(path, name, test_file):
-    """Writes an executable at path that runs test_file's stand-in for the tool name."""
+def make_tool(path, name, test_file, flag="--tool"):
+    """Writes an executable at path that runs test_file's stand-in for the tool name (`flag`
+    tells the test file which set of stand-ins)."""
     with open(path, "w") as f:
-        f.write(f'#!/bin/sh\nexec "{sys.executable}" "{os.path.abspath(test_file)}" --tool {name} '
+        f.write(f'#!/bin/sh\nexec "{sys.executable}" "{os.path.abspath(test_file)}" {flag} {name} '
                 '"$@"\n')
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
 

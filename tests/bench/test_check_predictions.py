@@ -10,9 +10,16 @@ holds one archive of the stages' files, packed after every stage, and the output
 the predictions are read from. Standard library only; ctest runs
 it as bench.check_predictions.
 
-The same file is the stand-in tools: `test_check_predictions.py --tool NAME ARGS...`;
-FAKE_FAIL and FAKE_HANG name the stand-in that fails or hangs."""
+A second test runs the script on the real scripts, with the stand-in tools of their own tests
+(nvidia-smi, cmake, cuobjdump, ncu, the build's programs and PyTorch's train.py), and checks that
+every stage passes and the archive holds each script's files: what the scripts hand one another
+(the build folder, $OUT, the time limits, MODELS, PROFILES) works as one command.
 
+The same file is the stand-in tools: `test_check_predictions.py --tool NAME ARGS...` for the
+first test's (FAKE_FAIL and FAKE_HANG name the one that fails or hangs), `--real-scripts-tool
+NAME ARGS...` for the second's."""
+
+import glob
 import json
 import os
 import re
@@ -74,6 +81,12 @@ def fake_tool(name, args):
     print(f"{name} ran")
 
 
+def verdicts(process):
+    """The summary's stage: verdict lines, without their durations."""
+    summary = process.stdout[process.stdout.find("== summary"):]
+    return dict(re.findall(r"^  (\S+)\s+(\S.*?)(?:, \d+ s)?$", summary, re.MULTILINE))
+
+
 class CheckPredictionsScript(unittest.TestCase):
     def run_script(self, limit_s=120, bench_until_s=80, **failures):
         """Runs check-predictions.sh in a copied tree on the stand-ins; returns the process and
@@ -101,8 +114,7 @@ class CheckPredictionsScript(unittest.TestCase):
             return process, [json.loads(line) for line in f]
 
     def verdicts(self, process):
-        summary = process.stdout[process.stdout.find("== summary"):]
-        return dict(re.findall(r"^  (\S+)\s+(\S.*?)(?:, \d+ s)?$", summary, re.MULTILINE))
+        return verdicts(process)
 
     def test_the_stages_run_in_order_with_the_predictions_options(self):
         process, calls = self.run_script()
@@ -180,8 +192,77 @@ class CheckPredictionsScript(unittest.TestCase):
         self.assertEqual(calls, [])
 
 
+def real_scripts_tool(name, args):
+    """The stand-ins of the scripts' own tests, as one set: cmake configures a build folder (its
+    build.ninja) and `cmake --build $BUILD` puts the build's programs and GEMM objects there;
+    bench_gemm lists its kernels as gpu-check's test has
+    it, passes its first launch, and writes its tables as run-gpu's test has it."""
+    import test_gpu_check
+    import test_profile_gpu
+    import test_run_gpu
+    build = os.environ["BUILD"]
+    if name == "cmake":
+        if option(args, "-B") == build:
+            os.makedirs(build, exist_ok=True)
+            open(os.path.join(build, "build.ninja"), "w").close()
+        if args[:2] == ["--build", build]:
+            for program in ("minamp_tests", "bench_gemm", "bench_train", "sine", "mlp"):
+                make_tool(os.path.join(build, program), program, __file__, "--real-scripts-tool")
+            objects = os.path.join(build, "CMakeFiles", "minamp.dir", "cuda")
+            os.makedirs(objects, exist_ok=True)
+            for name in ("gemm_v1_fake.cu.o", "gemm_fp32.cu.o"):
+                open(os.path.join(objects, name), "w").close()
+        return
+    if name == "bench_gemm" and args == ["--kernels"]:
+        return test_gpu_check.fake_bench_gemm(args)
+    if name == "bench_gemm" and option(args, "--shapes") == "tiny":
+        return print("square 64 (64x64x64)  f16  0.00  0.00  33.3%")
+    tools = {**test_gpu_check.TOOLS, "ncu": test_profile_gpu.fake_ncu, **test_run_gpu.TOOLS}
+    tools[name](args)
+
+
+class CheckPredictionsOnTheRealScripts(unittest.TestCase):
+    def test_every_stage_passes_and_the_archive_holds_each_scripts_files(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        bin_dir, build, out = (os.path.join(tmp.name, d) for d in ("bin", "build", "out"))
+        os.makedirs(bin_dir)
+        for name in ("nvidia-smi", "cmake", "cuobjdump", "ncu", "python"):
+            make_tool(os.path.join(bin_dir, name), name, __file__, "--real-scripts-tool")
+        results = os.path.join(tmp.name, "results")
+        env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], BUILD=build,
+                   OUT=out, COMMIT="abc1234", RESULTS=results, TMPDIR=tmp.name,
+                   PYTHON=os.path.join(bin_dir, "python"))
+        process = subprocess.run(["bash", os.path.join(REPO, "bench", "check-predictions.sh")],
+                                 env=env, capture_output=True, text=True, timeout=280)
+        self.assertEqual(process.returncode, 0, process.stdout[-4000:] + process.stderr)
+        self.assertIn("== summary", process.stdout)
+        self.assertEqual(verdicts(process), dict.fromkeys(
+            ("build_sass", "tests", "bench", "profile", "depth", "persistent"), "pass"))
+        self.assertEqual(os.listdir(out), ["predictions.tgz"])
+        with tarfile.open(os.path.join(out, "predictions.tgz")) as archive:
+            names = {os.path.normpath(n) for n in archive.getnames()}
+        for name in ("check.txt", "setup.log", "build.log", "sass.json", "tests.txt",
+                     "profile.txt", "depth.json", "depth-report.md", "persistent.json"):
+            self.assertIn(name, names)
+        bench_files = {os.path.basename(n) for n in names if n.startswith("bench/")}
+        self.assertEqual({re.sub(r"^gpu-h100-80gb-hbm3-\d{8}-\d{4}-abc1234", "", f)
+                          for f in bench_files},
+                         {".json", ".log", ".md", "-parts.tgz"}, bench_files)
+        self.assertTrue(any(n.startswith("ncu-") and n.endswith(".md") for n in names), names)
+        # run-gpu.sh measured sine and classify (and the seeds), not the other models
+        [report] = glob.glob(os.path.join(results, "gpu-*.json"))
+        with open(report) as f:
+            missing = json.load(f)["meta"]["missing"]
+        self.assertIn("minamp mlp: no results", missing)
+        self.assertFalse([m for m in missing if "sine" in m or "classify" in m], missing)
+        self.assertIn("== bench/gpu-h100-80gb-hbm3-", process.stdout)  # its table, shown
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--tool"]:
         fake_tool(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1:2] == ["--real-scripts-tool"]:
+        real_scripts_tool(sys.argv[2], sys.argv[3:])
     else:
         unittest.main()

@@ -53,7 +53,7 @@ OPTIONS = {
                     "--size": count, "--seed": count, "--json": str},
     "bench_gemm": {"--shapes": one_of("all", "square", "model", "resnet50", "depth", "tiny"),
                    "--precisions": one_of("f16", "f32", "f16,f32", "f32,f16"),
-                   "--json": str, "--sweep": None},
+                   "--json": str, "--sweep": None, "--no-versions": None},
     "example": {"--compare": None, "--compare-dtypes": None,
                 "--device": one_of("auto", "cpu", "cuda"), "--out": str},
 }
