@@ -42,10 +42,8 @@ work=${TMPDIR:-/tmp}/$name-csv
 run_limit=${TIME_LIMIT_S:-300}
 all_profiles="sine-step sine-step-unfused gemm-loop"
 profiles=${PROFILES:-$all_profiles}
-for profile in $profiles; do
-  [[ " $all_profiles " == *" $profile "* ]] ||
-    { echo "profile-gpu: PROFILES names '$profile', not one of: $all_profiles" >&2; exit 2; }
-done
+# shellcheck disable=SC2086 # the list's words
+check_names profile-gpu PROFILES "$all_profiles" $profiles
 command -v ncu >/dev/null || { echo "profile-gpu: no ncu (Nsight Compute) on PATH" >&2; exit 1; }
 mkdir -p "$results" "$work" "$out"
 

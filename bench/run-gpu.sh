@@ -52,10 +52,8 @@ work=${TMPDIR:-/tmp}/$name-parts
 run_limit=${TIME_LIMIT_S:-540}
 all_models="mlp sine classify resnet50 resnet50-frozen"
 models=${MODELS:-$all_models}
-for model in $models; do
-  [[ " $all_models " == *" $model "* ]] ||
-    { echo "run-gpu: MODELS names '$model', not one of: $all_models" >&2; exit 2; }
-done
+# shellcheck disable=SC2086 # the list's words
+check_names run-gpu MODELS "$all_models" $models
 mkdir -p "$results" "$work" "$out"
 
 # Per model: the bench_train / train.py step options. sine trains 512 steps in all, as the ROCm

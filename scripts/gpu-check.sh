@@ -31,7 +31,7 @@ set -uo pipefail
 # -h/--help prints the comment above; a first argument starting with '-' is no COMMAND. Later
 # arguments are COMMAND's own (scripts/gpu-check.sh build-gpu/sine --help runs sine --help).
 # shellcheck source=scripts/args.sh
-source "$(dirname "$0")/args.sh" # usage
+source "$(dirname "$0")/args.sh" # usage, check_names
 # shellcheck source=scripts/gpu-build.sh
 source "$(dirname "$0")/gpu-build.sh" # build_googletest, configure_gpu_build, first_launch
 case ${1-} in
@@ -51,12 +51,8 @@ stage_names=()
 stage_results=()
 check_stages="sass tests memcheck racecheck"
 only=${ONLY:-$check_stages}
-for stage in $only; do
-  case " $check_stages " in
-  *" $stage "*) ;;
-  *) echo "gpu-check: ONLY names '$stage', not one of: $check_stages" >&2; exit 2 ;;
-  esac
-done
+# shellcheck disable=SC2086 # the list's words
+check_names gpu-check ONLY "$check_stages" $only
 
 # run_stage NAME LOG SECONDS COMMAND...: runs COMMAND with its output appended to $out/LOG under
 # a time limit (cut to what is left of the run's limit, less 10 s for the summary; killed 10 s after
