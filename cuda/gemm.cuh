@@ -217,9 +217,9 @@ struct GemmArgs {
   // is (BatchNormGradient, sums [2, N]); needs C in A's dtype and no column_moments. The launcher
   // fills epilogue.batchnorm_grad itself; it must be left unset here.
   BatchNormGradient batchnorm_grad;
-  // f32 [M] on the device, or nullptr: a thin-C GEMM whose wide operand is A (stored [K, M]) also
-  // adds to it the sum over K of each of A's columns as read (a conv's bias gradient, beside the
-  // weight gradient of the same output gradient).
+  // f32 [M] on the device, or nullptr: a thin-C GEMM whose wide operand A (stored [K, M]) is a
+  // batch norm's input gradient also adds to it the sum over K of each of A's columns as read (a
+  // conv's bias gradient, beside the weight gradient of the same output gradient).
   float* bias_grad = nullptr;
 };
 
@@ -297,7 +297,9 @@ inline bool runs_thin_c_gemm(const GemmArgs& args) {
                     (args.a.kind == OperandKind::batchnorm_input_grad && a_wide);
   const bool b_ok =
       args.b.kind == OperandKind::matrix || (args.b.kind == OperandKind::normalized && !a_wide);
-  return gemm_version() == GemmVersion::automatic && a_ok && b_ok && (a_wide || !args.bias_grad) &&
+  // bias_grad is the extra partial row only a batch norm's input gradient as A gets
+  const bool bias_grad_ok = !args.bias_grad || args.a.kind == OperandKind::batchnorm_input_grad;
+  return gemm_version() == GemmVersion::automatic && a_ok && b_ok && bias_grad_ok &&
          is_thin_c_gemm(args.m, args.n, args.k);
 }
 void thin_c_gemm(const GemmArgs& args);
