@@ -1213,19 +1213,20 @@ void print_comparison(const std::string& what, const std::vector<std::string>& l
                       const std::vector<RunResult>& results, bool training,
                       const std::string& tail_label) {
   std::printf("\n%s\n", what.c_str());
-  std::printf("  %-10s %12s %14s %14s %14s %8s\n", "", "time (s)", "peak memory",
-              training ? "final loss" : "", training ? tail_label.c_str() : "",
-              training ? "skipped" : "");
+  std::printf("  %-10s %12s %14s", "", "time (s)", "peak memory");
+  if (training) std::printf(" %14s %14s %8s", "final loss", tail_label.c_str(), "skipped");
+  std::printf("\n");
   const auto seconds = [&](const RunResult& r) { return training ? r.wall_s : r.inference_wall_s; };
   const auto bytes = [&](const RunResult& r) {
     return training ? r.peak_bytes : r.inference_peak_bytes;
   };
   for (size_t i = 0; i < results.size(); ++i) {
     const RunResult& r = results[i];
-    std::printf("  %-10s %12.4f %14s %14s %14s %8s\n", labels[i].c_str(), seconds(r),
-                mib(bytes(r)).c_str(), training ? cat(r.final_loss).c_str() : "",
-                training ? cat(r.loss_last10_mean).c_str() : "",
-                training ? cat(r.skipped_steps).c_str() : "");
+    std::printf("  %-10s %12.4f %14s", labels[i].c_str(), seconds(r), mib(bytes(r)).c_str());
+    if (training)
+      std::printf(" %14s %14s %8s", cat(r.final_loss).c_str(), cat(r.loss_last10_mean).c_str(),
+                  cat(r.skipped_steps).c_str());
+    std::printf("\n");
   }
   const RunResult& fp32 = results[0];
   for (size_t i = 1; i < results.size(); ++i) {

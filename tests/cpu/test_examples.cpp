@@ -638,6 +638,14 @@ TEST(Examples, MlpLossFallsAndCompareWritesBothRuns) {
     EXPECT_EQ(tail_mean, printed(s["loss_last10_mean"])) << label;
     EXPECT_NEAR(mib, s["peak_bytes"].get<double>() / 1048576.0, 0.006) << label;
   }
+  // The inference table has time and memory only: its lines end at the memory column, unpadded.
+  const size_t inference = run.output.find("\nInference (forward only)\n");
+  ASSERT_NE(inference, std::string::npos) << run.output;
+  std::istringstream lines(run.output.substr(inference + 1));
+  std::string line;
+  for (int i = 0; i < 4 && std::getline(lines, line); ++i)
+    EXPECT_TRUE(line.empty() || line.back() != ' ') << "'" << line << "'";
+  EXPECT_NE(run.output.find("time (s)    peak memory\n"), std::string::npos) << run.output;
   double time_saved = 0, memory_saved = 0;
   const size_t savings = training.find("time saved:");
   ASSERT_NE(savings, std::string::npos) << training;
