@@ -42,8 +42,7 @@ work=${TMPDIR:-/tmp}/$name-csv
 run_limit=${TIME_LIMIT_S:-300}
 all_profiles="sine-step sine-step-unfused gemm-loop"
 profiles=${PROFILES:-$all_profiles}
-# shellcheck disable=SC2086 # the list's words
-check_names profile-gpu PROFILES "$all_profiles" $profiles
+check_names profile-gpu PROFILES "$all_profiles" "$profiles"
 command -v ncu >/dev/null || { echo "profile-gpu: no ncu (Nsight Compute) on PATH" >&2; exit 1; }
 mkdir -p "$results" "$work" "$out"
 

@@ -52,8 +52,7 @@ work=${TMPDIR:-/tmp}/$name-parts
 run_limit=${TIME_LIMIT_S:-540}
 all_models="mlp sine classify resnet50 resnet50-frozen"
 models=${MODELS:-$all_models}
-# shellcheck disable=SC2086 # the list's words
-check_names run-gpu MODELS "$all_models" $models
+check_names run-gpu MODELS "$all_models" "$models"
 mkdir -p "$results" "$work" "$out"
 
 # Per model: the bench_train / train.py step options. sine trains 512 steps in all, as the ROCm

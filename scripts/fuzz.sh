@@ -28,8 +28,7 @@ for tool in minamp_fuzz minamp_fuzz_replay; do
 done
 all_targets=$("$build/minamp_fuzz_replay" --list | xargs) || exit 1
 targets=${FUZZ_TARGETS:-$all_targets}
-# shellcheck disable=SC2086 # the list's words
-check_names fuzz FUZZ_TARGETS "$all_targets" $targets
+check_names fuzz FUZZ_TARGETS "$all_targets" "$targets"
 [[ $seconds =~ ^[1-9][0-9]*$ ]] ||
   { echo "fuzz: FUZZ_SECONDS is '$seconds', not a whole number of seconds above 0" >&2; exit 2; }
 

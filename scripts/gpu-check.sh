@@ -51,8 +51,7 @@ stage_names=()
 stage_results=()
 check_stages="sass tests memcheck racecheck"
 only=${ONLY:-$check_stages}
-# shellcheck disable=SC2086 # the list's words
-check_names gpu-check ONLY "$check_stages" $only
+check_names gpu-check ONLY "$check_stages" "$only"
 
 # run_stage NAME LOG SECONDS COMMAND...: runs COMMAND with its output appended to $out/LOG under
 # a time limit (cut to what is left of the run's limit, less 10 s for the summary; killed 10 s after

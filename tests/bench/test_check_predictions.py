@@ -113,13 +113,10 @@ class CheckPredictionsScript(unittest.TestCase):
         with open(calls) if os.path.exists(calls) else open(os.devnull) as f:
             return process, [json.loads(line) for line in f]
 
-    def verdicts(self, process):
-        return verdicts(process)
-
     def test_the_stages_run_in_order_with_the_predictions_options(self):
         process, calls = self.run_script()
         self.assertEqual(process.returncode, 0, process.stdout + process.stderr)
-        self.assertEqual(self.verdicts(process),
+        self.assertEqual(verdicts(process),
                          dict.fromkeys(("build_sass", "tests", "bench", "profile", "depth",
                                         "persistent"), "pass"))
         self.assertEqual([c["tool"] for c in calls],
@@ -167,9 +164,9 @@ class CheckPredictionsScript(unittest.TestCase):
     def test_a_failing_stage_leaves_the_later_ones_to_run_and_fails_the_run(self):
         process, calls = self.run_script(FAKE_FAIL="minamp_tests")
         self.assertEqual(process.returncode, 1, process.stdout + process.stderr)
-        verdicts = self.verdicts(process)
-        self.assertEqual(verdicts["tests"], "FAIL (exit 1)")
-        self.assertEqual({verdicts[s] for s in ("build_sass", "bench", "persistent")}, {"pass"})
+        stages = verdicts(process)
+        self.assertEqual(stages["tests"], "FAIL (exit 1)")
+        self.assertEqual({stages[s] for s in ("build_sass", "bench", "persistent")}, {"pass"})
         self.assertEqual(calls[-1]["tool"], "bench_train")
 
     def test_a_hanging_stage_is_cut_and_the_run_keeps_to_its_limit(self):
@@ -177,10 +174,10 @@ class CheckPredictionsScript(unittest.TestCase):
         process, calls = self.run_script(limit_s=45, bench_until_s=20, FAKE_HANG="run-gpu")
         self.assertLess(time.monotonic() - start, 45, "the time limit was overrun")
         self.assertEqual(process.returncode, 1, process.stdout + process.stderr)
-        verdicts = self.verdicts(process)
-        self.assertRegex(verdicts["bench"], r"^TIMEOUT after (1\d|20) s$")
-        self.assertEqual(verdicts["build_sass"], "pass")
-        self.assertEqual(verdicts["profile"], "pass")  # 45 - 10 - ~20 s left for it
+        stages = verdicts(process)
+        self.assertRegex(stages["bench"], r"^TIMEOUT after (1\d|20) s$")
+        self.assertEqual(stages["build_sass"], "pass")
+        self.assertEqual(stages["profile"], "pass")  # 45 - 10 - ~20 s left for it
         self.assertIn("== summary", process.stdout)
         self.assertIn("tests.txt", self.archived())  # the stages before the hang
 
@@ -195,8 +192,8 @@ class CheckPredictionsScript(unittest.TestCase):
 def real_scripts_tool(name, args):
     """The stand-ins of the scripts' own tests, as one set: cmake configures a build folder (its
     build.ninja) and `cmake --build $BUILD` puts the build's programs and GEMM objects there;
-    bench_gemm lists its kernels as gpu-check's test has
-    it, passes its first launch, and writes its tables as run-gpu's test has it."""
+    bench_gemm lists its kernels as gpu-check's test has it, passes its first launch, and writes
+    its tables as run-gpu's test has it."""
     import test_gpu_check
     import test_profile_gpu
     import test_run_gpu
@@ -210,8 +207,8 @@ def real_scripts_tool(name, args):
                 make_tool(os.path.join(build, program), program, __file__, "--real-scripts-tool")
             objects = os.path.join(build, "CMakeFiles", "minamp.dir", "cuda")
             os.makedirs(objects, exist_ok=True)
-            for name in ("gemm_v1_fake.cu.o", "gemm_fp32.cu.o"):
-                open(os.path.join(objects, name), "w").close()
+            for gemm_object in ("gemm_v1_fake.cu.o", "gemm_fp32.cu.o"):
+                open(os.path.join(objects, gemm_object), "w").close()
         return
     if name == "bench_gemm" and args == ["--kernels"]:
         return test_gpu_check.fake_bench_gemm(args)
